@@ -1,0 +1,26 @@
+"""The ``coevolve`` command line."""
+
+from __future__ import annotations
+
+import typer
+
+from coevolve.cli import bench, serve, status, up
+
+app = typer.Typer(
+    name="coevolve",
+    help=(
+        "Train tool-using LLM agents while their training data evolves with them.\n\n"
+        "Start everything with `coevolve up`; watch it with `coevolve status`."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("up")(up.up)
+app.command("serve")(serve.serve)
+app.command("status")(status.status)
+app.command("bench")(bench.bench)
+
+
+def main() -> None:
+    app()

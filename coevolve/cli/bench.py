@@ -1,0 +1,38 @@
+"""``coevolve bench NAME``: benchmarks that print ratios measured side by side in one run."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from typing import Annotated, Any
+
+import typer
+
+from coevolve.cli.options import JsonOption
+
+BENCHMARKS = {
+    "bus": "JetStream vs core NATS: throughput and p50/p99 latency of ~50 KB rollout groups",
+    "pool": "pool-store: p50/p99 of sampling 64 tasks from 1,000,000",
+    "rollout": "rollout path tokens/s vs raw batched generate, same model and batch",
+    "learning": "held-out success: base, after warm start, after N GRPO steps",
+    "schedule": "learner steps per hour, async vs lockstep",
+}
+
+
+def bench(
+    name: Annotated[str, typer.Argument(help="One of: " + ", ".join(BENCHMARKS))],
+    quick: Annotated[bool, typer.Option("--quick", help="Small sizes: under a minute.")] = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Run a benchmark and print its table; --json adds one JSON object as the last line."""
+    if name not in BENCHMARKS:
+        listing = "\n".join(f"  {k:<10}{v}" for k, v in BENCHMARKS.items())
+        raise typer.BadParameter(f"unknown benchmark {name!r}; available:\n{listing}")
+    try:
+        module = importlib.import_module(f"coevolve.bench.{name}")
+    except ModuleNotFoundError as exc:
+        typer.echo(f"error: benchmark {name!r} is not available in this build: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    result: dict[str, Any] = module.run(quick=quick)
+    if json_output:
+        typer.echo(json.dumps(result))

@@ -1,0 +1,128 @@
+"""``coevolve status``: services and their heartbeats, stream and consumer depths."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import anyio
+import typer
+from nats.js.errors import NotFoundError
+
+from coevolve.cli.options import ConfigOption, JsonOption, RunDirOption, settings_from
+from coevolve.cli.up import recorded_nats_url
+from coevolve.shared.bus import Bus, BusError
+from coevolve.shared.messages import DecodeError, Heartbeat, decode
+from coevolve.shared.subjects import CONSUMERS, HEARTBEAT_BUCKET, SERVICES, STREAMS
+
+
+async def collect(bus: Bus, stale_after_s: float) -> dict[str, Any]:
+    now = time.time()
+    instances: list[dict[str, Any]] = []
+    try:
+        kv = await bus.js.key_value(HEARTBEAT_BUCKET)
+        keys = await kv.keys()
+    except (NotFoundError, Exception) as exc:  # no bucket / no keys yet
+        if "no keys" not in str(exc).lower() and not isinstance(exc, NotFoundError):
+            raise
+        keys = []
+    for key in keys:
+        entry = await kv.get(key)
+        try:
+            beat = decode(entry.value or b"", Heartbeat)
+        except DecodeError:
+            continue
+        age = max(0.0, now - beat.sent_at)
+        instances.append(
+            {
+                "service": beat.service,
+                "instance": beat.instance,
+                "pid": beat.pid,
+                "host": beat.host,
+                "heartbeat_age_s": round(age, 3),
+                "alive": age < stale_after_s,
+                "uptime_s": round(now - beat.started_at, 1),
+                "processed": beat.processed,
+                "failed": beat.failed,
+                "in_flight": beat.in_flight,
+                "dead_lettered": beat.dead_lettered,
+            }
+        )
+    streams = []
+    for spec in STREAMS:
+        try:
+            info = await bus.js.stream_info(spec.name)
+        except NotFoundError:
+            continue
+        streams.append(
+            {"stream": spec.name, "messages": info.state.messages, "bytes": info.state.bytes}
+        )
+    consumers = []
+    for consumer in CONSUMERS:
+        try:
+            cinfo = await bus.js.consumer_info(consumer.stream, consumer.durable)
+        except NotFoundError:
+            continue
+        consumers.append(
+            {
+                "stream": consumer.stream,
+                "consumer": consumer.durable,
+                "pending": cinfo.num_pending,
+                "ack_pending": cinfo.num_ack_pending,
+                "redelivered": cinfo.num_redelivered,
+            }
+        )
+    alive = {i["service"] for i in instances if i["alive"]}
+    return {
+        "services": sorted(instances, key=lambda i: (i["service"], i["instance"])),
+        "missing": [s for s in SERVICES if s not in alive],
+        "streams": streams,
+        "consumers": consumers,
+    }
+
+
+def status(
+    config: ConfigOption = None, run_dir: RunDirOption = None, json_output: JsonOption = False
+) -> None:
+    """Show each service instance with its heartbeat age, and stream/consumer depths."""
+    settings = settings_from(config, run_dir)
+    url = os.environ.get("NATS_URL") or recorded_nats_url(settings.run_dir) or settings.bus.url
+    settings.bus.url = url
+    settings.bus.connect_timeout_s = 3.0
+
+    async def query() -> dict[str, Any]:
+        bus = await Bus.connect(settings.bus, name="coevolve-status")
+        try:
+            with anyio.fail_after(10):
+                return await collect(bus, 5 * settings.runtime.heartbeat_interval_s)
+        finally:
+            await bus.close()
+
+    try:
+        report = anyio.run(query)
+    except (BusError, TimeoutError) as exc:
+        typer.echo(f"error: {exc} (is `coevolve up` running? set NATS_URL)", err=True)
+        raise typer.Exit(1) from exc
+    report["nats_url"] = url
+    if json_output:
+        typer.echo(json.dumps(report))
+        return
+    typer.echo(f"NATS {url}")
+    typer.echo(f"{'service':<16}{'instance':<14}{'pid':>8}{'beat age':>10}{'done':>8}{'failed':>8}")
+    for i in report["services"]:
+        mark = "" if i["alive"] else "  (stale)"
+        typer.echo(
+            f"{i['service']:<16}{i['instance']:<14}{i['pid']:>8}{i['heartbeat_age_s']:>9.1f}s"
+            f"{i['processed']:>8}{i['failed']:>8}{mark}"
+        )
+    if report["missing"]:
+        typer.echo(f"not running: {', '.join(report['missing'])}")
+    typer.echo(f"\n{'stream':<28}{'messages':>10}{'bytes':>14}")
+    for s in report["streams"]:
+        typer.echo(f"{s['stream']:<28}{s['messages']:>10}{s['bytes']:>14}")
+    typer.echo(f"\n{'consumer':<40}{'pending':>9}{'unacked':>9}{'redelivered':>13}")
+    for c in report["consumers"]:
+        name = f"{c['stream']}/{c['consumer']}"
+        typer.echo(f"{name:<40}{c['pending']:>9}{c['ack_pending']:>9}{c['redelivered']:>13}")

@@ -1,0 +1,14 @@
+"""judge service: runtime skeleton (starts, heartbeats, drains); its work lands with its issue."""
+
+from __future__ import annotations
+
+from coevolve.shared.actor import Actor
+from coevolve.shared.config import Settings
+
+
+class JudgeActor(Actor):
+    name = "judge"
+
+
+def build(settings: Settings) -> Actor:
+    return JudgeActor(settings)

@@ -1,0 +1,183 @@
+"""pool-store: the only writer of the task pool (DuckDB).
+
+Answers request/reply on ``coevolve.pool.rpc`` (add, get, sample, stats, lineage), records
+rollout results and verdicts from their streams (acked only after the DuckDB transaction
+committed; idempotent by message id), seeds an empty pool from the environments' train
+splits, and keeps the rollout job queue topped up from sampled batches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import anyio
+import msgspec
+from nats.js.errors import NotFoundError
+
+from coevolve.services.pool_store.store import PoolStore
+from coevolve.shared.actor import Actor, Consumer, Delivery, Responder
+from coevolve.shared.config import Settings
+from coevolve.shared.messages import (
+    AddTasks,
+    AddTasksReply,
+    GetStats,
+    GetTask,
+    GetTaskReply,
+    LineageQuery,
+    LineageReply,
+    Message,
+    PoolRequest,
+    RolloutJob,
+    RolloutResults,
+    SampleBatch,
+    SampleBatchReply,
+    TaskAdded,
+    Verdict,
+    derived_id,
+)
+from coevolve.shared.subjects import (
+    POOL_RESULTS_CONSUMER,
+    POOL_RPC,
+    POOL_VERDICTS_CONSUMER,
+    ROLLOUT_JOBS,
+    ROLLOUT_JOBS_CONSUMER,
+    TASK_ADDED,
+)
+
+log = logging.getLogger(__name__)
+
+
+class PoolStoreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    db_file: str = "pool.duckdb"
+    seed_environments: list[str] = msgspec.field(default_factory=lambda: ["bfcl"])
+    mix: dict[str, float] = msgspec.field(
+        default_factory=lambda: {"seed": 0.5, "explored": 0.25, "synthesized": 0.25}
+    )
+    feed_jobs: bool = True
+    job_queue_depth: int = 4
+    group_size: int = 8
+    feed_interval_s: float = 1.0
+
+
+class PoolStoreActor(Actor):
+    name = "pool_store"
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.config = settings.section(self.name, PoolStoreConfig)
+        self.store: PoolStore | None = None
+        self._lock = anyio.Lock()
+
+    async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a blocking DuckDB call in a worker thread, one at a time."""
+        async with self._lock:
+            return await anyio.to_thread.run_sync(fn, *args)
+
+    async def setup(self) -> None:
+        path = self.settings.path(self.config.db_file)
+        self.store = await anyio.to_thread.run_sync(PoolStore, path)
+        stats = await self._db(self.store.stats)
+        if sum(stats.tasks_by_origin.values()) == 0:
+            for environment in self.config.seed_environments:
+                await self._seed(environment)
+
+    async def _seed(self, environment: str) -> None:
+        from coevolve.shared.envs import seed_tasks
+
+        assert self.store is not None
+        tasks = await anyio.to_thread.run_sync(seed_tasks, environment)
+        added, _ = await self._db(self.store.add_tasks, tasks)
+        log.info("seeded %d %s tasks from the train split", len(added), environment)
+
+    async def teardown(self) -> None:
+        if self.store is not None:
+            await self._db(self.store.close)
+
+    def consumers(self) -> Sequence[Consumer[Any]]:
+        return (
+            Consumer(POOL_RESULTS_CONSUMER, RolloutResults, self.on_results, concurrency=4),
+            Consumer(POOL_VERDICTS_CONSUMER, Verdict, self.on_verdict, concurrency=4),
+        )
+
+    def responders(self) -> Sequence[Responder]:
+        return (Responder(POOL_RPC, PoolRequest, self.on_request),)
+
+    def loops(self) -> Sequence[Callable[[], Awaitable[None]]]:
+        return (self.feed_rollout_jobs,) if self.config.feed_jobs else ()
+
+    async def on_results(self, results: RolloutResults, _: Delivery) -> None:
+        assert self.store is not None
+        await self._db(self.store.record_results, results)
+
+    async def on_verdict(self, verdict: Verdict, _: Delivery) -> None:
+        assert self.store is not None
+        _, added_task_id = await self._db(self.store.record_verdict, verdict)
+        if added_task_id is not None:
+            event = TaskAdded(
+                id=derived_id("task-added", added_task_id),
+                task_id=added_task_id,
+                origin=verdict.task.origin,
+            )
+            await self.publish(TASK_ADDED, event)
+
+    async def on_request(self, request: Message) -> Message:
+        store = self.store
+        assert store is not None
+        match request:
+            case AddTasks(tasks=tasks):
+                added, duplicates = await self._db(store.add_tasks, tasks)
+                for task in tasks:
+                    if task.id in added:
+                        event = TaskAdded(
+                            id=derived_id("task-added", task.id), task_id=task.id, origin=task.origin
+                        )
+                        await self.publish(TASK_ADDED, event)
+                return AddTasksReply(added=added, duplicates=duplicates)
+            case GetTask(task_id=task_id):
+                return GetTaskReply(task=await self._db(store.get_task, task_id))
+            case SampleBatch(size=size, mix=mix, environment=environment, seed=seed):
+                if size < 1 or size > 10_000:
+                    raise ValueError(f"batch size must be in 1..10000, got {size}")
+                tasks = await self._db(
+                    store.sample_batch, size, mix or self.config.mix, environment, seed
+                )
+                return SampleBatchReply(tasks=tasks)
+            case GetStats():
+                return await self._db(store.stats)  # type: ignore[no-any-return]
+            case LineageQuery(task_id=task_id):
+                task = await self._db(store.get_task, task_id)
+                chain = await self._db(store.lineage, task_id) if task else {}
+                return LineageReply(task=task, chain=chain)
+        raise ValueError(f"unsupported request {type(request).__name__}")
+
+    async def feed_rollout_jobs(self) -> None:
+        """Keep a few rollout jobs queued; the bounded stream is the backpressure."""
+        assert self.store is not None
+        stream = ROLLOUT_JOBS_CONSUMER.stream
+        round_ = 0
+        while True:
+            await anyio.sleep(self.config.feed_interval_s)
+            try:
+                with anyio.fail_after(5):
+                    info = await self.bus.js.stream_info(stream)
+            except (TimeoutError, NotFoundError) as exc:
+                log.warning("cannot read %s depth: %r", stream, exc)
+                continue
+            missing = self.config.job_queue_depth - int(info.state.messages)
+            if missing <= 0:
+                continue
+            tasks = await self._db(self.store.sample_batch, missing, self.config.mix, None, None)
+            for task in tasks:
+                round_ += 1
+                job = RolloutJob(
+                    id=derived_id("job", task.id, info.state.last_seq, round_),
+                    task=task,
+                    group_size=self.config.group_size,
+                )
+                await self.publish(ROLLOUT_JOBS, job)
+
+
+def build(settings: Settings) -> Actor:
+    return PoolStoreActor(settings)

@@ -1,0 +1,14 @@
+"""rollout service: runtime skeleton (starts, heartbeats, drains); its work lands with its issue."""
+
+from __future__ import annotations
+
+from coevolve.shared.actor import Actor
+from coevolve.shared.config import Settings
+
+
+class RolloutActor(Actor):
+    name = "rollout"
+
+
+def build(settings: Settings) -> Actor:
+    return RolloutActor(settings)

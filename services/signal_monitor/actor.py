@@ -1,0 +1,14 @@
+"""signal_monitor service: runtime skeleton (starts, heartbeats, drains); its work lands with its issue."""
+
+from __future__ import annotations
+
+from coevolve.shared.actor import Actor
+from coevolve.shared.config import Settings
+
+
+class SignalMonitorActor(Actor):
+    name = "signal_monitor"
+
+
+def build(settings: Settings) -> Actor:
+    return SignalMonitorActor(settings)

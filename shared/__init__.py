@@ -1,0 +1,1 @@
+"""What actors share: messages, subjects, bus, runtime, telemetry, config, envs, models."""

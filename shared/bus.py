@@ -1,0 +1,180 @@
+"""The NATS connection every actor uses: streams, consumers, publish, request/reply.
+
+Every network await here has a timeout. Publishing to JetStream sets ``Nats-Msg-Id`` to
+the message's id, so a re-publish after a crash is dropped by the server's duplicate
+window; it also injects the current trace context into the headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import TypeVar
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DiscardPolicy,
+    PubAck,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import APIError, NotFoundError
+
+from coevolve.shared.config import BusSettings
+from coevolve.shared.messages import Message, decode, encode
+from coevolve.shared.subjects import STREAMS, ConsumerSpec, StreamSpec
+from coevolve.shared.telemetry import inject
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R", bound=Message)
+
+MSG_ID_HEADER = "Nats-Msg-Id"
+_STREAM_FULL_CODES = {10077, 10047, 10078}  # max msgs / max bytes / storage exceeded
+_RETENTION = {
+    "limits": RetentionPolicy.LIMITS,
+    "workqueue": RetentionPolicy.WORK_QUEUE,
+    "interest": RetentionPolicy.INTEREST,
+}
+
+
+class BusError(RuntimeError):
+    pass
+
+
+class BackpressureError(BusError):
+    """A bounded stream stayed full for the whole publish timeout."""
+
+
+def stream_config(spec: StreamSpec) -> StreamConfig:
+    return StreamConfig(
+        name=spec.name,
+        subjects=list(spec.subjects),
+        retention=_RETENTION[spec.retention],
+        max_msgs=spec.max_msgs,
+        max_bytes=spec.max_bytes,
+        max_age=spec.max_age_s or None,
+        discard=DiscardPolicy.NEW if spec.discard_new else DiscardPolicy.OLD,
+        storage=StorageType.FILE,
+        duplicate_window=spec.duplicate_window_s,
+        max_msg_size=8 * 1024 * 1024,
+    )
+
+
+def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=spec.durable,
+        filter_subject=spec.filter_subject,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=spec.ack_wait_s,
+        max_deliver=spec.max_deliver,
+        max_ack_pending=spec.max_ack_pending,
+    )
+
+
+class Bus:
+    def __init__(self, nc: NATS, settings: BusSettings) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream(timeout=settings.request_timeout_s)
+        self.settings = settings
+
+    @classmethod
+    async def connect(cls, settings: BusSettings, name: str) -> Bus:
+        """Connect, retrying until ``connect_timeout_s`` passes; reconnect forever after."""
+
+        async def on_error(exc: Exception) -> None:
+            log.debug("nats error: %s", exc)
+
+        async def on_disconnect() -> None:
+            log.warning("nats disconnected; reconnecting")
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settings.connect_timeout_s
+        while True:
+            try:
+                # the client would retry an unreachable server forever: bound the first connect
+                nc = await asyncio.wait_for(
+                    nats.connect(
+                        servers=[settings.url],
+                        name=name,
+                        connect_timeout=min(2.0, settings.connect_timeout_s),
+                        allow_reconnect=True,
+                        max_reconnect_attempts=-1,
+                        reconnect_time_wait=0.5,
+                        error_cb=on_error,
+                        disconnected_cb=on_disconnect,
+                    ),
+                    max(0.1, deadline - loop.time()),
+                )
+                return cls(nc, settings)
+            except (OSError, nats.errors.Error, TimeoutError) as exc:
+                if loop.time() >= deadline:
+                    raise BusError(f"cannot reach NATS at {settings.url}: {exc!r}") from exc
+                await asyncio.sleep(0.2)
+
+    async def ensure_streams(self, specs: tuple[StreamSpec, ...] = STREAMS) -> None:
+        """Declare streams; safe to call from every service at every start."""
+        for spec in specs:
+            config = stream_config(spec)
+            try:
+                await self.js.stream_info(spec.name)
+            except NotFoundError:
+                try:
+                    await self.js.add_stream(config)
+                    continue
+                except APIError as exc:  # another service created it meanwhile
+                    log.debug("add_stream %s raced: %s", spec.name, exc)
+            await self.js.update_stream(config)
+
+    async def ensure_consumer(self, spec: ConsumerSpec) -> JetStreamContext.PullSubscription:
+        await self.js.add_consumer(spec.stream, consumer_config(spec))
+        return await self.js.pull_subscribe_bind(spec.durable, stream=spec.stream)
+
+    async def publish(
+        self, subject: str, message: Message, headers: dict[str, str] | None = None
+    ) -> PubAck:
+        """Publish to JetStream; wait while a bounded stream is full (backpressure)."""
+        headers = inject({**(headers or {}), MSG_ID_HEADER: message.id})
+        payload = encode(message)
+        timeout = self.settings.publish_timeout_s
+        deadline = asyncio.get_running_loop().time() + timeout
+        delay = 0.05
+        while True:
+            try:
+                return await self.js.publish(subject, payload, timeout=timeout, headers=headers)
+            except APIError as exc:
+                if exc.err_code not in _STREAM_FULL_CODES:
+                    raise
+                if asyncio.get_running_loop().time() + delay > deadline:
+                    raise BackpressureError(f"{subject}: stream full for {timeout} s") from exc
+                await asyncio.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 2.0)
+
+    async def publish_core(self, subject: str, message: Message) -> None:
+        """Fire-and-forget core NATS publish (heartbeats, live views)."""
+        await self.nc.publish(subject, encode(message), headers=inject({}))
+
+    async def request(
+        self, subject: str, message: Message, reply_type: type[R], timeout: float | None = None
+    ) -> R:
+        reply = await self.nc.request(
+            subject,
+            encode(message),
+            timeout=timeout or self.settings.request_timeout_s,
+            headers=inject({}),
+        )
+        return decode(reply.data, reply_type)
+
+    async def close(self, timeout: float = 5.0) -> None:
+        if self.nc.is_closed:
+            return
+        try:
+            await asyncio.wait_for(self.nc.drain(), timeout)
+        except (TimeoutError, nats.errors.Error):
+            await self.nc.close()

@@ -1,0 +1,105 @@
+"""Run configuration: embedded defaults, then a YAML file, then environment variables.
+
+Precedence (last wins): defaults in this module < ``coevolve.yaml`` (``--config`` or
+``COEVOLVE_CONFIG``) < environment (``COEVOLVE_RUN_DIR``, ``NATS_URL``,
+``OTEL_EXPORTER_OTLP_ENDPOINT``). Each service reads its own section with
+``Settings.section(name, StructType)``, so a typo in a key is a clear error at start-up.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import msgspec
+import yaml
+
+DEFAULT_RUN_DIR = Path("runs/default")
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says which key and why."""
+
+
+class BusSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    url: str = DEFAULT_NATS_URL
+    connect_timeout_s: float = 5.0
+    request_timeout_s: float = 10.0
+    publish_timeout_s: float = 10.0
+
+
+class TelemetrySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    exporter: Literal["jsonl", "otlp", "none"] = "jsonl"
+    otlp_endpoint: str | None = None
+
+
+class RuntimeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    heartbeat_interval_s: float = 1.0
+    heartbeat_ttl_s: float = 30.0
+    drain_timeout_s: float = 8.0
+    fetch_timeout_s: float = 1.0
+    idempotency_cache: int = 10_000
+
+
+class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    run_dir: Path = DEFAULT_RUN_DIR
+    bus: BusSettings = msgspec.field(default_factory=BusSettings)
+    telemetry: TelemetrySettings = msgspec.field(default_factory=TelemetrySettings)
+    runtime: RuntimeSettings = msgspec.field(default_factory=RuntimeSettings)
+    services: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+
+    def section(self, name: str, kind: type[S]) -> S:
+        """This service's settings as ``kind``; unknown or mistyped keys raise ConfigError."""
+        raw = self.services.get(name, {})
+        try:
+            return msgspec.convert(raw, kind, strict=False)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"services.{name}: {exc}") from exc
+
+    def path(self, *parts: str) -> Path:
+        """A path under the run directory, created on demand (its parent directory)."""
+        target = self.run_dir.joinpath(*parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return target
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    raw: dict[str, Any] = {}
+    config_file = config_file or _env_path("COEVOLVE_CONFIG")
+    if config_file is not None:
+        if not config_file.is_file():
+            raise ConfigError(f"config file {config_file} does not exist")
+        loaded = yaml.safe_load(config_file.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {config_file} must hold a mapping at the top")
+        raw = loaded
+    if run_dir := os.environ.get("COEVOLVE_RUN_DIR"):
+        raw["run_dir"] = run_dir
+    if nats_url := os.environ.get("NATS_URL"):
+        raw.setdefault("bus", {})["url"] = nats_url
+    if otlp := os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        raw.setdefault("telemetry", {}).update(exporter="otlp", otlp_endpoint=otlp)
+    for key, value in overrides.items():
+        if value is not None:
+            raw[key] = value
+    try:
+        settings = msgspec.convert(raw, Settings, strict=False, dec_hook=_decode_path)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"configuration: {exc}") from exc
+    settings.run_dir = settings.run_dir.expanduser().resolve()
+    return settings
+
+
+def _decode_path(kind: type, value: Any) -> Any:
+    if kind is Path and isinstance(value, str):
+        return Path(value)
+    raise NotImplementedError(f"cannot read {kind} from {value!r}")
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None

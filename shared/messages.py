@@ -1,0 +1,429 @@
+"""The message catalogue: every Struct that crosses the bus.
+
+Each top-level message is tagged (``"type"`` on the wire) and carries ``schema`` so a
+consumer can refuse a version it does not understand. Encoding is msgpack. Identity
+fields (``id``) are what handlers de-duplicate on and what publishers put in
+``Nats-Msg-Id``; derive them deterministically from the input when a handler republishes,
+so a redelivered input produces the same output ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+Origin = Literal["seed", "explored", "synthesized"]
+SignalKind = Literal["forgetting", "boundary", "rare", "uncertainty"]
+TaskStatus = Literal["active", "retired"]
+ExplorationMode = Literal["guided", "unguided"]
+
+ORIGINS: tuple[Origin, ...] = ("seed", "explored", "synthesized")
+SIGNAL_KINDS: tuple[SignalKind, ...] = ("forgetting", "boundary", "rare", "uncertainty")
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def derived_id(*parts: object) -> str:
+    """A stable id from its inputs: the same input always yields the same output id."""
+    digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()
+    return digest[:32]
+
+
+def now() -> float:
+    return time.time()
+
+
+class Part(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A value nested inside a message (not sent on its own)."""
+
+
+class Message(msgspec.Struct, kw_only=True, omit_defaults=True, tag_field="type", tag=True):
+    """A top-level message. ``id`` is its identity for de-duplication."""
+
+    id: str = msgspec.field(default_factory=new_id)
+    schema: int = SCHEMA_VERSION
+
+
+# --------------------------------------------------------------------------- parts
+
+
+class ToolCall(Part):
+    name: str
+    arguments: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ChatMessage(Part):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
+
+
+class Timings(Part):
+    generate_s: float = 0.0
+    environment_s: float = 0.0
+    total_s: float = 0.0
+
+
+class ExplorationContext(Part):
+    summary: str
+    failure_cause: str
+    instability_pattern: str
+    focus_pattern: list[str]
+    mistakes_to_avoid: list[str]
+
+
+class Lineage(Part):
+    """How a task came to be: signal -> context -> exploration -> candidate -> verdict.
+
+    Each stage fills its part as the candidate travels, so the accepted task carries its
+    whole chain into pool-store (and so into DuckDB) without a join across services.
+    """
+
+    signal_id: str | None = None
+    signal_kind: SignalKind | None = None
+    signal_evidence: dict[str, Any] = msgspec.field(default_factory=dict)
+    parent_task_id: str | None = None
+    context: ExplorationContext | None = None
+    exploration_id: str | None = None
+    exploration_mode: ExplorationMode | None = None
+    exploration_steps: int = 0
+    candidate_id: str | None = None
+    verdict_id: str | None = None
+    trace_id: str | None = None
+
+
+class Task(Part):
+    """A unit of training or evaluation work in one environment.
+
+    ``user_turns[i]`` is answered by ``ground_truth[i]`` (zero or more calls).
+    ``env_config`` holds what the environment needs beyond the initial state (for BFCL:
+    involved classes, held-out functions).
+    """
+
+    id: str
+    environment: str
+    user_turns: list[str]
+    initial_state: dict[str, Any] = msgspec.field(default_factory=dict)
+    ground_truth: list[list[ToolCall]] = msgspec.field(default_factory=list)
+    env_config: dict[str, Any] = msgspec.field(default_factory=dict)
+    origin: Origin = "seed"
+    description: str = ""
+    source_entry: str | None = None
+    lineage: Lineage = msgspec.field(default_factory=Lineage)
+    status: TaskStatus = "active"
+    created_at: float = msgspec.field(default_factory=now)
+
+    def content_hash(self) -> str:
+        """Identity of what the task asks, independent of ids, lineage and time."""
+        body = msgspec.json.encode(
+            [self.environment, self.user_turns, self.initial_state, self.env_config]
+        )
+        return hashlib.sha256(body).hexdigest()
+
+
+class Trajectory(Part):
+    """One episode of the policy on one task, ready for the learner.
+
+    ``token_ids`` covers the whole conversation; ``loss_mask[i]`` is 1 only for tokens
+    the policy generated, and ``logprobs[i]`` is the behaviour log-prob of token i
+    (0.0 where the mask is 0). ``entropies`` is the policy's mean token entropy per
+    assistant turn, used by the uncertainty signal.
+    """
+
+    id: str
+    task_id: str
+    messages: list[ChatMessage]
+    token_ids: list[int]
+    logprobs: list[float]
+    loss_mask: list[int]
+    reward: float
+    policy_version: int
+    timings: Timings = msgspec.field(default_factory=Timings)
+    actions: list[str] = msgspec.field(default_factory=list)
+    entropies: list[float] = msgspec.field(default_factory=list)
+    finished: bool = True
+    error: str | None = None
+
+
+class InteractionStep(Part):
+    """One (history, action, observation) tuple of an exploration round."""
+
+    history: list[ChatMessage]
+    action: ToolCall
+    observation: str
+
+
+class ExplorationRound(Part):
+    steps: list[InteractionStep]
+
+
+class ScoreSample(Part):
+    task_id: str
+    policy_version: int
+    score: float
+    length: int
+    generate_s: float = 0.0
+    environment_s: float = 0.0
+
+
+# --------------------------------------------------------------------------- agent loop
+
+
+class RolloutJob(Message):
+    """Roll out ``group_size`` trajectories of one task (one group)."""
+
+    task: Task
+    group_size: int = 8
+    min_policy_version: int = 0
+
+
+class RolloutGroup(Message):
+    task_id: str
+    origin: Origin
+    policy_version: int
+    trajectories: list[Trajectory]
+    job_id: str | None = None
+    created_at: float = msgspec.field(default_factory=now)
+
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
+
+
+class RolloutResults(Message):
+    """Scores of one group, for pool-store's history (small, unlike the group)."""
+
+    group_id: str
+    samples: list[ScoreSample]
+
+
+class PolicyVersion(Message):
+    """A new policy: weights are in the object store under ``object_name``."""
+
+    version: int
+    step: int
+    bucket: str
+    object_name: str
+    base_model: str
+    kind: Literal["lora", "full"] = "lora"
+    sha256: str = ""
+    created_at: float = msgspec.field(default_factory=now)
+
+
+# --------------------------------------------------------------------------- data loop
+
+
+class Signal(Message):
+    kind: SignalKind
+    task: Task
+    trajectory: Trajectory
+    group_id: str
+    policy_version: int
+    evidence: dict[str, Any] = msgspec.field(default_factory=dict)
+    created_at: float = msgspec.field(default_factory=now)
+
+
+class ExplorationRequest(Message):
+    """Ask for unguided exploration from a train-split state (seed mode / baseline)."""
+
+    task: Task
+    rounds: int = 1
+
+
+class Exploration(Message):
+    mode: ExplorationMode
+    task: Task
+    rounds: list[ExplorationRound]
+    context: ExplorationContext | None = None
+    signal_id: str | None = None
+    signal_kind: SignalKind | None = None
+    created_at: float = msgspec.field(default_factory=now)
+
+
+class TaskCandidate(Message):
+    exploration_id: str
+    task: Task
+    created_at: float = msgspec.field(default_factory=now)
+
+
+class Verdict(Message):
+    candidate_id: str
+    accepted: bool
+    reasons: list[str]
+    task: Task
+    criteria: dict[str, bool] = msgspec.field(default_factory=dict)
+    created_at: float = msgspec.field(default_factory=now)
+
+
+class TaskAdded(Message):
+    task_id: str
+    origin: Origin
+
+
+# --------------------------------------------------------------------------- operations
+
+
+class Heartbeat(Message):
+    service: str
+    instance: str
+    pid: int
+    host: str
+    started_at: float
+    sent_at: float = msgspec.field(default_factory=now)
+    in_flight: int = 0
+    processed: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+
+
+class Metric(Message):
+    service: str
+    name: str
+    value: float
+    step: int = 0
+    tags: dict[str, str] = msgspec.field(default_factory=dict)
+    at: float = msgspec.field(default_factory=now)
+
+
+class DeadLetter(Message):
+    service: str
+    subject: str
+    reason: str
+    payload: bytes
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    at: float = msgspec.field(default_factory=now)
+
+
+# --------------------------------------------------------------------------- pool-store API
+
+
+class AddTasks(Message):
+    tasks: list[Task]
+
+
+class AddTasksReply(Message):
+    added: list[str]
+    duplicates: list[str]
+
+
+class GetTask(Message):
+    task_id: str
+
+
+class GetTaskReply(Message):
+    task: Task | None
+
+
+class SampleBatch(Message):
+    size: int
+    mix: dict[str, float] = msgspec.field(default_factory=dict)
+    environment: str | None = None
+    seed: int | None = None
+
+
+class SampleBatchReply(Message):
+    tasks: list[Task]
+
+
+class GetStats(Message):
+    pass
+
+
+class PoolStats(Message):
+    tasks_by_origin: dict[str, int]
+    results: int
+    rejected_candidates: int = 0
+    accepted_candidates: int = 0
+
+
+class LineageQuery(Message):
+    task_id: str
+
+
+class LineageReply(Message):
+    task: Task | None
+    chain: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ErrorReply(Message):
+    error: str
+
+
+PoolRequest = AddTasks | GetTask | SampleBatch | GetStats | LineageQuery
+PoolReply = AddTasksReply | GetTaskReply | SampleBatchReply | PoolStats | LineageReply | ErrorReply
+
+AnyMessage = (
+    RolloutJob
+    | RolloutGroup
+    | RolloutResults
+    | PolicyVersion
+    | Signal
+    | ExplorationRequest
+    | Exploration
+    | TaskCandidate
+    | Verdict
+    | TaskAdded
+    | Heartbeat
+    | Metric
+    | DeadLetter
+    | AddTasks
+    | AddTasksReply
+    | GetTask
+    | GetTaskReply
+    | SampleBatch
+    | SampleBatchReply
+    | GetStats
+    | PoolStats
+    | LineageQuery
+    | LineageReply
+    | ErrorReply
+)
+
+
+M = TypeVar("M", bound=Message)
+
+
+class DecodeError(ValueError):
+    """Bytes that are not a message of the expected type and schema."""
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[object, msgspec.msgpack.Decoder[Any]] = {}
+
+
+def encode(message: Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(data: bytes, kind: type[M]) -> M:
+    """Decode ``data`` as ``kind``; raise DecodeError with a readable reason otherwise."""
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        decoder = _decoders[kind] = msgspec.msgpack.Decoder(kind)
+    try:
+        message: M = decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise DecodeError(f"not a valid {kind.__name__}: {exc}") from exc
+    if message.schema > SCHEMA_VERSION:
+        raise DecodeError(
+            f"{kind.__name__} schema {message.schema} is newer than supported {SCHEMA_VERSION}"
+        )
+    return message
+
+
+def decode_any(data: bytes) -> Message:
+    decoder = _decoders.get("any")
+    if decoder is None:
+        decoder = _decoders["any"] = msgspec.msgpack.Decoder(AnyMessage)
+    try:
+        message: Message = decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise DecodeError(f"not a CoEvolve message: {exc}") from exc
+    return message

@@ -1,0 +1,68 @@
+"""Request/reply client of pool-store, for any service or the CLI."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from coevolve.shared.bus import Bus
+from coevolve.shared.messages import (
+    AddTasks,
+    AddTasksReply,
+    ErrorReply,
+    GetStats,
+    GetTask,
+    GetTaskReply,
+    LineageQuery,
+    LineageReply,
+    Message,
+    PoolReply,
+    PoolStats,
+    SampleBatch,
+    SampleBatchReply,
+    Task,
+    decode,
+    encode,
+)
+from coevolve.shared.subjects import POOL_RPC
+from coevolve.shared.telemetry import inject
+
+R = TypeVar("R", bound=Message)
+
+
+class PoolError(RuntimeError):
+    """pool-store answered with an error."""
+
+
+class PoolClient:
+    def __init__(self, bus: Bus, timeout_s: float | None = None) -> None:
+        self.bus = bus
+        self.timeout_s = timeout_s or bus.settings.request_timeout_s
+
+    async def _call(self, request: Message, expected: type[R]) -> R:
+        reply = await self.bus.nc.request(
+            POOL_RPC, encode(request), timeout=self.timeout_s, headers=inject({})
+        )
+        answer = decode(reply.data, PoolReply)  # type: ignore[arg-type]
+        if isinstance(answer, ErrorReply):
+            raise PoolError(answer.error)
+        if not isinstance(answer, expected):
+            raise PoolError(f"expected {expected.__name__}, got {type(answer).__name__}")
+        return answer
+
+    async def add_tasks(self, tasks: list[Task]) -> AddTasksReply:
+        return await self._call(AddTasks(tasks=tasks), AddTasksReply)
+
+    async def get(self, task_id: str) -> Task | None:
+        return (await self._call(GetTask(task_id=task_id), GetTaskReply)).task
+
+    async def sample(
+        self, size: int, mix: dict[str, float] | None = None, seed: int | None = None
+    ) -> list[Task]:
+        request = SampleBatch(size=size, mix=mix or {}, seed=seed)
+        return (await self._call(request, SampleBatchReply)).tasks
+
+    async def stats(self) -> PoolStats:
+        return await self._call(GetStats(), PoolStats)
+
+    async def lineage(self, task_id: str) -> LineageReply:
+        return await self._call(LineageQuery(task_id=task_id), LineageReply)
