@@ -29,6 +29,7 @@ from coevolve.shared.messages import (
     LineageReply,
     Message,
     PoolRequest,
+    PoolStats,
     RolloutJob,
     RolloutResults,
     SampleBatch,
@@ -131,7 +132,9 @@ class PoolStoreActor(Actor):
                 for task in tasks:
                     if task.id in added:
                         event = TaskAdded(
-                            id=derived_id("task-added", task.id), task_id=task.id, origin=task.origin
+                            id=derived_id("task-added", task.id),
+                            task_id=task.id,
+                            origin=task.origin,
                         )
                         await self.publish(TASK_ADDED, event)
                 return AddTasksReply(added=added, duplicates=duplicates)
@@ -145,7 +148,8 @@ class PoolStoreActor(Actor):
                 )
                 return SampleBatchReply(tasks=tasks)
             case GetStats():
-                return await self._db(store.stats)  # type: ignore[no-any-return]
+                stats: PoolStats = await self._db(store.stats)
+                return stats
             case LineageQuery(task_id=task_id):
                 task = await self._db(store.get_task, task_id)
                 chain = await self._db(store.lineage, task_id) if task else {}
