@@ -92,7 +92,7 @@ class Bus:
             log.debug("nats error: %s", exc)
 
         async def on_disconnect() -> None:
-            log.warning("nats disconnected; reconnecting")
+            log.info("nats disconnected; reconnecting")
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settings.connect_timeout_s

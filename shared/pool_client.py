@@ -42,7 +42,7 @@ class PoolClient:
         reply = await self.bus.nc.request(
             POOL_RPC, encode(request), timeout=self.timeout_s, headers=inject({})
         )
-        answer = decode(reply.data, PoolReply)  # type: ignore[arg-type]
+        answer: Message = decode(reply.data, PoolReply)  # type: ignore[arg-type]
         if isinstance(answer, ErrorReply):
             raise PoolError(answer.error)
         if not isinstance(answer, expected):

@@ -28,6 +28,9 @@ CANDIDATES = f"{PREFIX}.candidates"
 VERDICTS = f"{PREFIX}.verdicts"
 TASK_ADDED = f"{PREFIX}.pool.task_added"
 
+# benchmarks only (core NATS, never captured by a stream)
+BENCH_CORE = f"{PREFIX}.bench.core"
+
 # pool-store request/reply
 POOL_RPC = f"{PREFIX}.pool.rpc"
 
