@@ -403,18 +403,23 @@ def encode(message: Message) -> bytes:
 
 
 def decode(data: bytes, kind: type[M]) -> M:
-    """Decode ``data`` as ``kind``; raise DecodeError with a readable reason otherwise."""
+    """Decode ``data`` as ``kind`` (a message type or a tagged union of them).
+
+    Raises DecodeError with a readable reason for anything else, including a message of
+    a newer schema than this code understands.
+    """
+    name = getattr(kind, "__name__", None) or " | ".join(
+        t.__name__ for t in getattr(kind, "__args__", ())
+    )
     decoder = _decoders.get(kind)
     if decoder is None:
         decoder = _decoders[kind] = msgspec.msgpack.Decoder(kind)
     try:
         message: M = decoder.decode(data)
     except msgspec.DecodeError as exc:
-        raise DecodeError(f"not a valid {kind.__name__}: {exc}") from exc
+        raise DecodeError(f"not a valid {name}: {exc}") from exc
     if message.schema > SCHEMA_VERSION:
-        raise DecodeError(
-            f"{kind.__name__} schema {message.schema} is newer than supported {SCHEMA_VERSION}"
-        )
+        raise DecodeError(f"{name} schema {message.schema} is newer than {SCHEMA_VERSION}")
     return message
 
 

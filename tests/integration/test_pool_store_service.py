@@ -1,0 +1,154 @@
+"""pool-store as a service: real NATS, real DuckDB, request/reply and idempotent consumers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from coevolve.services.pool_store.actor import PoolStoreActor
+from coevolve.services.pool_store.store import PoolStore
+from coevolve.shared.actor import ActorRunner
+from coevolve.shared.bus import Bus
+from coevolve.shared.config import Settings
+from coevolve.shared.messages import (
+    Lineage,
+    RolloutResults,
+    ScoreSample,
+    Task,
+    TaskAdded,
+    ToolCall,
+    Verdict,
+    decode,
+    encode,
+)
+from coevolve.shared.pool_client import PoolClient, PoolError
+from coevolve.shared.subjects import POOL_RPC, ROLLOUT_RESULTS, TASK_ADDED, VERDICTS
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def make_task(i: int, origin: str = "seed") -> Task:
+    return Task(
+        id=f"t{i}",
+        environment="bfcl",
+        user_turns=[f"create file {i}.txt"],
+        ground_truth=[[ToolCall(name="touch", arguments={"file_name": f"{i}.txt"})]],
+        origin=origin,  # type: ignore[arg-type]
+    )
+
+
+def pool_settings(settings: Settings) -> Settings:
+    settings.services["pool_store"] = {"seed_environments": [], "feed_jobs": False}
+    return settings
+
+
+async def test_pool_store_service_api_and_idempotent_consumers(settings: Settings) -> None:
+    settings = pool_settings(settings)
+    runner = ActorRunner(PoolStoreActor(settings))
+    bus = await Bus.connect(settings.bus, "test")
+    await bus.ensure_streams()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: runner.run(handle_signals=False))
+        client = PoolClient(bus)
+        with anyio.fail_after(20):
+            while True:  # wait for the responder
+                try:
+                    await client.stats()
+                    break
+                except Exception:
+                    await anyio.sleep(0.1)
+
+        reply = await client.add_tasks([make_task(i) for i in range(10)])
+        assert len(reply.added) == 10 and reply.duplicates == []
+        again = await client.add_tasks([make_task(3)])
+        assert again.added == [] and again.duplicates == ["t3"]
+        batch = await client.sample(4, seed=1)
+        assert len(batch) == 4 and {t.id for t in batch} <= {f"t{i}" for i in range(10)}
+        fetched = await client.get("t7")
+        assert fetched is not None and fetched.ground_truth == make_task(7).ground_truth
+        assert await client.get("missing") is None
+
+        # the same results message delivered twice (a redelivery, not a re-publish:
+        # distinct Nats-Msg-Id so JetStream does not drop it) makes one row
+        results = RolloutResults(
+            id="results-1",
+            group_id="g1",
+            samples=[ScoreSample(task_id="t1", policy_version=0, score=1.0, length=12)],
+        )
+        for attempt in range(2):
+            await bus.js.publish(
+                ROLLOUT_RESULTS, encode(results), headers={"Nats-Msg-Id": f"r-{attempt}"}
+            )
+
+        added_events = await bus.js.pull_subscribe(TASK_ADDED, durable="test-events")
+        verdict = Verdict(
+            id="verdict-1",
+            candidate_id="cand-1",
+            accepted=True,
+            reasons=["replay ok"],
+            task=make_task(100, origin="explored"),
+        )
+        verdict.task.lineage = Lineage(signal_id="sig-1", signal_kind="boundary", trace_id="abc")
+        await bus.publish(VERDICTS, verdict)
+        added_ids: set[str] = set()
+        with anyio.fail_after(10):
+            while "t100" not in added_ids:
+                events = await added_events.fetch(batch=20, timeout=5)
+                added_ids |= {decode(m.data, TaskAdded).task_id for m in events}
+        assert added_ids == {f"t{i}" for i in range(10)} | {"t100"}
+        with anyio.fail_after(10):
+            while (await client.stats()).results < 1:
+                await anyio.sleep(0.1)
+        await anyio.sleep(1.0)  # room for the duplicate to be (wrongly) recorded
+        stats = await client.stats()
+        assert stats.results == 1
+        assert stats.tasks_by_origin.get("explored") == 1
+        lineage = await client.lineage("t100")
+        assert lineage.task is not None and lineage.chain["signal"]["kind"] == "boundary"
+
+        # a request that does not decode gets an error reply, and the service answers on
+        raw = await bus.nc.request(POOL_RPC, b"\x01garbage", timeout=5)
+        assert b"error" in raw.data
+        assert (await client.stats()).results == 1
+        runner.request_stop()
+    await bus.close()
+
+    with PoolStore.open_readonly(settings.run_dir / "pool.duckdb") as store:
+        assert len(store.score_history("t1")) == 1
+        assert store.get_task("t100") is not None
+
+
+async def test_pool_client_raises_on_bad_requests(settings: Settings) -> None:
+    settings = pool_settings(settings)
+    runner = ActorRunner(PoolStoreActor(settings))
+    bus = await Bus.connect(settings.bus, "test")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: runner.run(handle_signals=False))
+        client = PoolClient(bus)
+        with anyio.fail_after(20):
+            while True:
+                try:
+                    await client.stats()
+                    break
+                except Exception:
+                    await anyio.sleep(0.1)
+        with pytest.raises(PoolError, match="batch size"):
+            await client.sample(0)
+        runner.request_stop()
+    await bus.close()
+
+
+def test_data_survives_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "pool.duckdb"
+    with PoolStore(path) as store:
+        store.add_tasks([make_task(1)])
+    with PoolStore(path) as store:
+        again = store.get_task("t1")
+        assert again is not None and again.user_turns == make_task(1).user_turns
