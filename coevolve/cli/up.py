@@ -81,7 +81,12 @@ def up(
     signal.signal(signal.SIGTERM, lambda *_: supervisor.request_stop())
     signal.signal(signal.SIGINT, lambda *_: supervisor.request_stop())
     up_file = run / UP_FILE
-    up_file.write_text(json.dumps({"nats_url": nats_url, "pid": os.getpid(), "at": time.time()}))
+    nats_pid = server.process.pid if server and server.process else None
+    up_file.write_text(
+        json.dumps(
+            {"nats_url": nats_url, "nats_pid": nats_pid, "pid": os.getpid(), "at": time.time()}
+        )
+    )
     typer.echo("services starting; `coevolve status` shows them, Ctrl-C stops everything")
     try:
         supervisor.run()

@@ -18,7 +18,7 @@ from nats.js.errors import NotFoundError
 
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.actor import Actor, Consumer, Delivery, Responder
-from coevolve.shared.config import Settings
+from coevolve.shared.config import ConfigError, Settings
 from coevolve.shared.messages import (
     AddTasks,
     AddTasksReply,
@@ -34,6 +34,7 @@ from coevolve.shared.messages import (
     RolloutResults,
     SampleBatch,
     SampleBatchReply,
+    Task,
     TaskAdded,
     Verdict,
     derived_id,
@@ -85,10 +86,8 @@ class PoolStoreActor(Actor):
                 await self._seed(environment)
 
     async def _seed(self, environment: str) -> None:
-        from coevolve.shared.envs import seed_tasks
-
         assert self.store is not None
-        tasks = await anyio.to_thread.run_sync(seed_tasks, environment)
+        tasks = await anyio.to_thread.run_sync(seed_tasks_for, environment)
         added, _ = await self._db(self.store.add_tasks, tasks)
         log.info("seeded %d %s tasks from the train split", len(added), environment)
 
@@ -181,6 +180,15 @@ class PoolStoreActor(Actor):
                     group_size=self.config.group_size,
                 )
                 await self.publish(ROLLOUT_JOBS, job)
+
+
+def seed_tasks_for(environment: str) -> list[Task]:
+    """The train split of an environment, as origin-"seed" tasks."""
+    if environment == "bfcl":
+        from coevolve.shared.envs.bfcl.tasks import seed_tasks
+
+        return seed_tasks()
+    raise ConfigError(f"services.pool_store.seed_environments: no seed tasks for {environment!r}")
 
 
 def build(settings: Settings) -> Actor:

@@ -1,0 +1,85 @@
+"""`coevolve up` for real: NATS and all seven services as processes, status, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coevolve.shared.subjects import SERVICES
+
+pytestmark = pytest.mark.e2e
+
+
+def coevolve(*args: str) -> list[str]:
+    return [sys.executable, "-m", "coevolve", *args]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purpose
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_up_status_and_sigterm_leave_no_process(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "NATS_URL"}
+    up = subprocess.Popen(
+        coevolve("up", "--run-dir", str(run_dir), "--nats-port", "0"),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    report: dict = {}
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            assert up.poll() is None, up.stdout.read().decode() if up.stdout else ""
+            probe = subprocess.run(
+                coevolve("status", "--json", "--run-dir", str(run_dir)),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if probe.returncode == 0:
+                report = json.loads(probe.stdout.strip().splitlines()[-1])
+                fresh = {s["service"] for s in report["services"] if s["heartbeat_age_s"] < 5}
+                if fresh >= set(SERVICES):
+                    break
+            time.sleep(1)
+        fresh = {s["service"] for s in report.get("services", []) if s["heartbeat_age_s"] < 5}
+        assert fresh >= set(SERVICES), report
+        assert report["missing"] == []
+        assert {s["stream"] for s in report["streams"]} >= {"COEVOLVE_ROLLOUT_GROUPS"}
+
+        up_info = json.loads((run_dir / "up.json").read_text())
+        pids = [s["pid"] for s in report["services"]] + [up_info["nats_pid"]]
+        assert all(alive(pid) for pid in pids)
+
+        up.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        up.wait(15)
+        stopped_in = time.monotonic() - sent
+        assert up.returncode == 0
+        assert stopped_in < 10, f"took {stopped_in:.1f} s"
+        leftovers = [pid for pid in pids if alive(pid)]
+        assert leftovers == []
+        assert not (run_dir / "up.json").exists()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
