@@ -28,7 +28,13 @@ from nats.js.errors import APIError, NotFoundError
 
 from coevolve.shared.config import BusSettings
 from coevolve.shared.messages import Message, decode, encode
-from coevolve.shared.subjects import STREAMS, ConsumerSpec, StreamSpec
+from coevolve.shared.subjects import (
+    CONSUMERS,
+    STREAM_BY_NAME,
+    STREAMS,
+    ConsumerSpec,
+    StreamSpec,
+)
 from coevolve.shared.telemetry import inject
 
 log = logging.getLogger(__name__)
@@ -131,6 +137,12 @@ class Bus:
                 except APIError as exc:  # another service created it meanwhile
                     log.debug("add_stream %s raced: %s", spec.name, exc)
             await self.js.update_stream(config)
+        # An interest stream drops what no consumer is interested in yet: declare its
+        # consumers with the stream, so start-up order cannot lose a rollout group.
+        names = {spec.name for spec in specs}
+        for consumer in CONSUMERS:
+            if consumer.stream in names and STREAM_BY_NAME[consumer.stream].retention == "interest":
+                await self.js.add_consumer(consumer.stream, consumer_config(consumer))
 
     async def ensure_consumer(self, spec: ConsumerSpec) -> JetStreamContext.PullSubscription:
         await self.js.add_consumer(spec.stream, consumer_config(spec))

@@ -244,6 +244,7 @@ class Exploration(Message):
     context: ExplorationContext | None = None
     signal_id: str | None = None
     signal_kind: SignalKind | None = None
+    signal_evidence: dict[str, Any] = msgspec.field(default_factory=dict)
     created_at: float = msgspec.field(default_factory=now)
 
 

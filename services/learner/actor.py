@@ -1,4 +1,4 @@
-"""learner service: runtime skeleton (starts, heartbeats, drains); its work lands with its issue."""
+"""Service skeleton: starts, heartbeats and drains; its work lands with its issue."""
 
 from __future__ import annotations
 

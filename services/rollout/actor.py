@@ -1,13 +1,178 @@
-"""rollout service: runtime skeleton (starts, heartbeats, drains); its work lands with its issue."""
+"""rollout: takes rollout jobs, runs a group of K episodes, publishes the group.
+
+Replicas share the job queue. Between episodes a worker hot-swaps to the newest policy
+version announced by the learner. Before taking on a job it waits while the learner has
+more than ``max_unconsumed_groups`` groups it has not consumed yet (backpressure).
+"""
 
 from __future__ import annotations
 
-from coevolve.shared.actor import Actor
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal
+
+import anyio
+import msgspec
+import nats.errors
+from nats.js.errors import NotFoundError
+
+from coevolve.shared.actor import Actor, Consumer, Delivery
 from coevolve.shared.config import Settings
+from coevolve.shared.messages import (
+    PolicyVersion,
+    RolloutGroup,
+    RolloutJob,
+    RolloutResults,
+    ScoreSample,
+    decode,
+    derived_id,
+)
+from coevolve.shared.subjects import (
+    LEARNER_GROUPS_CONSUMER,
+    POLICY_UPDATES,
+    ROLLOUT_GROUPS,
+    ROLLOUT_JOBS_CONSUMER,
+    ROLLOUT_RESULTS,
+)
+
+log = logging.getLogger(__name__)
+
+
+class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str | None = None
+    engine: Literal["transformers", "vllm"] = "transformers"
+    device: str | None = None
+    max_new_tokens: int = 96
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_steps: int = 8
+    max_unconsumed_groups: int = 16
+    backpressure_poll_s: float = 0.5
 
 
 class RolloutActor(Actor):
     name = "rollout"
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.config = settings.section(self.name, RolloutConfig)
+        self.engine: Any = None
+        self._announced: PolicyVersion | None = None
+        self.throttled_s = 0.0
+
+    async def setup(self) -> None:
+        from coevolve.shared.policy_sync import latest_policy
+
+        self.engine = await anyio.to_thread.run_sync(self._load_engine)
+        self._announced = await latest_policy(self.bus)
+        await self._swap_if_newer()
+
+    def _load_engine(self) -> Any:
+        from coevolve.shared.policy import TransformersEngine, load_policy
+
+        policy = load_policy(
+            self.config.model, run_dir=self.settings.run_dir, device=self.config.device
+        )
+        if self.config.engine == "vllm":
+            from coevolve.shared.policy.engine import VllmEngine
+
+            return VllmEngine(policy)
+        return TransformersEngine(policy)
+
+    def consumers(self) -> Sequence[Consumer[Any]]:
+        return (Consumer(ROLLOUT_JOBS_CONSUMER, RolloutJob, self.on_job),)
+
+    def loops(self) -> Sequence[Callable[[], Awaitable[None]]]:
+        return (self.watch_policy_updates,)
+
+    async def watch_policy_updates(self) -> None:
+        sub = await self.bus.nc.subscribe(POLICY_UPDATES)
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=5)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue
+                update = decode(msg.data, PolicyVersion)
+                if self._announced is None or update.version > self._announced.version:
+                    self._announced = update
+        finally:
+            with anyio.move_on_after(2, shield=True):
+                await sub.unsubscribe()
+
+    async def _swap_if_newer(self) -> None:
+        from coevolve.shared.policy_sync import fetch_policy
+
+        update = self._announced
+        if update is None or update.version <= self.engine.policy_version:
+            return
+        blob = await fetch_policy(self.bus, update)
+        await anyio.to_thread.run_sync(self.engine.load_weights, blob, update.version)
+        log.info("hot-swapped to policy version %d", update.version)
+
+    async def _wait_for_learner(self) -> None:
+        spec = LEARNER_GROUPS_CONSUMER
+        while True:
+            try:
+                with anyio.fail_after(5):
+                    info = await self.bus.js.consumer_info(spec.stream, spec.durable)
+            except (TimeoutError, NotFoundError):
+                return
+            backlog = int(info.num_pending) + int(info.num_ack_pending)
+            if backlog <= self.config.max_unconsumed_groups:
+                return
+            self.throttled_s += self.config.backpressure_poll_s
+            await anyio.sleep(self.config.backpressure_poll_s)
+
+    async def on_job(self, job: RolloutJob, _: Delivery) -> None:
+        from coevolve.shared.envs import make_environment
+        from coevolve.shared.episodes import run_group
+        from coevolve.shared.policy import SamplingParams
+
+        await self._wait_for_learner()
+        await self._swap_if_newer()
+        params = SamplingParams(
+            max_new_tokens=self.config.max_new_tokens,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+        )
+        environment = job.task.environment
+        trajectories = await anyio.to_thread.run_sync(
+            lambda: run_group(
+                self.engine,
+                lambda: make_environment(environment),
+                job.task,
+                job.group_size,
+                params,
+                max_steps=self.config.max_steps,
+            ),
+            abandon_on_cancel=True,
+        )
+        version = self.engine.policy_version
+        group = RolloutGroup(
+            id=derived_id("group", job.id),
+            task_id=job.task.id,
+            origin=job.task.origin,
+            policy_version=version,
+            trajectories=trajectories,
+            job_id=job.id,
+        )
+        await self.publish(ROLLOUT_GROUPS, group)
+        samples = [
+            ScoreSample(
+                task_id=job.task.id,
+                policy_version=version,
+                score=t.reward,
+                length=sum(t.loss_mask),
+                generate_s=t.timings.generate_s,
+                environment_s=t.timings.environment_s,
+            )
+            for t in trajectories
+        ]
+        results = RolloutResults(
+            id=derived_id("results", job.id), group_id=group.id, samples=samples
+        )
+        await self.publish(ROLLOUT_RESULTS, results)
 
 
 def build(settings: Settings) -> Actor:

@@ -1,0 +1,308 @@
+"""The four signals, as functions of a rollout group and what the monitor remembers.
+
+- forgetting: the task's last ``window`` group scores (a group's score is its mean reward)
+  include one >= ``threshold`` while the current score is < ``threshold``.
+- boundary: within one group some reward is > ``threshold`` and some is < ``threshold``.
+- rare: a pattern of the group occurs in under ``rare_theta`` of all patterns of its order
+  counted so far (this group included). Patterns are function names (order 1) and
+  adjacent pairs of function names within a trajectory (order 2). Nothing fires before
+  ``rare_min_actions`` function calls have been counted.
+- uncertainty: a trajectory's mean token entropy (the mean of its per-turn means in
+  ``Trajectory.entropies``) is above the ``uncertainty_quantile`` of
+  the trajectory entropies seen before this group (once ``uncertainty_min_samples`` have
+  been seen).
+
+:class:`SignalMonitor` runs them over a group, updates the state, rate-limits per task and
+builds the :class:`~coevolve.shared.messages.Signal` messages. At most one signal per kind
+per group. Signal ids derive from the group id and kind, so reprocessing a group (after a
+crash before its state was saved) republishes the same ids, which the bus de-duplicates.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from coevolve.services.signal_monitor.state import (
+    MonitorState,
+    add_entropy,
+    admit_signal,
+    count_patterns,
+    pair_pattern,
+    push_score,
+    quantile,
+    remember_group,
+)
+from coevolve.shared.messages import (
+    SIGNAL_KINDS,
+    RolloutGroup,
+    Signal,
+    SignalKind,
+    Task,
+    Trajectory,
+    derived_id,
+)
+
+
+class MonitorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    kinds: tuple[SignalKind, ...] = SIGNAL_KINDS
+    threshold: float = 0.5
+    window: int = 10
+    rare_theta: float = 0.05
+    rare_min_actions: int = 200
+    uncertainty_quantile: float = 0.9
+    uncertainty_min_samples: int = 50
+    reservoir_size: int = 2048
+    reservoir_seed: int = 0
+    cooldown_s: float = 300.0
+    bucket_capacity: float = 3.0
+    bucket_refill_per_s: float = 1.0 / 600.0
+    remember_groups: int = 4096
+    strip_tokens: bool = True
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: SignalKind
+    trajectory: Trajectory
+    evidence: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def group_score(group: RolloutGroup) -> float:
+    rewards = group.rewards()
+    return sum(rewards) / len(rewards) if rewards else 0.0
+
+
+def trajectory_actions(trajectory: Trajectory) -> list[str]:
+    """The function names the trajectory called, in order: from its assistant messages'
+    parsed tool calls, or from ``actions`` (call strings like ``cd(folder='x')``)."""
+    names = [
+        call.name
+        for message in trajectory.messages
+        if message.role == "assistant"
+        for call in message.tool_calls
+    ]
+    if names:
+        return names
+    return [name for action in trajectory.actions if (name := action.split("(", 1)[0].strip())]
+
+
+def mean_entropy(trajectory: Trajectory) -> float | None:
+    if not trajectory.entropies:
+        return None
+    return sum(trajectory.entropies) / len(trajectory.entropies)
+
+
+def _lowest_reward(trajectories: Sequence[Trajectory]) -> Trajectory:
+    return min(trajectories, key=lambda t: t.reward)
+
+
+# --------------------------------------------------------------------------- detectors
+
+
+def detect_forgetting(
+    group: RolloutGroup, previous_scores: Sequence[float], config: MonitorConfig
+) -> Finding | None:
+    """``previous_scores``: the task's window before this group (oldest first)."""
+    if not group.trajectories:
+        return None
+    current = group_score(group)
+    considered = list(previous_scores)[-(config.window - 1) :] if config.window > 1 else []
+    if current >= config.threshold or not considered:
+        return None
+    best = max(considered)
+    if best < config.threshold:
+        return None
+    return Finding(
+        "forgetting",
+        _lowest_reward(group.trajectories),
+        {
+            "window": [*considered, current],
+            "current_score": current,
+            "best_in_window": best,
+            "threshold": config.threshold,
+            "window_size": config.window,
+        },
+    )
+
+
+def detect_boundary(group: RolloutGroup, config: MonitorConfig) -> Finding | None:
+    above = [t for t in group.trajectories if t.reward > config.threshold]
+    below = [t for t in group.trajectories if t.reward < config.threshold]
+    if not above or not below:
+        return None
+    success = max(above, key=lambda t: t.reward)
+    return Finding(
+        "boundary",
+        _lowest_reward(below),
+        {
+            "rewards": group.rewards(),
+            "successes": len(above),
+            "failures": len(below),
+            "threshold": config.threshold,
+            "success_trajectory_id": success.id,
+            "success_actions": trajectory_actions(success),
+        },
+    )
+
+
+def detect_rare(group: RolloutGroup, state: MonitorState, config: MonitorConfig) -> Finding | None:
+    """Call after the group's patterns were counted into ``state``."""
+    if state.unigram_total < config.rare_min_actions:
+        return None
+    best: tuple[float, int, str, int, Trajectory] | None = None
+    for trajectory in group.trajectories:
+        actions = trajectory_actions(trajectory)
+        patterns = [(name, 1) for name in actions] + [
+            (pair_pattern(a, b), 2) for a, b in itertools.pairwise(actions)
+        ]
+        for pattern, order in patterns:
+            counts, total = (
+                (state.unigram_counts, state.unigram_total)
+                if order == 1
+                else (state.pair_counts, state.pair_total)
+            )
+            frequency = counts.get(pattern, 0) / total if total else 1.0
+            if frequency < config.rare_theta and (best is None or frequency < best[0]):
+                best = (frequency, order, pattern, counts.get(pattern, 0), trajectory)
+    if best is None:
+        return None
+    frequency, order, pattern, count, trajectory = best
+    return Finding(
+        "rare",
+        trajectory,
+        {
+            "pattern": pattern,
+            "order": order,
+            "count": count,
+            "total": state.unigram_total if order == 1 else state.pair_total,
+            "frequency": frequency,
+            "theta": config.rare_theta,
+        },
+    )
+
+
+def detect_uncertainty(
+    group: RolloutGroup, state: MonitorState, config: MonitorConfig
+) -> Finding | None:
+    """Call before the group's entropies were added to ``state``."""
+    if len(state.entropy_reservoir) < config.uncertainty_min_samples:
+        return None
+    scored = [(value, t) for t in group.trajectories if (value := mean_entropy(t)) is not None]
+    if not scored:
+        return None
+    cut = quantile(state.entropy_reservoir, config.uncertainty_quantile)
+    value, trajectory = max(scored, key=lambda pair: pair[0])
+    if value <= cut:
+        return None
+    return Finding(
+        "uncertainty",
+        trajectory,
+        {
+            "mean_entropy": value,
+            "threshold": cut,
+            "quantile": config.uncertainty_quantile,
+            "samples": len(state.entropy_reservoir),
+            "seen": state.entropy_seen,
+        },
+    )
+
+
+def detect(group: RolloutGroup, state: MonitorState, config: MonitorConfig) -> list[Finding]:
+    """Run every enabled detector over ``group`` and fold the group into ``state``."""
+    enabled = set(config.kinds)
+    findings: list[Finding | None] = []
+    previous = list(state.score_windows.get(group.task_id, []))
+    if "forgetting" in enabled:
+        findings.append(detect_forgetting(group, previous, config))
+    if "boundary" in enabled:
+        findings.append(detect_boundary(group, config))
+    if "uncertainty" in enabled:
+        findings.append(detect_uncertainty(group, state, config))
+
+    if group.trajectories:
+        push_score(state, group.task_id, group_score(group), config.window)
+    count_patterns(state, (trajectory_actions(t) for t in group.trajectories))
+    for trajectory in group.trajectories:
+        value = mean_entropy(trajectory)
+        if value is not None:
+            add_entropy(state, value, config.reservoir_size, config.reservoir_seed)
+
+    if "rare" in enabled:
+        findings.append(detect_rare(group, state, config))
+    return [f for f in findings if f is not None]
+
+
+# --------------------------------------------------------------------------- the monitor
+
+
+class SignalMonitor:
+    """Turns rollout groups into rate-limited signals, keeping ``state`` up to date.
+
+    The caller persists ``state`` (see :class:`~.state.StateStore`) after publishing the
+    returned signals and before acknowledging the group.
+    """
+
+    def __init__(self, config: MonitorConfig | None = None, state: MonitorState | None = None):
+        self.config = config or MonitorConfig()
+        self.state = state or MonitorState()
+        self._recent = set(self.state.recent_groups)
+
+    def seen(self, group_id: str) -> bool:
+        return group_id in self._recent
+
+    def process(self, group: RolloutGroup, task: Task, now: float | None = None) -> list[Signal]:
+        """The signals for ``group`` of ``task``; [] for a group processed before."""
+        if group.task_id != task.id:
+            raise ValueError(f"group {group.id} is for task {group.task_id}, not {task.id}")
+        if self.seen(group.id):
+            return []
+        now = time.time() if now is None else now
+        config = self.config
+        signals: list[Signal] = []
+        for finding in detect(group, self.state, config):
+            reason = admit_signal(
+                self.state,
+                task.id,
+                finding.kind,
+                now,
+                cooldown_s=config.cooldown_s,
+                bucket_capacity=config.bucket_capacity,
+                bucket_refill_per_s=config.bucket_refill_per_s,
+            )
+            if reason is None:
+                signals.append(self._signal(finding, group, task, now))
+        remember_group(self.state, group.id, config.remember_groups)
+        self._recent.add(group.id)
+        if len(self._recent) > len(self.state.recent_groups):
+            self._recent = set(self.state.recent_groups)
+        return signals
+
+    def _signal(self, finding: Finding, group: RolloutGroup, task: Task, now: float) -> Signal:
+        trajectory = finding.trajectory
+        if self.config.strip_tokens:
+            trajectory = msgspec.structs.replace(
+                trajectory, token_ids=[], logprobs=[], loss_mask=[]
+            )
+        return Signal(
+            id=derived_id("signal", group.id, finding.kind),
+            kind=finding.kind,
+            task=task,
+            trajectory=trajectory,
+            group_id=group.id,
+            policy_version=group.policy_version,
+            evidence={
+                **finding.evidence,
+                "group_reward_mean": group_score(group),
+                "trajectory_reward": finding.trajectory.reward,
+            },
+            created_at=now,
+        )

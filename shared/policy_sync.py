@@ -1,0 +1,75 @@
+"""Policy weights over the bus: the learner puts them in the object store and announces
+the version; rollout workers fetch, verify and hot-swap."""
+
+from __future__ import annotations
+
+import anyio
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.object_store import ObjectStore
+
+from coevolve.shared.bus import Bus
+from coevolve.shared.messages import PolicyVersion, decode, derived_id
+from coevolve.shared.policy.weights import weights_digest
+from coevolve.shared.subjects import POLICY_BUCKET, POLICY_UPDATES
+
+TRANSFER_TIMEOUT_S = 120.0
+
+
+class PolicySyncError(RuntimeError):
+    pass
+
+
+async def policy_bucket(bus: Bus) -> ObjectStore:
+    with anyio.fail_after(10):
+        try:
+            return await bus.js.object_store(POLICY_BUCKET)
+        except (BucketNotFoundError, NotFoundError):
+            return await bus.js.create_object_store(POLICY_BUCKET)
+
+
+def object_name(version: int) -> str:
+    return f"policy-v{version:08d}"
+
+
+async def publish_policy(
+    bus: Bus, blob: bytes, *, version: int, step: int, base_model: str, kind: str
+) -> PolicyVersion:
+    """Store the weights, then announce them (in that order: an announced version exists)."""
+    bucket = await policy_bucket(bus)
+    name = object_name(version)
+    with anyio.fail_after(TRANSFER_TIMEOUT_S):
+        await bucket.put(name, blob)
+    update = PolicyVersion(
+        id=derived_id("policy", base_model, version),
+        version=version,
+        step=step,
+        bucket=POLICY_BUCKET,
+        object_name=name,
+        base_model=base_model,
+        kind="full" if kind == "full" else "lora",
+        sha256=weights_digest(blob),
+    )
+    await bus.publish(POLICY_UPDATES, update)
+    return update
+
+
+async def fetch_policy(bus: Bus, update: PolicyVersion) -> bytes:
+    bucket = await policy_bucket(bus)
+    with anyio.fail_after(TRANSFER_TIMEOUT_S):
+        result = await bucket.get(update.object_name)
+    blob = bytes(result.data or b"")
+    if weights_digest(blob) != update.sha256:
+        raise PolicySyncError(f"{update.object_name}: sha256 mismatch, refusing the weights")
+    return blob
+
+
+async def latest_policy(bus: Bus) -> PolicyVersion | None:
+    """The newest announced version, or None before the first one."""
+    from coevolve.shared.subjects import stream_for
+
+    try:
+        with anyio.fail_after(10):
+            raw = await bus.js.get_last_msg(stream_for(POLICY_UPDATES).name, POLICY_UPDATES)
+    except NotFoundError:
+        return None
+    return decode(raw.data or b"", PolicyVersion)

@@ -1,0 +1,369 @@
+"""The role prompts and their schemas: real BFCL tools, xgrammar grammars, jsonschema."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import msgspec
+import pytest
+import xgrammar as xgr
+from xgrammar.testing import _is_grammar_accept_string
+
+from coevolve.services.abstractor.prompts import (
+    AbstractionOutput,
+    CandidateDraft,
+    abstraction_messages,
+    candidate_schema,
+    draft_problems,
+    draft_to_task,
+)
+from coevolve.services.explorer.prompts import (
+    CONTEXT_SCHEMA,
+    GOAL_TEMPLATES,
+    exploration_goal,
+    exploration_messages,
+    render_trajectory,
+    summarizer_messages,
+    unguided_goal,
+)
+from coevolve.services.judge.prompts import (
+    CRITERIA,
+    JUDGE_SCHEMA,
+    Criteria,
+    Judgment,
+    decide,
+    judge_messages,
+)
+from coevolve.shared.envs import make_environment
+from coevolve.shared.envs.bfcl.tasks import seed_tasks
+from coevolve.shared.messages import (
+    SIGNAL_KINDS,
+    ChatMessage,
+    Exploration,
+    ExplorationContext,
+    ExplorationRound,
+    InteractionStep,
+    Signal,
+    SignalKind,
+    Task,
+    ToolCall,
+    Trajectory,
+)
+from coevolve.shared.structured import Rejection, function_call_schema, parse_structured
+
+
+@pytest.fixture(scope="module")
+def bfcl() -> tuple[Task, list[dict[str, Any]]]:
+    task = seed_tasks()[0]
+    environment = make_environment("bfcl")
+    environment.reset(task)
+    tools = environment.tools()
+    environment.close()
+    return task, tools
+
+
+def grammar(schema: dict[str, Any]) -> xgr.Grammar:
+    return xgr.Grammar.from_json_schema(
+        json.dumps(schema), any_whitespace=False, separators=(",", ":")
+    )
+
+
+def compact(value: Any) -> str:
+    return json.dumps(msgspec.to_builtins(value), separators=(",", ":"), ensure_ascii=False)
+
+
+CONTEXT = ExplorationContext(
+    summary="The agent listed files but never moved the report.",
+    failure_cause="It called mv with a path instead of a file name.",
+    instability_pattern="Path arguments confuse it.",
+    focus_pattern=["mv with plain file names", "cd before mv"],
+    mistakes_to_avoid=["passing paths to mv"],
+)
+
+
+def flagged_trajectory(task: Task) -> Trajectory:
+    messages = [ChatMessage(role="user", content=task.user_turns[0])]
+    for i in range(30):
+        messages.append(
+            ChatMessage(
+                role="assistant",
+                content="",
+                tool_calls=[ToolCall(name="ls", arguments={"a": i % 2 == 0})],
+            )
+        )
+        messages.append(ChatMessage(role="tool", content="file_" * 40 + str(i)))
+    messages.append(ChatMessage(role="assistant", content="I could not finish the task."))
+    return Trajectory(
+        id="traj-1",
+        task_id=task.id,
+        messages=messages,
+        token_ids=[],
+        logprobs=[],
+        loss_mask=[],
+        reward=0.0,
+        policy_version=2,
+    )
+
+
+EVIDENCE: dict[SignalKind, dict[str, Any]] = {
+    "forgetting": {"best_in_window": 1.0, "current_score": 0.25, "window_size": 10},
+    "boundary": {"successes": 3, "failures": 5, "success_actions": ["cd", "touch"]},
+    "rare": {"pattern": "touch->echo", "frequency": 0.012},
+    "uncertainty": {"mean_entropy": 2.31, "quantile": 0.9, "threshold": 1.7},
+}
+SIGNAL_WORDS = {
+    "forgetting": ["FORGETTING", "1.00", "0.25"],
+    "boundary": ["BOUNDARY", "3 succeeded", "5 failed", "cd, touch"],
+    "rare": ["RARE", "`touch->echo`", "1.2%"],
+    "uncertainty": ["UNCERTAINTY", "2.31", "90.0%", "1.70"],
+}
+
+
+# --------------------------------------------------------------------------- summarizer
+
+
+@pytest.mark.parametrize("kind", SIGNAL_KINDS)
+def test_summarizer_prompt_per_signal_kind(kind: SignalKind, bfcl: tuple[Task, list[Any]]) -> None:
+    task, _ = bfcl
+    signal = Signal(
+        kind=kind,
+        task=task,
+        trajectory=flagged_trajectory(task),
+        group_id="g",
+        policy_version=2,
+        evidence=EVIDENCE[kind],
+    )
+    messages = summarizer_messages(signal)
+    assert [m["role"] for m in messages] == ["system", "user"]
+    user = messages[1]["content"]
+    for word in SIGNAL_WORDS[kind]:
+        assert word in user
+    assert task.user_turns[0][:40] in user
+    assert "messages omitted" in user  # the 62-message episode was cut to its budget
+    assert "I could not finish the task." in user  # the ending is kept
+    for field in CONTEXT_SCHEMA["required"]:
+        assert f"- {field}:" in user
+    assert len(user) < 6000
+
+
+def test_context_schema_grammar_and_type_agree() -> None:
+    good = compact(CONTEXT)
+    assert _is_grammar_accept_string(grammar(CONTEXT_SCHEMA), good)
+    jsonschema.validate(json.loads(good), CONTEXT_SCHEMA)
+    assert parse_structured(good, ExplorationContext) == CONTEXT
+    too_long = compact(msgspec.structs.replace(CONTEXT, summary="x" * 301))
+    assert not _is_grammar_accept_string(grammar(CONTEXT_SCHEMA), too_long)
+    no_focus = compact(msgspec.structs.replace(CONTEXT, focus_pattern=[]))
+    assert not _is_grammar_accept_string(grammar(CONTEXT_SCHEMA), no_focus)
+
+
+def test_render_trajectory_keeps_short_episodes_whole(bfcl: tuple[Task, list[Any]]) -> None:
+    task, _ = bfcl
+    short = msgspec.structs.replace(
+        flagged_trajectory(task), messages=flagged_trajectory(task).messages[:3]
+    )
+    text = render_trajectory(short)
+    assert "omitted" not in text and text.count("\n") == 2
+    assert text.startswith("[user] ") and '[assistant calls] ls({"a": true})' in text
+
+
+# --------------------------------------------------------------------------- exploration
+
+
+@pytest.mark.parametrize("kind", SIGNAL_KINDS)
+def test_exploration_goal_per_kind(kind: SignalKind, bfcl: tuple[Task, list[Any]]) -> None:
+    task, _ = bfcl
+    goal = exploration_goal(kind, CONTEXT, task)
+    assert CONTEXT.failure_cause in goal and "mv with plain file names" in goal
+    assert task.user_turns[0][:40] in goal
+    assert goal.startswith(GOAL_TEMPLATES[kind].split("\n", 1)[0])
+
+
+def test_family_wording_follows_the_paper() -> None:
+    assert "different argument values" in GOAL_TEMPLATES["forgetting"]
+    assert "simple uses to more complex" in GOAL_TEMPLATES["forgetting"]
+    assert "edge cases" in GOAL_TEMPLATES["rare"]
+    assert "distinguishes a success from a failure" in GOAL_TEMPLATES["boundary"]
+
+
+def test_exploration_messages_list_real_tools_and_trim_history(
+    bfcl: tuple[Task, list[Any]],
+) -> None:
+    task, tools = bfcl
+    steps = [(f'{{"name":"ls","arguments":{{"n":{i}}}}}', f"result {i}") for i in range(9)]
+    messages = exploration_messages(tools, unguided_goal(task), steps, max_history=4)
+    system = messages[0]["content"]
+    assert "- cd(folder: string)" in system and "close_ticket(ticket_id: integer)" in system
+    assert "This tool belongs to" not in system
+    assert len(system) < 5500
+    assert "(5 earlier steps of this round are not shown.)" in messages[1]["content"]
+    assert [m["role"] for m in messages[2:]] == ["assistant", "user"] * 4
+    assert messages[2]["content"] == steps[5][0]
+    assert messages[-1]["content"].startswith("Observation: result 8")
+
+
+def test_action_schema_allows_only_real_functions(bfcl: tuple[Task, list[Any]]) -> None:
+    _, tools = bfcl
+    schema = function_call_schema(tools)
+    action = grammar(schema)
+    assert _is_grammar_accept_string(action, '{"name":"cd","arguments":{"folder":"documents"}}')
+    assert _is_grammar_accept_string(action, '{"name":"close_ticket","arguments":{"ticket_id":3}}')
+    assert not _is_grammar_accept_string(action, '{"name":"rm_rf","arguments":{}}')
+    assert not _is_grammar_accept_string(action, '{"name":"cd","arguments":{"folder":7}}')
+    assert not _is_grammar_accept_string(action, '{"name":"cd","arguments":{}}')  # required
+    jsonschema.validate({"name": "cd", "arguments": {"folder": "x"}}, schema)
+
+
+# --------------------------------------------------------------------------- abstractor
+
+
+def exploration_of(task: Task) -> Exploration:
+    steps = [
+        InteractionStep(
+            history=[],
+            action=ToolCall(name="cd", arguments={"folder": "documents"}),
+            observation='{"current_working_directory": "documents"}',
+        ),
+        InteractionStep(
+            history=[],
+            action=ToolCall(name="touch", arguments={"file_name": "a.txt"}),
+            observation="None",
+        ),
+    ]
+    return Exploration(
+        id="expl-1",
+        mode="guided",
+        task=task,
+        rounds=[ExplorationRound(steps=steps), ExplorationRound(steps=steps[:1])],
+        context=CONTEXT,
+        signal_id="sig-1",
+        signal_kind="boundary",
+    )
+
+
+DRAFT = CandidateDraft(
+    description="Create a notes file in documents.",
+    user_turns=["Go to documents and create a.txt."],
+    ground_truth=[
+        [
+            ToolCall(name="cd", arguments={"folder": "documents"}),
+            ToolCall(name="touch", arguments={"file_name": "a.txt"}),
+        ]
+    ],
+)
+
+
+def test_candidate_schema_with_real_tools(bfcl: tuple[Task, list[Any]]) -> None:
+    _, tools = bfcl
+    schema = candidate_schema(tools)
+    good = compact(AbstractionOutput(tasks=[DRAFT]))
+    assert _is_grammar_accept_string(grammar(schema), good)
+    jsonschema.validate(json.loads(good), schema)
+    assert parse_structured(good, AbstractionOutput) == AbstractionOutput(tasks=[DRAFT])
+    invented = good.replace('"touch"', '"teleport"')
+    assert not _is_grammar_accept_string(grammar(schema), invented)
+    four = compact(AbstractionOutput(tasks=[DRAFT] * 4))
+    assert not _is_grammar_accept_string(grammar(schema), four)
+    unconstrained = candidate_schema()
+    assert _is_grammar_accept_string(grammar(unconstrained), invented)
+
+
+def test_abstraction_prompt_renders_the_tuples(bfcl: tuple[Task, list[Any]]) -> None:
+    task, _ = bfcl
+    user = abstraction_messages(exploration_of(task))[1]["content"]
+    assert "Round 2:" in user
+    assert '1. cd({"folder": "documents"}) -> {"current_working_directory": "documents"}' in user
+    assert "mv with plain file names" in user
+    assert "At most 3 tasks." in user
+
+
+def test_draft_problems(bfcl: tuple[Task, list[Any]]) -> None:
+    _, tools = bfcl
+    names = {t["function"]["name"] for t in tools}
+    assert draft_problems(DRAFT, names) == []
+    invented = msgspec.structs.replace(DRAFT, ground_truth=[[ToolCall(name="teleport")]])
+    assert draft_problems(invented, names) == ["calls functions that do not exist: teleport"]
+    mismatched = msgspec.structs.replace(DRAFT, user_turns=["a", "b"])
+    assert draft_problems(mismatched, names) == ["2 user turns but 1 action lists"]
+    empty = CandidateDraft(description=" ", user_turns=[], ground_truth=[[]])
+    assert len(draft_problems(empty, names)) == 4
+
+
+def test_draft_to_task_keeps_state_and_lineage(bfcl: tuple[Task, list[Any]]) -> None:
+    task, _ = bfcl
+    exploration = exploration_of(task)
+    candidate = draft_to_task(DRAFT, exploration, 0, signal_evidence={"rewards": [1.0, 0.0]})
+    assert candidate.initial_state == task.initial_state and candidate.env_config == task.env_config
+    assert candidate.user_turns == DRAFT.user_turns and candidate.ground_truth == DRAFT.ground_truth
+    assert candidate.origin == "synthesized"
+    assert candidate.lineage.parent_task_id == task.id
+    assert candidate.lineage.signal_kind == "boundary" and candidate.lineage.exploration_steps == 3
+    assert candidate.lineage.signal_evidence == {"rewards": [1.0, 0.0]}
+    again = draft_to_task(DRAFT, exploration, 0)
+    assert again.id == candidate.id and again.lineage.candidate_id == candidate.lineage.candidate_id
+    assert draft_to_task(DRAFT, exploration, 1).id != candidate.id
+    unguided = msgspec.structs.replace(exploration, mode="unguided", context=None)
+    assert draft_to_task(DRAFT, unguided, 0).origin == "explored"
+
+
+# --------------------------------------------------------------------------- judge
+
+
+JUDGED = Task(
+    id="cand",
+    environment="bfcl",
+    description="Create a notes file in documents.",
+    user_turns=["Go to documents and create a.txt.", "Now show me the files."],
+    ground_truth=[
+        [
+            ToolCall(name="cd", arguments={"folder": "documents"}),
+            ToolCall(name="touch", arguments={"file_name": "a.txt"}),
+        ],
+        [ToolCall(name="ls")],
+    ],
+)
+
+
+def test_judge_prompt_aligns_calls_with_replay_results() -> None:
+    user = judge_messages(JUDGED, ["documents", "None"], ["ls: not executed"], self_score=1.0)[1][
+        "content"
+    ]
+    assert 'call cd({"folder": "documents"})\n    -> documents' in user
+    assert 'call touch({"file_name": "a.txt"})\n    -> None' in user
+    assert "call ls({})\n    -> (not executed)" in user
+    assert "Replay errors:\n  - ls: not executed" in user
+    assert "scores 1.00 against itself" in user
+    for name in CRITERIA:
+        assert name in user
+
+
+def test_judge_schema_grammar_and_type_agree() -> None:
+    judgment = Judgment(
+        criteria=Criteria(True, True, True, True, True), accept=True, reason="All calls ran."
+    )
+    good = compact(judgment)
+    assert _is_grammar_accept_string(grammar(JUDGE_SCHEMA), good)
+    jsonschema.validate(json.loads(good), JUDGE_SCHEMA)
+    assert parse_structured(good, Judgment) == judgment
+    missing = good.replace(',"final_result":true', "")
+    assert not _is_grammar_accept_string(grammar(JUDGE_SCHEMA), missing)
+    assert isinstance(parse_structured(missing, Judgment), Rejection)
+
+
+@pytest.mark.parametrize(
+    ("accept", "criteria", "accepted", "extra"),
+    [
+        (True, (True,) * 5, True, []),
+        (True, (True, True, True, False, True), False, ["criterion failed: final_result"]),
+        (False, (True,) * 5, False, ["judge rejected the task"]),
+    ],
+)
+def test_decide(accept: bool, criteria: tuple[bool, ...], accepted: bool, extra: list[str]) -> None:
+    ok, reasons, table = decide(Judgment(criteria=Criteria(*criteria), accept=accept, reason="r"))
+    assert ok is accepted
+    assert reasons[0] == "r"
+    for line in extra:
+        assert line in reasons
+    assert list(table) == list(CRITERIA)

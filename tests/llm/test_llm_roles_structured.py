@@ -1,0 +1,157 @@
+"""Per-role LLM configuration, and structured-output parsing on its own."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+from fake_openai import FakeOpenAI, completion
+
+from coevolve.shared.llm import (
+    LocalBackend,
+    OpenAIBackend,
+    RoleClients,
+    RoleConfigError,
+    role_settings,
+    role_settings_from_yaml,
+)
+from coevolve.shared.structured import Rejection, json_schema_of_parameter, parse_structured
+
+YAML = """
+llm:
+  default: {backend: local, max_tokens: 200}
+  roles:
+    explorer: {temperature: 0.9}
+    judge:
+      backend: openai
+      base_url: http://127.0.0.1:9/v1
+      model: judge-model
+      temperature: 0.0
+      max_tokens: 120
+    abstractor:
+      backend: openai
+      base_url: http://127.0.0.1:9/v1
+      model: judge-model
+"""
+
+
+def test_defaults_every_role_local() -> None:
+    roles = role_settings(None)
+    assert set(roles) == {"summarizer", "explorer", "abstractor", "judge"}
+    assert all(r.backend == "local" and r.model is None for r in roles.values())
+
+
+def test_yaml_section_merges_default_and_role_keys() -> None:
+    roles = role_settings_from_yaml(YAML)
+    assert roles["summarizer"].max_tokens == 200 and roles["summarizer"].temperature == 0.7
+    assert roles["explorer"].temperature == 0.9 and roles["explorer"].backend == "local"
+    assert roles["judge"].backend == "openai" and roles["judge"].max_tokens == 120
+    assert roles["abstractor"].max_tokens == 200
+
+
+def test_backends_are_shared_where_settings_agree() -> None:
+    clients = RoleClients(role_settings_from_yaml(YAML))
+    assert clients["summarizer"].client is clients["explorer"].client
+    assert isinstance(clients["summarizer"].client, LocalBackend)
+    # judge and abstractor differ only in sampling parameters: one HTTP client
+    assert clients["judge"].client is clients["abstractor"].client
+    assert isinstance(clients["judge"].client, OpenAIBackend)
+    assert len(clients.backends) == 2
+    asyncio.run(clients.aclose())
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"roles": {"critic": {}}}, "critic"),
+        ({"default": {"temprature": 0.2}}, "temprature"),
+        ({"roles": {"judge": {"backend": "openai"}}}, "needs base_url and model"),
+        ({"roles": {"judge": {"backend": "vllm"}}}, "backend"),
+        ({"default": {"max_tokens": "many"}}, "max_tokens"),
+    ],
+)
+def test_bad_configuration_is_a_clear_error(section: dict[str, object], message: str) -> None:
+    with pytest.raises(RoleConfigError, match=message):
+        role_settings(section)
+
+
+def test_role_client_applies_its_sampling_defaults() -> None:
+    server = FakeOpenAI(default=completion("hello")).start()
+    try:
+        section = {
+            "default": {
+                "backend": "openai",
+                "base_url": server.base_url,
+                "model": "m",
+                "max_tokens": 33,
+                "temperature": 0.25,
+            }
+        }
+        clients = RoleClients(role_settings(section))
+
+        async def go() -> None:
+            assert (
+                await clients["judge"].chat([{"role": "user", "content": "hi"}])
+            ).text == "hello"
+            await clients["judge"].chat([{"role": "user", "content": "hi"}], max_tokens=5)
+            await clients.aclose()
+
+        asyncio.run(go())
+    finally:
+        server.stop()
+    assert (server.requests[0]["max_tokens"], server.requests[0]["temperature"]) == (33, 0.25)
+    assert server.requests[1]["max_tokens"] == 5
+
+
+class Point(msgspec.Struct):
+    x: int
+    y: int
+
+
+@pytest.mark.parametrize(
+    ("text", "finish", "kind"),
+    [
+        ("", "stop", "empty"),
+        ('{"x":1,"y":', "stop", "truncated"),
+        ('{"x":1,"y":2', "length", "truncated"),
+        ('{"x":1,"y":2} and more', "stop", "invalid_json"),
+        ('{"x":1}', "stop", "wrong_schema"),
+        ('{"x":1.5,"y":2}', "stop", "wrong_schema"),
+        ('"x"', "stop", "wrong_schema"),
+        ("[" * 40_000, "stop", "too_large"),
+    ],
+)
+def test_parse_structured_rejections(text: str, finish: str, kind: str) -> None:
+    outcome = parse_structured(text, Point, finish_reason=finish)
+    assert isinstance(outcome, Rejection) and outcome.kind == kind
+    assert len(outcome.preview) <= 160
+
+
+def test_parse_structured_accepts_a_fenced_document() -> None:
+    assert parse_structured('```json\n{"x": 1, "y": 2}\n```', Point) == Point(1, 2)
+    assert parse_structured('  {"x":3,"y":4}\n', Point) == Point(3, 4)
+
+
+def test_parameter_types_from_function_docs_become_json_schema() -> None:
+    spec = {
+        "type": "dict",
+        "properties": {
+            "amount": {"type": "float", "description": "x"},
+            "pair": {"type": "tuple", "items": {"type": "string"}},
+            "anything": {"type": "any"},
+            "mode": {"type": "string", "enum": ["a", "b"], "default": "a"},
+        },
+        "required": ["amount", "missing"],
+    }
+    assert json_schema_of_parameter(spec) == {
+        "type": "object",
+        "properties": {
+            "amount": {"type": "number"},
+            "pair": {"type": "array", "items": {"type": "string"}},
+            "anything": {},
+            "mode": {"type": "string", "enum": ["a", "b"]},
+        },
+        "required": ["amount"],
+        "additionalProperties": False,
+    }
