@@ -98,6 +98,8 @@ class Actor:
     """Base class of every service. Subclasses set ``name`` and override what they need."""
 
     name: ClassVar[str]
+    # how long setup() may take (loading a model, a warm start) before the service fails
+    setup_timeout_s: ClassVar[float] = 300.0
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -172,6 +174,7 @@ class ActorRunner:
         self.instance = instance or new_id()[:12]
         self.stats = RunnerStats()
         self.started_at = time.time()
+        self.phase = "starting"
         self._stopping = anyio.Event()
         self._drained = anyio.Event()
         self._seen = _SeenIds(self.settings.runtime.idempotency_cache)
@@ -187,29 +190,17 @@ class ActorRunner:
         try:
             with anyio.fail_after(30):
                 await bus.ensure_streams()
-            self.actor._bus, self.actor._tracer = bus, self._tracer
-            with anyio.fail_after(120):  # loading a model may take a while
-                await self.actor.setup()
-            with anyio.fail_after(NETWORK_TIMEOUT_S * 2):
                 kv = await bus.js.create_key_value(
                     bucket=HEARTBEAT_BUCKET, ttl=self.settings.runtime.heartbeat_ttl_s
                 )
-                pulls = [(c, await bus.ensure_consumer(c.spec)) for c in self.actor.consumers()]
-                subs = [
-                    (r, await bus.nc.subscribe(r.subject, queue=name))
-                    for r in self.actor.responders()
-                ]
-            log.info("%s %s started", name, self.instance)
+            self.actor._bus, self.actor._tracer = bus, self._tracer
             async with anyio.create_task_group() as tg:
                 if handle_signals:
                     tg.start_soon(self._watch_signals)
+                # heartbeats start before setup: loading a model or a warm start can take
+                # minutes, and status should show the service as starting, not missing
                 tg.start_soon(self._heartbeats, bus, kv)
-                for consumer, pull in pulls:
-                    tg.start_soon(self._consume, bus, consumer, pull, tg)
-                for responder, sub in subs:
-                    tg.start_soon(self._respond, bus, responder, sub, tg)
-                for loop in self.actor.loops():
-                    tg.start_soon(self._guarded_loop, loop)
+                tg.start_soon(self._start_work, bus, tg)
                 await self._stopping.wait()
                 log.info("%s %s draining (%d in flight)", name, self.instance, self.stats.in_flight)
                 with anyio.move_on_after(self.settings.runtime.drain_timeout_s):
@@ -224,6 +215,24 @@ class ActorRunner:
                 await bus.close(timeout=2)
             self._provider.shutdown()
             log.info("%s %s stopped", name, self.instance)
+
+    async def _start_work(self, bus: Bus, tg: anyio.abc.TaskGroup) -> None:
+        name = self.actor.name
+        with anyio.fail_after(self.actor.setup_timeout_s):
+            await self.actor.setup()
+        with anyio.fail_after(NETWORK_TIMEOUT_S * 2):
+            pulls = [(c, await bus.ensure_consumer(c.spec)) for c in self.actor.consumers()]
+            subs = [
+                (r, await bus.nc.subscribe(r.subject, queue=name)) for r in self.actor.responders()
+            ]
+        self.phase = "running"
+        log.info("%s %s started", name, self.instance)
+        for consumer, pull in pulls:
+            tg.start_soon(self._consume, bus, consumer, pull, tg)
+        for responder, sub in subs:
+            tg.start_soon(self._respond, bus, responder, sub, tg)
+        for loop in self.actor.loops():
+            tg.start_soon(self._guarded_loop, loop)
 
     # ------------------------------------------------------------------ loops
 
@@ -246,6 +255,7 @@ class ActorRunner:
                 pid=os.getpid(),
                 host=host,
                 started_at=self.started_at,
+                phase=self.phase,
                 in_flight=self.stats.in_flight,
                 processed=self.stats.processed,
                 failed=self.stats.failed,

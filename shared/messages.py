@@ -278,6 +278,7 @@ class Heartbeat(Message):
     host: str
     started_at: float
     sent_at: float = msgspec.field(default_factory=now)
+    phase: Literal["starting", "running"] = "running"
     in_flight: int = 0
     processed: int = 0
     failed: int = 0

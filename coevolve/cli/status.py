@@ -43,6 +43,7 @@ async def collect(bus: Bus, stale_after_s: float) -> dict[str, Any]:
                 "host": beat.host,
                 "heartbeat_age_s": round(age, 3),
                 "alive": age < stale_after_s,
+                "phase": beat.phase,
                 "uptime_s": round(now - beat.started_at, 1),
                 "processed": beat.processed,
                 "failed": beat.failed,
@@ -112,7 +113,9 @@ def status(
     typer.echo(f"NATS {url}")
     typer.echo(f"{'service':<16}{'instance':<14}{'pid':>8}{'beat age':>10}{'done':>8}{'failed':>8}")
     for i in report["services"]:
-        mark = "" if i["alive"] else "  (stale)"
+        mark = ("" if i["alive"] else "  (stale)") + (
+            "  (starting)" if i["phase"] == "starting" else ""
+        )
         typer.echo(
             f"{i['service']:<16}{i['instance']:<14}{i['pid']:>8}{i['heartbeat_age_s']:>9.1f}s"
             f"{i['processed']:>8}{i['failed']:>8}{mark}"

@@ -1,13 +1,236 @@
-"""Service skeleton: starts, heartbeats and drains; its work lands with its issue."""
+"""learner: GRPO on rollout groups, new policy versions to the object store.
+
+Groups are gathered until ``groups_per_step`` are in hand (or ``max_wait_s`` passed with at
+least one); one optimizer step then trains on them, the new adapter weights go to the NATS
+object store with a ``PolicyVersion`` announcement, and a checkpoint (weights, optimizer,
+step, version, the ids of the groups trained on) is written atomically. Only then are the
+groups acked, so a learner killed with SIGKILL resumes from its last step and the groups of
+the unfinished step come back to it; groups already trained on are recognised and skipped.
+
+On first start, with no checkpoint, the policy gets the SFT warm start on the pool's tasks
+with ground truth (``warm_start``), and the result is published as version 1.
+"""
 
 from __future__ import annotations
 
-from coevolve.shared.actor import Actor
+import json
+import logging
+import os
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import anyio
+import msgspec
+
+from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig, StepMetrics
+from coevolve.shared.actor import Actor, Consumer, Delivery
 from coevolve.shared.config import Settings
+from coevolve.shared.messages import RolloutGroup, Task
+from coevolve.shared.subjects import LEARNER_GROUPS_CONSUMER
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoints/learner.pt"
+REMEMBERED_GROUPS = 4096
+
+
+class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    enabled: bool = True
+    tasks: int = 64
+    epochs: int = 2
+    lr: float = 2e-4
+    batch_size: int = 8
+    # BFCL prompts (tools + first user turn) are 2.5k-4.5k tokens: shorter cuts train nothing
+    max_len: int = 8192
+
+
+class LearnerServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str | None = None
+    device: str | None = None
+    finetune: Literal["lora", "full"] = "lora"
+    grpo: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
+    max_wait_s: float = 120.0
+    warm_start: WarmStartConfig = msgspec.field(default_factory=WarmStartConfig)
+
+
+@dataclass
+class _Waiting:
+    group: RolloutGroup
+    done: anyio.Event = field(default_factory=anyio.Event)
+    error: BaseException | None = None
 
 
 class LearnerActor(Actor):
     name = "learner"
+    setup_timeout_s: ClassVar[float] = 3 * 3600.0  # the warm start runs in setup
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.config = settings.section(self.name, LearnerServiceConfig)
+        self.learner: GrpoLearner | None = None
+        self.checkpoint = settings.path(CHECKPOINT)
+        self._trained: deque[str] = deque(maxlen=REMEMBERED_GROUPS)
+        self._waiting: list[_Waiting] = []
+        self._step_lock = anyio.Lock()
+        self.last_metrics: StepMetrics | None = None
+
+    # ------------------------------------------------------------------ start-up
+
+    async def setup(self) -> None:
+        self.learner = await anyio.to_thread.run_sync(self._load)
+        if self.checkpoint.exists():
+            await anyio.to_thread.run_sync(self.learner.restore_checkpoint, self.checkpoint)
+            if self.trained_file.exists():
+                self._trained.extend(json.loads(self.trained_file.read_text()))
+            log.info(
+                "resumed at step %d, version %d", self.learner.step_count, self.learner.version
+            )
+        elif self.config.warm_start.enabled:
+            await self._warm_start()
+        await self._announce_if_newer()
+
+    def _load(self) -> GrpoLearner:
+        from coevolve.shared.policy import load_policy
+
+        policy = load_policy(
+            self.config.model,
+            run_dir=self.settings.run_dir,
+            device=self.config.device,
+            finetune=self.config.finetune,
+        )
+        log_dir = self.settings.run_dir / "tensorboard" / "learner"
+        return GrpoLearner(policy, self.config.grpo, log_dir=log_dir)
+
+    async def _warm_start(self) -> None:
+        from coevolve.services.learner.sft import warm_start
+        from coevolve.shared.pool_client import PoolClient
+
+        assert self.learner is not None
+        tasks = await self._tasks_with_ground_truth(PoolClient(self.bus))
+        if not tasks:
+            log.warning("no tasks with ground truth in the pool: skipping the warm start")
+            return
+        settings = self.config.warm_start
+        log.info("warm start: SFT on %d tasks for %d epochs", len(tasks), settings.epochs)
+        report = await anyio.to_thread.run_sync(
+            lambda: warm_start(
+                self.learner.policy,  # type: ignore[union-attr]
+                tasks,
+                epochs=settings.epochs,
+                lr=settings.lr,
+                batch_size=settings.batch_size,
+                max_len=settings.max_len,
+            )
+        )
+        log.info("warm start done: %s", report)
+        self.learner.version = max(self.learner.version, 1)
+        await anyio.to_thread.run_sync(self._save_checkpoint)
+
+    async def _tasks_with_ground_truth(self, pool: Any) -> list[Task]:
+        """Pool tasks to warm-start on; waits for pool-store to answer (it may start later)."""
+        wanted = self.config.warm_start.tasks
+        for _ in range(120):
+            try:
+                tasks: list[Task] = await pool.sample(wanted, mix={"seed": 1.0}, seed=0)
+                unique = {t.id: t for t in tasks if any(t.ground_truth)}
+                return list(unique.values())
+            except Exception as exc:  # pool-store not up yet, or empty
+                log.info("waiting for pool-store before the warm start: %r", exc)
+                await anyio.sleep(2)
+        return []
+
+    async def _announce_if_newer(self) -> None:
+        from coevolve.shared.policy_sync import latest_policy, publish_policy
+
+        assert self.learner is not None
+        announced = await latest_policy(self.bus)
+        if self.learner.version == 0 or (announced and announced.version >= self.learner.version):
+            return
+        blob = await anyio.to_thread.run_sync(self.learner.export_weights)
+        await publish_policy(
+            self.bus,
+            blob,
+            version=self.learner.version,
+            step=self.learner.step_count,
+            base_model=self.learner.policy.name,
+            kind=self.config.finetune,
+        )
+
+    @property
+    def trained_file(self) -> Path:
+        return self.checkpoint.with_suffix(".groups.json")
+
+    def _save_checkpoint(self) -> None:
+        """The checkpoint, then the ids of the groups it includes (both atomic renames)."""
+        assert self.learner is not None
+        self.learner.save_checkpoint(self.checkpoint)
+        tmp = self.trained_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(list(self._trained)))
+        os.replace(tmp, self.trained_file)
+
+    # ------------------------------------------------------------------ training
+
+    def consumers(self) -> Sequence[Consumer[Any]]:
+        per_step = self.config.grpo.groups_per_step
+        return (Consumer(LEARNER_GROUPS_CONSUMER, RolloutGroup, self.on_group, per_step),)
+
+    async def on_group(self, group: RolloutGroup, _: Delivery) -> None:
+        if group.id in self._trained:
+            return  # trained on before a crash; the ack was what got lost
+        waiting = _Waiting(group)
+        self._waiting.append(waiting)
+        if len(self._waiting) >= self.config.grpo.groups_per_step:
+            await self._train()
+        else:
+            with anyio.move_on_after(self.config.max_wait_s):
+                await waiting.done.wait()
+            if not waiting.done.is_set():
+                await self._train()
+        if waiting.error is not None:
+            raise RuntimeError(f"learner step failed: {waiting.error!r}") from waiting.error
+
+    async def _train(self) -> None:
+        from coevolve.shared.policy_sync import publish_policy
+
+        async with self._step_lock:
+            batch, self._waiting = self._waiting, []
+            if not batch:
+                return
+            learner = self.learner
+            assert learner is not None
+            try:
+                metrics = await anyio.to_thread.run_sync(
+                    learner.step, [w.group for w in batch], abandon_on_cancel=True
+                )
+                self.last_metrics = metrics
+                if metrics.trained:
+                    blob = await anyio.to_thread.run_sync(learner.export_weights)
+                    await publish_policy(
+                        self.bus,
+                        blob,
+                        version=learner.version,
+                        step=learner.step_count,
+                        base_model=learner.policy.name,
+                        kind=self.config.finetune,
+                    )
+                self._trained.extend(w.group.id for w in batch)
+                await anyio.to_thread.run_sync(self._save_checkpoint)
+                for name, value in metrics.scalars().items():
+                    await self.metric(name, value, step=metrics.step)
+            except Exception as exc:
+                log.exception("learner step failed")
+                for waiting in batch:
+                    waiting.error = exc
+            finally:
+                for waiting in batch:
+                    waiting.done.set()
+
+
+def checkpoint_path(run_dir: Path) -> Path:
+    return run_dir / CHECKPOINT
 
 
 def build(settings: Settings) -> Actor:

@@ -145,6 +145,7 @@ class RolloutActor(Actor):
                 job.group_size,
                 params,
                 max_steps=self.config.max_steps,
+                id_prefix=job.id,
             ),
             abandon_on_cancel=True,
         )

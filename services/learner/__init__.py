@@ -1,0 +1,1 @@
+"""The GRPO learner: training core."""

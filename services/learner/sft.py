@@ -1,0 +1,349 @@
+"""SFT warm start: teach the policy the tool-call format from tasks with ground truth.
+
+The default model writes no well-formed tool call, so every GRPO group starts with equal
+(zero) rewards and no gradient. One short supervised pass on the pool's tasks fixes that:
+each task becomes the conversation an ideal agent would have had (user turn -> assistant
+message with the ground-truth calls in ``<tool_call>{json}</tool_call>`` blocks -> the tool
+observations -> a short closing reply that ends the turn), and the loss is the
+cross-entropy of the assistant tokens only (labels are -100 everywhere else: system prompt,
+tools, user turns, observations).
+
+Observations come from replaying the ground truth in the real environment, exactly as the
+rollout service would see them, so the model is trained on the prompts it will meet. When
+no environment is available the conversation is built without them.
+
+Why a small loop and not TRL's SFTTrainer: its assistant-only loss needs a chat template
+with ``{% generation %}`` markers, which SmolLM2's lacks, so we would tokenize and mask
+ourselves anyway (prompts are rendered by ``render_prompt_ids``, with the tools prompt the
+rollout uses); the remaining work is a plain loop. SFTTrainer also pulls in ``datasets``
+(whose pyarrow build does not import in this environment). The loop below computes logits
+only at the supervised positions, which matters with a 49k vocabulary, and runs a prompt
+shared by the examples of a micro-batch (the tools prompt) once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from coevolve.services.learner.grpo import SharedPrefix, sequence_logprobs, shared_prompt_length
+from coevolve.shared.envs import Environment, make_environment
+from coevolve.shared.messages import ChatMessage, Task
+from coevolve.shared.policy import LoadedPolicy, render_prompt_ids
+from coevolve.shared.toolcalls import format_tool_calls
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+# The reply that ends a turn once its calls are done (plain text advances the episode).
+CLOSING_TEXT = "Done."
+
+EnvironmentFactory = Callable[[str], Environment]
+Progress = Callable[[int, int, float], None]
+
+
+@dataclass
+class Conversation:
+    """A task as an ideal agent would have lived it; ``tools[i]`` is what message i saw."""
+
+    task_id: str
+    messages: list[ChatMessage]
+    tools: list[list[dict[str, Any]] | None]
+
+
+@dataclass
+class SftExample:
+    """One training sequence; ``labels`` is -100 except at assistant tokens."""
+
+    task_id: str
+    input_ids: list[int]
+    labels: list[int]
+
+    @property
+    def supervised_tokens(self) -> int:
+        return sum(1 for label in self.labels if label != IGNORE_INDEX)
+
+
+@dataclass
+class WarmStartReport:
+    tasks: int
+    examples: int
+    skipped_tasks: int
+    replayed: bool
+    epochs: int
+    steps: int
+    supervised_tokens: int
+    truncated_examples: int
+    first_loss: float
+    final_loss: float
+    losses: list[float] = field(default_factory=list)
+    duration_s: float = 0.0
+
+
+class ReplayError(RuntimeError):
+    """The task's ground truth did not run cleanly in its environment."""
+
+
+def conversation_without_observations(task: Task) -> Conversation:
+    """User turns and ground-truth calls only (no environment at hand)."""
+    messages: list[ChatMessage] = []
+    for turn, user_text in enumerate(task.user_turns):
+        messages.append(ChatMessage(role="user", content=user_text))
+        calls = task.ground_truth[turn] if turn < len(task.ground_truth) else []
+        text = format_tool_calls(calls) if calls else CLOSING_TEXT
+        messages.append(ChatMessage(role="assistant", content=text, tool_calls=list(calls)))
+    return Conversation(task.id, messages, [None] * len(messages))
+
+
+def replayed_conversation(task: Task, env: Environment) -> Conversation:
+    """Drive ``env`` with the ground truth, recording what the agent would have seen."""
+    messages = list(env.reset(task))
+    tools: list[list[dict[str, Any]] | None] = [None] * len(messages)
+    for turn in range(len(task.user_turns)):
+        calls = task.ground_truth[turn] if turn < len(task.ground_truth) else []
+        replies = [format_tool_calls(calls), CLOSING_TEXT] if calls else [CLOSING_TEXT]
+        for reply in replies:
+            current_tools = env.tools()
+            result = env.step(reply)
+            errors = result.info.get("errors") or []
+            if errors:
+                raise ReplayError(f"task {task.id} turn {turn}: {errors[0]}")
+            assistant = ChatMessage(
+                role="assistant", content=reply, tool_calls=calls if reply != CLOSING_TEXT else []
+            )
+            messages.append(assistant)
+            tools.append(current_tools)
+            messages.extend(result.observations)
+            tools.extend([None] * len(result.observations))
+            if result.done:
+                return Conversation(task.id, messages, tools)
+    return Conversation(task.id, messages, tools)
+
+
+def tokenize_conversation(
+    tokenizer: PreTrainedTokenizerBase, conversation: Conversation
+) -> list[SftExample]:
+    """Token ids with assistant-only labels, one sequence per conversation when possible.
+
+    Assistant message i is supervised as its text followed by the end-of-turn token, after
+    the prompt ``render_prompt_ids(messages[:i])``. While each prompt extends the previous
+    sequence (the usual case) everything stays in one sequence; when it does not (the tool
+    list changed mid-episode) a new sequence starts from that prompt.
+    """
+    end_of_turn = tokenizer.eos_token_id
+    if end_of_turn is None:
+        raise ValueError("the tokenizer has no end-of-turn (eos) token")
+    examples: list[SftExample] = []
+    ids: list[int] = []
+    labels: list[int] = []
+    for index, message in enumerate(conversation.messages):
+        if message.role != "assistant":
+            continue
+        prompt = render_prompt_ids(
+            tokenizer, conversation.messages[:index], conversation.tools[index]
+        )
+        if prompt[: len(ids)] != ids:
+            examples.append(SftExample(conversation.task_id, ids, labels))
+            ids, labels = [], []
+        labels = labels + [IGNORE_INDEX] * (len(prompt) - len(ids))
+        ids = list(prompt)
+        target = tokenizer(message.content, add_special_tokens=False)["input_ids"] + [end_of_turn]
+        ids += target
+        labels += target
+    if ids:
+        examples.append(SftExample(conversation.task_id, ids, labels))
+    return [e for e in examples if e.supervised_tokens > 0]
+
+
+def build_examples(
+    policy: LoadedPolicy,
+    tasks: Sequence[Task],
+    *,
+    replay: bool = True,
+    env_factory: EnvironmentFactory | None = None,
+) -> tuple[list[SftExample], int]:
+    """Examples for every task with ground truth; also how many tasks were skipped."""
+    factory = env_factory or make_environment
+    examples: list[SftExample] = []
+    skipped = 0
+    for task in tasks:
+        if not any(task.ground_truth):
+            skipped += 1
+            continue
+        if replay:
+            env = factory(task.environment)
+            try:
+                conversation = replayed_conversation(task, env)
+            except ReplayError as exc:
+                log.warning("warm start skips %s", exc)
+                skipped += 1
+                continue
+            finally:
+                env.close()
+        else:
+            conversation = conversation_without_observations(task)
+        examples.extend(tokenize_conversation(policy.tokenizer, conversation))
+    return examples, skipped
+
+
+def truncate(example: SftExample, max_len: int) -> SftExample:
+    return SftExample(example.task_id, example.input_ids[:max_len], example.labels[:max_len])
+
+
+def collate(
+    examples: Sequence[SftExample], pad_id: int, device: torch.device
+) -> tuple[Tensor, ...]:
+    """Right-padded ids, attention mask and the bool mask of supervised tokens."""
+    length = max(len(e.input_ids) for e in examples)
+    ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(examples), length), dtype=torch.long)
+    supervised = torch.zeros((len(examples), length), dtype=torch.bool)
+    for row, example in enumerate(examples):
+        n = len(example.input_ids)
+        ids[row, :n] = torch.tensor(example.input_ids)
+        attention[row, :n] = 1
+        supervised[row, :n] = torch.tensor([label != IGNORE_INDEX for label in example.labels])
+    return ids.to(device), attention.to(device), supervised.to(device)
+
+
+def supervised_mask(example: SftExample) -> list[int]:
+    return [int(label != IGNORE_INDEX) for label in example.labels]
+
+
+def prompt_key(example: SftExample) -> list[int]:
+    """The tokens before the first supervised one: examples that share them batch well."""
+    return example.input_ids[: supervised_mask(example).index(1)]
+
+
+def accumulate_sft_gradients(
+    model: nn.Module,
+    examples: Sequence[SftExample],
+    pad_id: int,
+    device: torch.device,
+    token_normalizer: int,
+    min_shared_prompt: int = 16,
+) -> float:
+    """Backpropagate the summed assistant-token cross-entropy over ``token_normalizer``.
+
+    When the examples share a prompt (same tools), it runs once through ``SharedPrefix``.
+    Returns this micro-batch's share of the loss.
+    """
+    shared = 0
+    if len(examples) > 1:
+        shared = shared_prompt_length(
+            [e.input_ids for e in examples], [supervised_mask(e) for e in examples]
+        )
+    if shared < min_shared_prompt:
+        ids, attention, supervised = collate(examples, pad_id, device)
+        logprobs, _ = sequence_logprobs(
+            model, ids, attention, 1.0, positions=supervised, with_entropy=False
+        )
+        loss = -(logprobs * supervised).sum() / token_normalizer
+        loss.backward()
+        return loss.item()
+    prompt = SharedPrefix(
+        model, torch.tensor(examples[0].input_ids[:shared], device=device), 1.0, requires_grad=True
+    )
+    tails = [SftExample(e.task_id, e.input_ids[shared:], e.labels[shared:]) for e in examples]
+    ids, attention, supervised = collate(tails, pad_id, device)
+    logprobs, _ = prompt.logprobs(ids, attention, supervised, with_entropy=False)
+    loss = -(logprobs * supervised).sum() / token_normalizer
+    loss.backward()
+    prompt.backward()
+    return loss.item()
+
+
+def warm_start(
+    policy: LoadedPolicy,
+    tasks: Sequence[Task],
+    epochs: int = 2,
+    lr: float = 2e-4,
+    batch_size: int = 8,
+    max_len: int = 4096,
+    progress: bool | Progress = False,
+    *,
+    micro_batch_size: int = 2,
+    max_grad_norm: float = 1.0,
+    seed: int = 0,
+    replay: bool = True,
+    env_factory: EnvironmentFactory | None = None,
+) -> WarmStartReport:
+    """Supervised fine-tuning of ``policy`` in place on ``tasks``' ground truth.
+
+    ``progress``: True shows a progress bar; a callable gets ``(step, total_steps, loss)``.
+    Sequences longer than ``max_len`` are cut (their later turns are not trained).
+    """
+    started = time.perf_counter()
+    examples, skipped = build_examples(policy, tasks, replay=replay, env_factory=env_factory)
+    truncated = sum(1 for e in examples if len(e.input_ids) > max_len)
+    examples = [truncate(e, max_len) for e in examples]
+    examples = [e for e in examples if e.supervised_tokens > 0]
+
+    model: nn.Module = policy.model
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise ValueError("the policy has no trainable parameters (finetune='none'?)")
+    optimizer = torch.optim.AdamW(trainable, lr=lr)
+    tokenizer = policy.tokenizer
+    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    device = torch.device(policy.device)
+    steps_per_epoch = math.ceil(len(examples) / batch_size) if examples else 0
+    total_steps = steps_per_epoch * epochs
+    bar = tqdm(total=total_steps, desc="warm start", unit="step") if progress is True else None
+    order = random.Random(seed)
+    losses: list[float] = []
+
+    was_training = model.training
+    model.train()
+    try:
+        for _epoch in range(epochs):
+            shuffled = list(examples)
+            order.shuffle(shuffled)
+            for start in range(0, len(shuffled), batch_size):
+                batch = shuffled[start : start + batch_size]
+                normalizer = sum(e.supervised_tokens for e in batch)
+                step_loss = 0.0
+                # examples with the same prompt (tools) side by side share its forward pass
+                batch.sort(key=prompt_key)
+                for micro_start in range(0, len(batch), micro_batch_size):
+                    micro = batch[micro_start : micro_start + micro_batch_size]
+                    step_loss += accumulate_sft_gradients(model, micro, pad_id, device, normalizer)
+                torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(step_loss)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{step_loss:.3f}")
+                elif callable(progress):
+                    progress(len(losses), total_steps, step_loss)
+    finally:
+        model.train(was_training)
+        if bar is not None:
+            bar.close()
+
+    last_epoch = losses[-steps_per_epoch:] if steps_per_epoch else []
+    return WarmStartReport(
+        tasks=len(tasks),
+        examples=len(examples),
+        skipped_tasks=skipped,
+        replayed=replay,
+        epochs=epochs,
+        steps=len(losses),
+        supervised_tokens=sum(e.supervised_tokens for e in examples),
+        truncated_examples=truncated,
+        first_loss=losses[0] if losses else 0.0,
+        final_loss=sum(last_epoch) / len(last_epoch) if last_epoch else 0.0,
+        losses=losses,
+        duration_s=time.perf_counter() - started,
+    )

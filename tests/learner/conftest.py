@@ -1,0 +1,110 @@
+"""Fixtures for learner tests: the real SmolLM2-135M policy and real rollout groups.
+
+The GGUF file is converted to safetensors once into ``runs/test-cache`` (ignored by git);
+later loads read that cache in about a second, so each test gets a fresh policy.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from coevolve.shared.messages import ChatMessage, RolloutGroup, Trajectory
+from coevolve.shared.policy import (
+    Generation,
+    LoadedPolicy,
+    SamplingParams,
+    TransformersEngine,
+    load_policy,
+)
+
+CACHE_DIR = Path(
+    os.environ.get("COEVOLVE_TEST_CACHE", Path(__file__).resolve().parents[2] / "runs/test-cache")
+)
+
+PolicyFactory = Callable[[], LoadedPolicy]
+GroupFactory = Callable[..., RolloutGroup]
+
+
+TEMPERATURE = 0.8
+SAMPLES = 12
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread: the test machine's cores are shared, and two spinning torch
+    threads on a busy 2-core box run these small models 10x slower than one."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def policy_factory() -> PolicyFactory:
+    def make() -> LoadedPolicy:
+        torch.manual_seed(0)
+        return load_policy(run_dir=CACHE_DIR, device="cpu")
+
+    return make
+
+
+@pytest.fixture
+def policy(policy_factory: PolicyFactory) -> LoadedPolicy:
+    return policy_factory()
+
+
+@dataclass(frozen=True)
+class Sampled:
+    messages: list[ChatMessage]
+    prompt: list[int]
+    generations: list[Generation]
+
+
+@pytest.fixture(scope="session")
+def sampled(policy_factory: PolicyFactory) -> Sampled:
+    """Answers of the untrained policy, sampled once by the real engine (batched)."""
+    policy = policy_factory()
+    # A short raw prompt (no chat template) keeps every forward pass in these tests cheap.
+    messages = [ChatMessage(role="user", content="Name a colour.")]
+    prompt = policy.tokenizer("My favourite colour is", add_special_tokens=False)["input_ids"]
+    params = SamplingParams(max_new_tokens=5, temperature=TEMPERATURE, seed=0)
+    generations = TransformersEngine(policy).generate([prompt] * SAMPLES, params)
+    return Sampled(messages, prompt, generations)
+
+
+@pytest.fixture
+def make_group(sampled: Sampled) -> GroupFactory:
+    """``make_group(rewards, version=0, offset=0)``: a group of real sampled trajectories.
+
+    They carry the engine's behaviour log-probs and a loss mask over the generated tokens,
+    exactly as the rollout service records them; ``offset`` picks other samples.
+    """
+
+    def make(rewards: list[float], version: int = 0, offset: int = 0) -> RolloutGroup:
+        trajectories = []
+        for i, reward in enumerate(rewards):
+            index = (offset + i) % SAMPLES
+            g = sampled.generations[index]
+            trajectories.append(
+                Trajectory(
+                    id=f"traj-{offset}-{i}",
+                    task_id="colour",
+                    messages=[*sampled.messages, ChatMessage(role="assistant", content=g.text)],
+                    token_ids=sampled.prompt + g.completion_ids,
+                    logprobs=[0.0] * len(sampled.prompt) + g.logprobs,
+                    loss_mask=[0] * len(sampled.prompt) + [1] * len(g.completion_ids),
+                    reward=reward,
+                    policy_version=version,
+                )
+            )
+        return RolloutGroup(
+            task_id="colour", origin="seed", policy_version=version, trajectories=trajectories
+        )
+
+    return make

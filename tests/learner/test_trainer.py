@@ -1,0 +1,200 @@
+"""GrpoLearner on the real SmolLM2-135M with LoRA, fed groups the real engine sampled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from coevolve.services.learner.grpo import sequence_logprobs
+from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig, Sample, pad_batch
+from coevolve.shared.messages import RolloutGroup
+from coevolve.shared.policy import LoadedPolicy, import_weights
+
+from .conftest import SAMPLES, TEMPERATURE, GroupFactory, PolicyFactory
+
+
+def config(**overrides: Any) -> LearnerConfig:
+    settings = {"temperature": TEMPERATURE, "micro_batch_size": 8, "min_shared_prompt": 1}
+    return LearnerConfig(**{**settings, **overrides})
+
+
+def generated_logprob_sums(policy: LoadedPolicy, group: RolloutGroup) -> list[float]:
+    """Summed log-prob of each trajectory's generated tokens (one batched forward pass)."""
+    ids = torch.tensor([t.token_ids for t in group.trajectories])  # same lengths: no padding
+    mask = torch.tensor([t.loss_mask for t in group.trajectories], dtype=torch.bool)
+    with torch.no_grad():
+        logprobs, _ = sequence_logprobs(
+            policy.model, ids, torch.ones_like(ids), TEMPERATURE, positions=mask
+        )
+    return logprobs.sum(dim=1).tolist()
+
+
+def test_learner_logprobs_match_the_engines_behaviour_logprobs(
+    policy: LoadedPolicy, make_group: GroupFactory
+) -> None:
+    group = make_group([1.0] * SAMPLES)
+    samples = [Sample(t.token_ids, t.logprobs, t.loss_mask, 0.0) for t in group.trajectories]
+    ids, attention, mask, behaviour, _ = pad_batch(samples, pad_id=0, device=torch.device("cpu"))
+    with torch.no_grad():
+        logprobs, entropies = sequence_logprobs(
+            policy.model, ids, attention, TEMPERATURE, positions=mask
+        )
+    assert torch.allclose(logprobs[mask], behaviour[mask], atol=1e-3)
+    assert torch.all(logprobs[~mask] == 0.0)
+    assert entropies is not None and torch.all(entropies[mask] > 0)
+    # at another temperature the same tokens score differently: the learner must match it
+    with torch.no_grad():
+        hotter, _ = sequence_logprobs(policy.model, ids, attention, 1.0, positions=mask)
+    assert not torch.allclose(hotter[mask], behaviour[mask], atol=1e-3)
+
+
+def test_step_moves_probability_towards_rewarded_trajectories(
+    policy: LoadedPolicy, make_group: GroupFactory, tmp_path: Path
+) -> None:
+    group = make_group([1.0, 0.0, 1.0, 0.0])
+    before = generated_logprob_sums(policy, group)
+    learner = GrpoLearner(policy, config(lr=2e-3, kl_beta=0.01), log_dir=tmp_path / "tb")
+    metrics = learner.step([group])
+    learner.close()
+
+    assert metrics.trained and metrics.step == 1 and metrics.version == 1
+    assert learner.version == 1
+    assert metrics.reward_mean == pytest.approx(0.5)
+    # on-policy data, LoRA starts as the identity: ratio 1, nothing clipped, KL 0
+    assert metrics.ratio_mean == pytest.approx(1.0, abs=2e-3)
+    assert metrics.clip_fraction == 0.0
+    assert metrics.kl == pytest.approx(0.0, abs=1e-4)
+    assert metrics.entropy > 0
+    assert metrics.trained_tokens == sum(sum(t.loss_mask) for t in group.trajectories)
+    # the shared prompt runs once, then each trajectory's continuation
+    prompt = len(group.trajectories[0].token_ids) - len(sampled_completion(group, 0))
+    assert metrics.tokens == prompt + sum(
+        len(sampled_completion(group, i)) for i in range(len(group.trajectories))
+    )
+    assert metrics.tokens_per_s > 0 and metrics.grad_norm > 0
+
+    after = generated_logprob_sums(policy, group)
+    for reward, old, new in zip(group.rewards(), before, after, strict=True):
+        if reward > 0.5:
+            assert new > old
+        else:
+            assert new < old
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for name in ("reward_mean", "kl", "clip_fraction", "entropy", "staleness_mean", "tokens_per_s"):
+        assert f"learner/{name}" in tags
+    assert events.Scalars("learner/reward_mean")[0].value == pytest.approx(0.5)
+
+
+def test_reference_is_the_untouched_base_model(
+    policy: LoadedPolicy, make_group: GroupFactory
+) -> None:
+    group = make_group([1.0, 0.0, 0.0, 1.0])
+    reference_before = reference_logprob_sums(policy, group)
+    learner = GrpoLearner(policy, config(lr=5e-3, kl_beta=0.1))
+    first = learner.step([group])
+    second = learner.step([make_group([0.0, 1.0, 1.0, 0.0], version=1, offset=4)])
+    assert first.kl == pytest.approx(0.0, abs=1e-4)
+    assert second.kl > 1e-4  # the policy moved away from the reference
+    assert reference_logprob_sums(policy, group) == reference_before
+    assert generated_logprob_sums(policy, group) != reference_before
+
+
+def reference_logprob_sums(policy: LoadedPolicy, group: RolloutGroup) -> list[float]:
+    with policy.reference():
+        return generated_logprob_sums(policy, group)
+
+
+def test_stale_uniform_and_malformed_groups_are_counted(
+    policy: LoadedPolicy, make_group: GroupFactory
+) -> None:
+    learner = GrpoLearner(policy, config(max_staleness=1))
+    learner.version = 5
+    fresh = make_group([1.0, 0.0], version=5)
+    one_behind = make_group([0.0, 1.0], version=4, offset=2)
+    stale = make_group([1.0, 0.0], version=3, offset=4)
+    uniform = make_group([1.0, 1.0], version=5, offset=6)
+    broken = make_group([1.0, 0.0], version=5, offset=8)
+    broken.trajectories[0].logprobs = broken.trajectories[0].logprobs[:-1]
+
+    metrics = learner.step([fresh, one_behind, stale, uniform, broken])
+    assert metrics.dropped_stale == 1
+    assert metrics.uniform_groups == 1
+    assert metrics.malformed == 1
+    assert metrics.groups == 4
+    assert metrics.trajectories == 5
+    assert metrics.staleness_max == 1
+    assert metrics.staleness_mean == pytest.approx(1 / 4)
+    assert metrics.version == 6
+
+    nothing = learner.step([stale, uniform])
+    assert not nothing.trained
+    assert nothing.dropped_stale == 1 and nothing.uniform_groups == 1
+    assert learner.version == 6 and learner.step_count == 1
+
+
+def sampled_completion(group: RolloutGroup, index: int) -> list[int]:
+    trajectory = group.trajectories[index]
+    return [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask, strict=True) if m]
+
+
+def test_shared_prompt_and_micro_batches_give_the_full_batch_gradient(
+    policy: LoadedPolicy, make_group: GroupFactory
+) -> None:
+    groups = [make_group([1.0, 0.0, 0.5]), make_group([0.0, 1.0], offset=3)]
+    learner = GrpoLearner(policy, config(kl_beta=0.1, lr=1e-3))
+    learner.step([make_group([0.0, 1.0, 1.0], offset=6)])  # so LoRA B != 0 and KL > 0
+
+    def gradient(micro_batch_size: int, share_prompt: bool) -> tuple[torch.Tensor, float]:
+        learner.config = msgspec.structs.replace(
+            learner.config, micro_batch_size=micro_batch_size, share_prompt=share_prompt
+        )
+        grouped, _, _ = learner.build_samples(groups)
+        stats, _ = learner.accumulate_gradients(grouped)
+        flat = torch.cat([p.grad.flatten() for p in learner.trainable if p.grad is not None])
+        learner.optimizer.zero_grad(set_to_none=True)
+        return flat, sum(s.loss * s.tokens for s in stats)
+
+    whole, whole_loss = gradient(5, share_prompt=False)
+    split, split_loss = gradient(2, share_prompt=True)
+    assert whole.abs().sum() > 0
+    assert split_loss == pytest.approx(whole_loss, rel=1e-4)
+    assert float((whole - split).norm() / whole.norm()) < 1e-4
+
+
+def test_exported_weights_give_a_rollout_policy_identical_logits(
+    policy: LoadedPolicy, policy_factory: PolicyFactory, make_group: GroupFactory
+) -> None:
+    learner = GrpoLearner(policy, config(lr=1e-2))
+    group = make_group([1.0, 0.0])
+    learner.step([group])
+    rollout_policy = policy_factory()
+    ids = torch.tensor([group.trajectories[0].token_ids])
+    with torch.no_grad():
+        trained = policy.model(input_ids=ids).logits
+        assert not torch.equal(rollout_policy.model(input_ids=ids).logits, trained)
+        import_weights(rollout_policy.model, learner.export_weights())
+        assert torch.equal(rollout_policy.model(input_ids=ids).logits, trained)
+
+
+def test_an_overflowing_ratio_skips_the_update_instead_of_corrupting_weights(
+    policy: LoadedPolicy, make_group: GroupFactory
+) -> None:
+    learner = GrpoLearner(policy, config())
+    group = make_group([1.0, 0.0])
+    loser = group.trajectories[1]  # negative advantage: -r*A grows without bound
+    loser.logprobs = [-500.0 if m else 0.0 for m in loser.loss_mask]
+    before = [p.detach().clone() for p in learner.trainable]
+
+    metrics = learner.step([group])
+
+    assert not metrics.trained and learner.version == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, learner.trainable, strict=True))
+    assert all(p.grad is None for p in learner.trainable)
