@@ -134,7 +134,7 @@ class Trajectory(Part):
 
     ``token_ids`` covers the whole conversation; ``loss_mask[i]`` is 1 only for tokens
     the policy generated, and ``logprobs[i]`` is the behaviour log-prob of token i
-    (0.0 where the mask is 0). ``entropies`` is the policy's mean token entropy per
+    (0.0 where the mask is 0), sampled at ``temperature``. ``entropies`` is the policy's mean token entropy per
     assistant turn, used by the uncertainty signal.
     """
 
@@ -146,6 +146,7 @@ class Trajectory(Part):
     loss_mask: list[int]
     reward: float
     policy_version: int
+    temperature: float = 1.0
     timings: Timings = msgspec.field(default_factory=Timings)
     actions: list[str] = msgspec.field(default_factory=list)
     entropies: list[float] = msgspec.field(default_factory=list)

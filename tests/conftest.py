@@ -12,6 +12,8 @@ from coevolve.shared.config import Settings, load_settings
 from coevolve.shared.nats_server import NatsServer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# one torch thread per process: tests start several model processes on two cores
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 

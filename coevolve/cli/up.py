@@ -72,7 +72,13 @@ def up(
             name=f"{name}-{i}" if count > 1 else name,
             argv=[*base, name, *extra],
             log_path=run / "logs" / (f"{name}-{i}.log" if count > 1 else f"{name}.log"),
-            env={"NATS_URL": nats_url, "HF_HUB_OFFLINE": "1"},
+            env={
+                "NATS_URL": nats_url,
+                "HF_HUB_OFFLINE": "1",
+                # several torch processes share the cores: one thread each avoids the
+                # oversubscription that made decoding ~7x slower here
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            },
         )
         for name, count in replicas.items()
         for i in range(count)

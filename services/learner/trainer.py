@@ -266,6 +266,11 @@ class GrpoLearner:
             samples: list[Sample] = []
             for trajectory, advantage in zip(group.trajectories, advantages.tolist(), strict=True):
                 reason = malformed_reason(trajectory)
+                if reason is None and trajectory.temperature != self.config.temperature:
+                    reason = (
+                        f"sampled at temperature {trajectory.temperature}, the learner scores "
+                        f"at {self.config.temperature}: the ratio would be biased"
+                    )
                 sample = self.to_sample(trajectory, advantage)
                 if reason is None and not any(sample.loss_mask):
                     reason = "cut before its first generated token"

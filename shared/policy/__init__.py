@@ -1,0 +1,73 @@
+"""The policy: loading, prompt rendering, inference engines and weight transfer."""
+
+from coevolve.shared.policy.chat import (
+    OBSERVATION_PREFIX,
+    TemplateSupport,
+    decode_ids,
+    encode_text,
+    render_prompt_ids,
+    render_text,
+    template_support,
+    tools_system_prompt,
+)
+from coevolve.shared.policy.engine import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Engine,
+    EngineStats,
+    Generation,
+    SamplingParams,
+    TransformersEngine,
+    VllmEngine,
+    stop_token_ids,
+)
+from coevolve.shared.policy.loading import (
+    FinetuneMode,
+    LoadedPolicy,
+    LoraSettings,
+    PolicyLoadError,
+    base_model_of,
+    default_gguf_path,
+    load_policy,
+    pick_device,
+)
+from coevolve.shared.policy.weights import (
+    WeightsMismatch,
+    export_weights,
+    import_weights,
+    weights_digest,
+    weights_kind,
+)
+
+__all__ = [
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "OBSERVATION_PREFIX",
+    "Engine",
+    "EngineStats",
+    "FinetuneMode",
+    "Generation",
+    "LoadedPolicy",
+    "LoraSettings",
+    "PolicyLoadError",
+    "SamplingParams",
+    "TemplateSupport",
+    "TransformersEngine",
+    "VllmEngine",
+    "WeightsMismatch",
+    "base_model_of",
+    "decode_ids",
+    "default_gguf_path",
+    "encode_text",
+    "export_weights",
+    "import_weights",
+    "load_policy",
+    "pick_device",
+    "render_prompt_ids",
+    "render_text",
+    "stop_token_ids",
+    "template_support",
+    "tools_system_prompt",
+    "weights_digest",
+    "weights_kind",
+]

@@ -1,0 +1,477 @@
+"""Inference engines: sample completions with their behaviour log-probs, swap weights.
+
+Behaviour log-probs are ``log_softmax(logits / temperature)`` at the sampled token: the
+temperature-scaled distribution, which is exactly what is sampled from when
+``top_p == 1``. The learner recomputes ``log_softmax(logits / temperature)`` with the
+same temperature (``Generation.temperature``), so the two agree up to float error.
+With ``top_p < 1`` sampling draws from the nucleus-truncated distribution but the
+recorded log-prob stays the untruncated one (the learner cannot reproduce truncation).
+``temperature == 0`` is greedy decoding; its log-probs are those of the raw logits.
+Entropy is that of the same temperature-scaled distribution, per generated token.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from coevolve.shared.policy.chat import decode_ids
+from coevolve.shared.policy.loading import LoadedPolicy, base_model_of
+from coevolve.shared.policy.weights import import_weights
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+
+DEFAULT_STOP_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>")
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass
+class Generation:
+    """One sampled completion.
+
+    ``completion_ids`` includes the stop token when ``finish_reason == "stop"``; ``text``
+    is the decoded completion without that stop token (special tokens inside are kept).
+    ``logprobs[i]`` / ``entropies[i]`` belong to ``completion_ids[i]``.
+    """
+
+    text: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    entropies: list[float]
+    finish_reason: str
+    temperature: float = 1.0
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the rollout path needs from an inference engine."""
+
+    @property
+    def policy_version(self) -> int: ...
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase: ...
+
+    @property
+    def max_context(self) -> int: ...
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]: ...
+
+    def load_weights(self, blob: bytes, version: int) -> None: ...
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model: Any | None = None) -> set[int]:
+    """EOS ids of the tokenizer and generation config, plus known end-of-turn tokens."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(config_eos, int):
+        ids.add(config_eos)
+    elif isinstance(config_eos, list):
+        ids.update(int(i) for i in config_eos)
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[token] for token in DEFAULT_STOP_TOKENS if token in vocab)
+    return ids
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), both [batch, longest], padded on the left."""
+    longest = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(prompts), longest), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        if prompt:
+            input_ids[row, longest - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention[row, longest - len(prompt) :] = 1
+    return input_ids, attention
+
+
+def nucleus_probs(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``probs`` with everything outside the top-p nucleus zeroed (not renormalized)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+    return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+
+
+def common_prefix_length(prompts: list[list[int]]) -> int:
+    first = prompts[0]
+    length = min(len(p) for p in prompts)
+    for other in prompts[1:]:
+        index = 0
+        while index < length and other[index] == first[index]:
+            index += 1
+        length = index
+    return length
+
+
+@dataclass
+class EngineStats:
+    """Counters since the engine was made (for benchmarks and service metrics)."""
+
+    calls: int = 0
+    generated_tokens: int = 0
+    prefix_prefilled_tokens: int = 0
+    prefix_reused_tokens: int = 0
+    suffix_prefilled_tokens: int = 0
+
+
+@dataclass
+class _PrefixCache:
+    ids: tuple[int, ...]
+    cache: Any
+    weights_version: tuple[int, ...]
+
+
+@dataclass
+class _Batch:
+    tokens: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[float]] = field(default_factory=list)
+    entropies: list[list[float]] = field(default_factory=list)
+
+
+class TransformersEngine:
+    """In-process engine over a loaded policy: batched, left-padded, KV-cached sampling.
+
+    Prompts of one call usually share a long prefix (system prompt with the tool schemas,
+    the task's first user message): the K episodes of a group start identical. That prefix
+    is run through the model once at batch size 1 and its KV cache is copied to every
+    row; only the rows' own suffixes are prefilled per row. The prefix cache is kept for
+    the next call (the next turn of the same group) and dropped when the weights change
+    (``load_weights``, or in-place training of the model, seen through the parameters'
+    version counters). Finished rows leave the batch (and the KV cache) at once.
+    """
+
+    def __init__(
+        self,
+        policy: LoadedPolicy,
+        *,
+        stop_tokens: set[int] | None = None,
+        share_prefix: bool = True,
+        min_shared_prefix: int = 32,
+    ) -> None:
+        self.policy = policy
+        self.policy_version = 0
+        self.share_prefix = share_prefix
+        self.min_shared_prefix = max(1, min_shared_prefix)
+        self._stop_ids = stop_tokens or stop_token_ids(policy.tokenizer, policy.model)
+        pad = policy.tokenizer.pad_token_id
+        self._pad_id = int(pad if pad is not None else next(iter(self._stop_ids)))
+        self._prefix: _PrefixCache | None = None
+        self.stats = EngineStats()
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.policy.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        config = base_model_of(self.policy.model).config
+        return int(getattr(config, "max_position_embeddings", 0) or 2048)
+
+    @property
+    def stop_ids(self) -> set[int]:
+        return set(self._stop_ids)
+
+    def load_weights(self, blob: bytes, version: int) -> None:
+        """Hot swap: load exported trainable weights; call between episodes."""
+        import_weights(self.policy.model, blob)
+        self._prefix = None
+        self.policy_version = version
+
+    def clear_cache(self) -> None:
+        self._prefix = None
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        if not prompts:
+            return []
+        if any(not prompt for prompt in prompts):
+            raise ValueError("every prompt needs at least one token")
+        longest = max(len(p) for p in prompts)
+        budget = min(params.max_new_tokens, self.max_context - longest)
+        if budget <= 0:
+            raise ValueError(
+                f"prompt of {longest} tokens leaves no room under the context of "
+                f"{self.max_context} tokens"
+            )
+        model = self.policy.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                batch, finished = self._sample(prompts, params, budget)
+        finally:
+            model.train(was_training)
+        results = []
+        for row, prompt in enumerate(prompts):
+            tokens = batch.tokens[row]
+            stopped = finished[row]
+            body = tokens[:-1] if stopped else tokens
+            text = decode_ids(self.tokenizer, body)
+            results.append(
+                Generation(
+                    text=text,
+                    prompt_ids=list(prompt),
+                    completion_ids=tokens,
+                    logprobs=batch.logprobs[row],
+                    entropies=batch.entropies[row],
+                    finish_reason=FINISH_STOP if stopped else FINISH_LENGTH,
+                    temperature=params.temperature,
+                )
+            )
+        self.stats.calls += 1
+        self.stats.generated_tokens += sum(len(t) for t in batch.tokens)
+        return results
+
+    def _weights_version(self) -> tuple[int, ...]:
+        params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        return tuple(int(p._version) for p in params)
+
+    def _shared_prefix(self, prompts: list[list[int]]) -> tuple[int, Any]:
+        """(length, KV cache at batch size 1) of the prefix all prompts share, or (0, None).
+
+        The prefix stops one token short of the shortest prompt: every row needs at least
+        one token of its own to produce the logits of its first sampled token.
+        """
+        if not self.share_prefix:
+            return 0, None
+        shared = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
+        if shared < self.min_shared_prefix:
+            return 0, None
+        first = prompts[0]
+        version = self._weights_version()
+        start, cache = 0, None
+        kept = self._prefix
+        if (
+            kept is not None
+            and kept.weights_version == version
+            and len(kept.ids) <= shared
+            and tuple(first[: len(kept.ids)]) == kept.ids
+        ):
+            start, cache = len(kept.ids), copy.deepcopy(kept.cache)
+            self.stats.prefix_reused_tokens += start
+        if shared > start:
+            device = self.policy.device
+            out = self.policy.model(
+                input_ids=torch.tensor([first[start:shared]], device=device),
+                attention_mask=torch.ones((1, shared), dtype=torch.long, device=device),
+                position_ids=torch.arange(start, shared, device=device).unsqueeze(0),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            cache = out.past_key_values
+            self._prefix = _PrefixCache(tuple(first[:shared]), copy.deepcopy(cache), version)
+            self.stats.prefix_prefilled_tokens += shared - start
+        return shared, cache
+
+    def _sample(
+        self, prompts: list[list[int]], params: SamplingParams, budget: int
+    ) -> tuple[_Batch, list[bool]]:
+        device = self.policy.device
+        model = self.policy.model
+        shared, cache = self._shared_prefix(prompts)
+        suffix_ids, suffix_mask = left_pad([p[shared:] for p in prompts], self._pad_id)
+        suffix_ids, suffix_mask = suffix_ids.to(device), suffix_mask.to(device)
+        positions = shared + (suffix_mask.cumsum(-1) - 1).clamp(min=0)
+        attention = torch.cat([suffix_mask.new_ones((len(prompts), shared)), suffix_mask], dim=1)
+        if cache is not None:
+            cache.batch_repeat_interleave(len(prompts))
+        self.stats.suffix_prefilled_tokens += int(suffix_mask.sum())
+        generator = torch.Generator(device=device)
+        generator.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
+        stop = torch.tensor(sorted(self._stop_ids), device=device)
+        batch = _Batch(
+            tokens=[[] for _ in prompts],
+            logprobs=[[] for _ in prompts],
+            entropies=[[] for _ in prompts],
+        )
+        finished = [False] * len(prompts)
+        rows = list(range(len(prompts)))  # original index of each row still sampling
+
+        # Only the last position's logits are needed: full prompt logits would be
+        # batch x length x vocab floats (gigabytes for long tool prompts).
+        out = model(
+            input_ids=suffix_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = out.past_key_values
+        position = positions[:, -1:]
+        for step in range(budget):
+            logits = out.logits[:, -1, :].float()
+            token, logprob, entropy = self._choose(logits, params, generator)
+            stopped = torch.isin(token, stop)
+            for row, t, lp, h, s in zip(
+                rows,
+                token.tolist(),
+                logprob.tolist(),
+                entropy.tolist(),
+                stopped.tolist(),
+                strict=True,
+            ):
+                batch.tokens[row].append(int(t))
+                batch.logprobs[row].append(float(lp))
+                batch.entropies[row].append(float(h))
+                finished[row] = bool(s)
+            if step + 1 == budget or bool(stopped.all()):
+                break
+            if bool(stopped.any()):
+                # Drop finished rows from the batch (and the KV cache) so the remaining
+                # steps cost only what the still-running sequences need.
+                keep = (~stopped).nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                attention, position, token = attention[keep], position[keep], token[keep]
+                rows = [rows[i] for i in keep.tolist()]
+            attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=1)
+            position = position + 1
+            out = model(
+                input_ids=token.unsqueeze(1),
+                attention_mask=attention,
+                position_ids=position,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = out.past_key_values
+        return batch, finished
+
+    @staticmethod
+    def _choose(
+        logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        greedy = params.temperature <= 0.0
+        scaled = logits if greedy else logits / params.temperature
+        logp = torch.log_softmax(scaled, dim=-1)
+        probs = logp.exp()
+        entropy = -(probs * logp).nan_to_num().sum(-1)
+        if greedy:
+            token = scaled.argmax(dim=-1)
+        else:
+            sample_from = probs if params.top_p >= 1.0 else nucleus_probs(probs, params.top_p)
+            token = torch.multinomial(sample_from, 1, generator=generator).squeeze(1)
+        logprob = logp.gather(1, token.unsqueeze(1)).squeeze(1)
+        return token, logprob, entropy
+
+
+class VllmEngine:
+    """vLLM engine (GPU) behind the same interface; vllm is imported only when built.
+
+    LoRA versions are hot-swapped by writing the adapter in peft's format and naming it in
+    a new ``LoRARequest``; full weights are pushed into the workers' model. Log-probs are
+    requested in vLLM's ``processed_logprobs`` mode (after temperature), matching
+    ``TransformersEngine``; entropy is estimated from the top ``entropy_top_k``
+    log-probs vLLM returns (a lower bound of the true entropy).
+    """
+
+    def __init__(
+        self,
+        policy: LoadedPolicy,
+        *,
+        gpu_memory_utilization: float = 0.5,
+        max_model_len: int | None = None,
+        entropy_top_k: int = 20,
+        adapter_dir: str | None = None,
+    ) -> None:
+        try:
+            import vllm
+        except ImportError as exc:
+            raise RuntimeError("VllmEngine needs vllm (pip install 'coevolve[gpu]')") from exc
+        import tempfile
+
+        self.policy = policy
+        self.policy_version = 0
+        self._vllm = vllm
+        self._entropy_top_k = entropy_top_k
+        self._adapter_root = adapter_dir or tempfile.mkdtemp(prefix="coevolve-lora-")
+        self._lora_request: Any = None
+        location = str(policy.cache_dir) if policy.cache_dir is not None else policy.source
+        lora = policy.finetune == "lora" and policy.lora is not None
+        self._llm = vllm.LLM(
+            model=location,
+            tokenizer=location,
+            enable_lora=lora,
+            max_lora_rank=policy.lora.rank if (lora and policy.lora) else 16,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len or self.max_context,
+            max_logprobs=max(entropy_top_k, 1),
+            logprobs_mode="processed_logprobs",
+        )
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.policy.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        config = base_model_of(self.policy.model).config
+        return int(getattr(config, "max_position_embeddings", 0) or 2048)
+
+    def load_weights(self, blob: bytes, version: int) -> None:
+        import_weights(self.policy.model, blob)
+        if self.policy.finetune == "lora":
+            target = f"{self._adapter_root}/v{version}"
+            self.policy.model.save_pretrained(target)
+            from vllm.lora.request import LoRARequest
+
+            self._lora_request = LoRARequest(f"policy-v{version}", version + 1, target)
+        else:
+            base = base_model_of(self.policy.model)
+            state = [(n, p.detach()) for n, p in base.named_parameters()]
+
+            def push(worker: Any) -> None:
+                worker.model_runner.model.load_weights(weights=state)
+
+            self._llm.collective_rpc(push)
+        self.policy_version = version
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        sampling = self._vllm.SamplingParams(
+            max_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=params.seed,
+            logprobs=self._entropy_top_k,
+        )
+        inputs = [{"prompt_token_ids": prompt} for prompt in prompts]
+        outputs = self._llm.generate(inputs, sampling, lora_request=self._lora_request)
+        results = []
+        for prompt, output in zip(prompts, outputs, strict=True):
+            sample = output.outputs[0]
+            tokens = list(sample.token_ids)
+            logprobs: list[float] = []
+            entropies: list[float] = []
+            for token, top in zip(tokens, sample.logprobs or [], strict=False):
+                logprobs.append(float(top[token].logprob))
+                values = [float(entry.logprob) for entry in top.values()]
+                entropies.append(-sum(math.exp(v) * v for v in values))
+            results.append(
+                Generation(
+                    text=sample.text,
+                    prompt_ids=list(prompt),
+                    completion_ids=tokens,
+                    logprobs=logprobs,
+                    entropies=entropies,
+                    finish_reason=FINISH_STOP if sample.finish_reason == "stop" else FINISH_LENGTH,
+                    temperature=params.temperature,
+                )
+            )
+        return results

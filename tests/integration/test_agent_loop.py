@@ -1,0 +1,161 @@
+"""The agent loop as services: real NATS, DuckDB, BFCL environment and SmolLM2.
+
+pool-store feeds a rollout job, rollout runs a real group and publishes it; the learner
+trains on a group, publishes the new weights through the object store, a rollout engine
+loads them and computes identical logits; a restarted learner resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+import torch
+
+from coevolve.services.learner.actor import LearnerActor
+from coevolve.services.pool_store.actor import PoolStoreActor
+from coevolve.services.rollout.actor import RolloutActor
+from coevolve.shared.actor import ActorRunner
+from coevolve.shared.bus import Bus
+from coevolve.shared.config import Settings
+from coevolve.shared.envs import make_environment
+from coevolve.shared.envs.bfcl.tasks import seed_tasks
+from coevolve.shared.messages import PolicyVersion, RolloutGroup, decode
+from coevolve.shared.pool_client import PoolClient
+from coevolve.shared.subjects import POLICY_UPDATES, ROLLOUT_GROUPS
+
+pytestmark = pytest.mark.anyio
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_CACHE = Path(os.environ.get("COEVOLVE_TEST_CACHE", ROOT / "runs/test-cache")) / "models"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def loop_settings(settings: Settings) -> Settings:
+    """Small, fast settings; the converted model is shared with the other model tests."""
+    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    (settings.run_dir / "models").symlink_to(MODEL_CACHE, target_is_directory=True)
+    settings.services = {
+        "pool_store": {"group_size": 2, "job_queue_depth": 1, "feed_interval_s": 0.2},
+        "rollout": {"max_new_tokens": 24, "max_steps": 2, "device": "cpu"},
+        "learner": {
+            "device": "cpu",
+            "warm_start": {"enabled": False},
+            "max_wait_s": 1.0,
+            "grpo": {"groups_per_step": 1, "micro_batch_size": 2},
+        },
+    }
+    return settings
+
+
+async def test_rollout_service_turns_a_job_into_a_group(loop_settings: Settings) -> None:
+    runners = [ActorRunner(PoolStoreActor(loop_settings)), ActorRunner(RolloutActor(loop_settings))]
+    bus = await Bus.connect(loop_settings.bus, "test")
+    await bus.ensure_streams()
+    groups = await bus.js.pull_subscribe(ROLLOUT_GROUPS, durable="test-groups")
+    async with anyio.create_task_group() as tg:
+        for runner in runners:
+            tg.start_soon(lambda r=runner: r.run(handle_signals=False))
+        with anyio.fail_after(240):
+            while True:
+                try:
+                    msgs = await groups.fetch(1, timeout=5)
+                    break
+                except Exception:
+                    continue
+        group = decode(msgs[0].data, RolloutGroup)
+        assert len(group.trajectories) == 2
+        assert group.policy_version == 0
+        for trajectory in group.trajectories:
+            n = len(trajectory.token_ids)
+            assert n == len(trajectory.logprobs) == len(trajectory.loss_mask) > 0
+            assert 0 < sum(trajectory.loss_mask) < n  # generated tokens only
+            assert all(
+                lp == 0.0
+                for lp, m in zip(trajectory.logprobs, trajectory.loss_mask, strict=True)
+                if not m
+            )
+            assert 0.0 <= trajectory.reward <= 1.0
+        pool = PoolClient(bus)
+        with anyio.fail_after(30):
+            while (await pool.stats()).results < 2:
+                await anyio.sleep(0.2)
+        for runner in runners:
+            runner.request_stop()
+    await bus.close()
+
+
+async def test_learner_publishes_weights_that_rollout_loads_identically(
+    loop_settings: Settings,
+) -> None:
+    learner_actor = LearnerActor(loop_settings)
+    runner = ActorRunner(learner_actor)
+    rollout = RolloutActor(loop_settings)  # used for its engine and hot swap, not run
+    bus = await Bus.connect(loop_settings.bus, "test")
+    await bus.ensure_streams()
+    rollout._bus = bus
+    rollout.engine = await anyio.to_thread.run_sync(rollout._load_engine)
+
+    from coevolve.shared.episodes import run_group
+    from coevolve.shared.policy import SamplingParams
+
+    task = seed_tasks()[0]
+    trajectories = await anyio.to_thread.run_sync(
+        lambda: run_group(
+            rollout.engine,
+            lambda: make_environment("bfcl"),
+            task,
+            2,
+            SamplingParams(max_new_tokens=16, seed=0),
+            max_steps=1,
+        )
+    )
+    trajectories[0].reward, trajectories[1].reward = 1.0, 0.0  # a group with signal
+    group = RolloutGroup(
+        task_id=task.id, origin="seed", policy_version=0, trajectories=trajectories
+    )
+    updates = await bus.nc.subscribe(POLICY_UPDATES)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: runner.run(handle_signals=False))
+        await bus.publish(ROLLOUT_GROUPS, group)
+        update = decode((await updates.next_msg(timeout=240)).data, PolicyVersion)
+        assert update.version == 1 and update.step == 1
+        with anyio.fail_after(30):
+            while learner_actor.last_metrics is None:
+                await anyio.sleep(0.1)
+        assert learner_actor.last_metrics.trained
+
+        rollout._announced = update
+        await rollout._swap_if_newer()
+        assert rollout.engine.policy_version == 1
+        ids = torch.tensor([trajectories[0].token_ids[:64]])
+        learner_model = learner_actor.learner.policy.model  # type: ignore[union-attr]
+        with torch.no_grad():
+            expected = learner_model(input_ids=ids).logits
+            got = rollout.engine.policy.model(input_ids=ids).logits
+        assert torch.equal(expected, got)
+        with anyio.fail_after(30):
+            while not learner_actor.trained_file.exists():
+                await anyio.sleep(0.1)
+        runner.request_stop()
+
+    # a new learner (as after SIGKILL) resumes from the checkpoint and remembers the group
+    resumed = LearnerActor(loop_settings)
+    resumed._bus = bus
+    await resumed.setup()
+    assert resumed.learner is not None
+    assert (resumed.learner.step_count, resumed.learner.version) == (1, 1)
+    assert group.id in resumed._trained
+    original_state = learner_actor.learner.optimizer.state_dict()["state"]  # type: ignore[union-attr]
+    resumed_state = resumed.learner.optimizer.state_dict()["state"]
+    assert original_state.keys() == resumed_state.keys()
+    for key in original_state:
+        assert torch.equal(original_state[key]["exp_avg"], resumed_state[key]["exp_avg"])
+    await bus.close()
