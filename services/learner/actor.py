@@ -38,9 +38,10 @@ REMEMBERED_GROUPS = 4096
 
 
 class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    # defaults sized for a CPU box: each BFCL example is ~4k tokens (tens of seconds here)
     enabled: bool = True
-    tasks: int = 64
-    epochs: int = 2
+    tasks: int = 16
+    epochs: int = 1
     lr: float = 2e-4
     batch_size: int = 8
     # BFCL prompts (tools + first user turn) are 2.5k-4.5k tokens: shorter cuts train nothing
@@ -80,7 +81,7 @@ class LearnerActor(Actor):
     # ------------------------------------------------------------------ start-up
 
     async def setup(self) -> None:
-        self.learner = await anyio.to_thread.run_sync(self._load)
+        self.learner = await anyio.to_thread.run_sync(self._load, abandon_on_cancel=True)
         if self.checkpoint.exists():
             await anyio.to_thread.run_sync(self.learner.restore_checkpoint, self.checkpoint)
             if self.trained_file.exists():
@@ -123,7 +124,8 @@ class LearnerActor(Actor):
                 lr=settings.lr,
                 batch_size=settings.batch_size,
                 max_len=settings.max_len,
-            )
+            ),
+            abandon_on_cancel=True,  # SIGTERM must not wait for a long SFT pass
         )
         log.info("warm start done: %s", report)
         self.learner.version = max(self.learner.version, 1)

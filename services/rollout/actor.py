@@ -63,7 +63,7 @@ class RolloutActor(Actor):
     async def setup(self) -> None:
         from coevolve.shared.policy_sync import latest_policy
 
-        self.engine = await anyio.to_thread.run_sync(self._load_engine)
+        self.engine = await anyio.to_thread.run_sync(self._load_engine, abandon_on_cancel=True)
         self._announced = await latest_policy(self.bus)
         await self._swap_if_newer()
 
