@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from coevolve.cli import bench, serve, status, up
+from coevolve.cli import bench, eval_cmd, serve, status, up
 
 app = typer.Typer(
     name="coevolve",
@@ -20,6 +20,7 @@ app.command("up")(up.up)
 app.command("serve")(serve.serve)
 app.command("status")(status.status)
 app.command("bench")(bench.bench)
+app.command("eval")(eval_cmd.eval_command)
 
 
 def main() -> None:

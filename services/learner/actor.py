@@ -145,19 +145,31 @@ class LearnerActor(Actor):
         return []
 
     async def _announce_if_newer(self) -> None:
-        from coevolve.shared.policy_sync import latest_policy, publish_policy
+        from coevolve.shared.policy_sync import latest_policy
 
         assert self.learner is not None
         announced = await latest_policy(self.bus)
         if self.learner.version == 0 or (announced and announced.version >= self.learner.version):
             return
-        blob = await anyio.to_thread.run_sync(self.learner.export_weights)
+        await self._publish_weights()
+
+    async def _publish_weights(self) -> None:
+        """Weights to the object store (announced) and to RUN_DIR/policies/v<N>.safetensors."""
+        from coevolve.shared.policy_sync import publish_policy
+
+        learner = self.learner
+        assert learner is not None
+        blob = await anyio.to_thread.run_sync(learner.export_weights)
+        file = self.settings.path("policies", f"v{learner.version}.safetensors")
+        tmp = file.with_suffix(".tmp")
+        tmp.write_bytes(blob)
+        os.replace(tmp, file)
         await publish_policy(
             self.bus,
             blob,
-            version=self.learner.version,
-            step=self.learner.step_count,
-            base_model=self.learner.policy.name,
+            version=learner.version,
+            step=learner.step_count,
+            base_model=learner.policy.name,
             kind=self.config.finetune,
         )
 
@@ -195,8 +207,6 @@ class LearnerActor(Actor):
             raise RuntimeError(f"learner step failed: {waiting.error!r}") from waiting.error
 
     async def _train(self) -> None:
-        from coevolve.shared.policy_sync import publish_policy
-
         async with self._step_lock:
             batch, self._waiting = self._waiting, []
             if not batch:
@@ -209,15 +219,7 @@ class LearnerActor(Actor):
                 )
                 self.last_metrics = metrics
                 if metrics.trained:
-                    blob = await anyio.to_thread.run_sync(learner.export_weights)
-                    await publish_policy(
-                        self.bus,
-                        blob,
-                        version=learner.version,
-                        step=learner.step_count,
-                        base_model=learner.policy.name,
-                        kind=self.config.finetune,
-                    )
+                    await self._publish_weights()
                 self._trained.extend(w.group.id for w in batch)
                 await anyio.to_thread.run_sync(self._save_checkpoint)
                 for name, value in metrics.scalars().items():

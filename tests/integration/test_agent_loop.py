@@ -104,6 +104,7 @@ async def test_learner_publishes_weights_that_rollout_loads_identically(
     rollout.engine = await anyio.to_thread.run_sync(rollout._load_engine)
 
     from coevolve.shared.episodes import run_group
+    from coevolve.shared.policy_sync import fetch_policy
     from coevolve.shared.policy import SamplingParams
 
     task = seed_tasks()[0]
@@ -135,6 +136,8 @@ async def test_learner_publishes_weights_that_rollout_loads_identically(
         rollout._announced = update
         await rollout._swap_if_newer()
         assert rollout.engine.policy_version == 1
+        saved = loop_settings.run_dir / "policies" / "v1.safetensors"
+        assert saved.read_bytes() == await fetch_policy(bus, update)  # for `eval --policy 1`
         ids = torch.tensor([trajectories[0].token_ids[:64]])
         learner_model = learner_actor.learner.policy.model  # type: ignore[union-attr]
         with torch.no_grad():

@@ -1,0 +1,214 @@
+"""``coevolve eval``: score a policy (or the ground truth) on a BFCL multi-turn suite.
+
+Prints a progress bar on stderr, then accuracy with a 95% Wilson interval and seconds per
+entry; ``--json`` puts one JSON object on the last line of stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import msgspec
+import typer
+
+from coevolve.shared.envs import make_environment
+from coevolve.shared.envs.bfcl.tasks import SUITES, suite_tasks
+from coevolve.shared.envs.protocol import Environment
+from coevolve.shared.evaluation import (
+    BatchPlayer,
+    Player,
+    ground_truth_player,
+    policy_player,
+    run_suite,
+)
+from coevolve.shared.messages import Trajectory
+
+if TYPE_CHECKING:
+    from coevolve.shared.policy import LoadedPolicy
+
+SPLITS = ("all", "eval", "train")
+EVAL_MAX_STEPS = 30
+EVAL_MAX_NEW_TOKENS = 256
+# Entries played together: their generations share batched forward passes.
+EVAL_BATCH_SIZE = 8
+# Where `--policy VERSION` looks for that version's exported weights (export_weights bytes).
+VERSION_WEIGHT_PATTERNS = ("policies/v{version}.safetensors", "policies/{version}.safetensors")
+
+
+class PolicyChoiceError(ValueError):
+    """``--policy`` names nothing that can be loaded."""
+
+
+def _make_bfcl() -> Environment:
+    return make_environment("bfcl")
+
+
+def weights_for_version(run_dir: Path, version: int) -> Path:
+    """The exported weights file of policy ``version`` under ``run_dir``."""
+    candidates = [run_dir / pattern.format(version=version) for pattern in VERSION_WEIGHT_PATTERNS]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    looked = ", ".join(str(c) for c in candidates)
+    raise PolicyChoiceError(f"no weights for policy version {version} (looked for {looked})")
+
+
+def _load_with_weights(model: str | None, run_dir: Path, weights: Path) -> LoadedPolicy:
+    from safetensors import safe_open
+
+    from coevolve.shared.policy import import_weights, load_policy
+
+    with safe_open(str(weights), framework="pt") as handle:
+        kind = (handle.metadata() or {}).get("kind", "lora")
+    policy = load_policy(model, run_dir=run_dir, finetune="lora" if kind == "lora" else "full")
+    import_weights(policy.model, weights.read_bytes())
+    policy.model.eval()
+    return policy
+
+
+@dataclass(frozen=True)
+class PolicyChoice:
+    """What ``--policy`` names: the base model, or weights/model files to load."""
+
+    kind: Literal["base", "weights", "model"]
+    path: Path | None = None
+
+
+def resolve_policy_choice(policy: str, run_dir: Path) -> PolicyChoice:
+    """Check ``--policy`` before anything heavy is imported."""
+    if policy == "base":
+        return PolicyChoice("base")
+    if policy.isdigit():
+        return PolicyChoice("weights", weights_for_version(run_dir, int(policy)))
+    path = Path(policy)
+    if path.is_dir() or (path.is_file() and path.suffix == ".gguf"):
+        return PolicyChoice("model", path)
+    if path.is_file() and path.suffix == ".safetensors":
+        return PolicyChoice("weights", path)
+    raise PolicyChoiceError(
+        f"--policy {policy!r}: use 'base', 'ground-truth', a policy version number, "
+        "a .safetensors weights file, a .gguf file or a model directory"
+    )
+
+
+def load_policy_choice(choice: PolicyChoice, model: str | None, run_dir: Path) -> LoadedPolicy:
+    from coevolve.shared.policy import load_policy
+
+    if choice.kind == "weights" and choice.path is not None:
+        return _load_with_weights(model, run_dir, choice.path)
+    if choice.kind == "model" and choice.path is not None:
+        return load_policy(str(choice.path), run_dir=run_dir, finetune="none")
+    return load_policy(model, run_dir=run_dir, finetune="none")
+
+
+def trajectory_writer(path: Path) -> Callable[[Trajectory], None]:
+    """Append each trajectory as one JSON line (to inspect what the policy did)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(trajectory: Trajectory) -> None:
+        with path.open("ab") as handle:
+            handle.write(msgspec.json.encode(trajectory) + b"\n")
+
+    return write
+
+
+def build_player(
+    policy: str, model: str | None, run_dir: Path, trajectories: Path | None = None
+) -> tuple[Player | BatchPlayer, int, dict[str, Any]]:
+    """(player, batch size (0: one task at a time), facts for the report)."""
+    if policy == "ground-truth":
+        return ground_truth_player(_make_bfcl), 0, {}
+    choice = resolve_policy_choice(policy, run_dir)
+    from coevolve.shared.policy import SamplingParams, TransformersEngine
+
+    loaded = load_policy_choice(choice, model, run_dir)
+    engine = TransformersEngine(loaded)
+    params = SamplingParams(max_new_tokens=EVAL_MAX_NEW_TOKENS, temperature=0.0, seed=0)
+    extra: dict[str, Any] = {
+        "model": loaded.name,
+        "device": str(loaded.device),
+        "load_seconds": loaded.load_seconds,
+        "max_steps": EVAL_MAX_STEPS,
+        "max_new_tokens": EVAL_MAX_NEW_TOKENS,
+        "decoding": "greedy",
+        "batch_size": EVAL_BATCH_SIZE,
+    }
+    writer = None
+    if trajectories is not None:
+        writer = trajectory_writer(trajectories)
+        extra["trajectories"] = str(trajectories)
+    player = policy_player(engine, _make_bfcl, params, EVAL_MAX_STEPS, writer)
+    return player, EVAL_BATCH_SIZE, extra
+
+
+def eval_command(
+    suite: Annotated[
+        str,
+        typer.Option("--suite", help="One of: " + ", ".join(SUITES)),
+    ] = "bfcl-multi-turn-base",
+    split: Annotated[
+        str,
+        typer.Option(
+            "--split",
+            help="all: every entry (BFCL's full category); eval / train: the held-out or "
+            "training half (deterministic, by scenario).",
+        ),
+    ] = "all",
+    policy: Annotated[
+        str,
+        typer.Option(
+            "--policy",
+            help="base | ground-truth | a policy VERSION number | a PATH to exported "
+            "weights (.safetensors), a .gguf file or a model directory.",
+        ),
+    ] = "base",
+    limit: Annotated[
+        int | None, typer.Option("--limit", help="Only the first N entries.", min=1)
+    ] = None,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object on the last line of stdout.")
+    ] = False,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="Base model (hub id, directory or .gguf); default SmolLM2-135M-Instruct.",
+        ),
+    ] = None,
+    run_dir: Annotated[
+        Path,
+        typer.Option("--run-dir", envvar="COEVOLVE_RUN_DIR", help="The run's directory."),
+    ] = Path("runs/default"),
+) -> None:
+    """Score a policy (or the ground truth) on a BFCL multi-turn suite."""
+    if suite not in SUITES:
+        raise typer.BadParameter(f"choose from {', '.join(SUITES)}", param_hint="--suite")
+    if split not in SPLITS:
+        raise typer.BadParameter(f"choose from {', '.join(SPLITS)}", param_hint="--split")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    tasks = suite_tasks(suite, split)
+    if limit is not None:
+        tasks = tasks[:limit]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(policy).name or policy)
+    trajectories = run_dir / "eval" / f"{suite}-{split}-{slug}-{stamp}.jsonl"
+    try:
+        player, batch_size, extra = build_player(policy, model, run_dir, trajectories)
+    except PolicyChoiceError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--policy") from exc
+    report = run_suite(
+        tasks, player, suite=suite, split=split, policy=policy, batch_size=batch_size
+    )
+    report.extra.update(extra)
+    if json_output:
+        typer.echo(report.describe(), err=True)
+        typer.echo(json.dumps(report.to_json()))
+    else:
+        typer.echo(report.describe())

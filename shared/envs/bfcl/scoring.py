@@ -1,0 +1,130 @@
+"""Score an episode with BFCL's own multi-turn checkers, without BFCL's ``eval`` executor.
+
+BFCL's ``multi_turn_checker`` re-executes the model's calls and the ground truth turn by
+turn, then after every turn with a non-empty ground truth runs ``state_checker`` (the
+instances' public attributes must equal the ground truth's) and ``response_checker``
+(every ground-truth result must appear among the model's results so far). Its executor
+turns call strings into code with ``eval`` and keeps instances in module globals, so this
+module performs the same turn loop with the episode's validated calls dispatched to fresh
+instances, and hands the instances and results to BFCL's ``state_checker`` and
+``response_checker`` unchanged. As in BFCL's runner, an episode that did not reach the end
+of every turn (force-terminated) scores 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (
+    response_checker,
+    state_checker,
+)
+from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import is_empty_execute_response
+
+from coevolve.shared.envs.bfcl.calls import call_string
+from coevolve.shared.envs.bfcl.catalog import FunctionDoc
+from coevolve.shared.envs.bfcl.instances import create_instances, dispatch, function_table
+from coevolve.shared.envs.bfcl.validation import (
+    CallValidationError,
+    ValidatedCall,
+    validate_call,
+)
+from coevolve.shared.messages import Task, ToolCall
+
+# turn -> step -> validated calls of that step
+EpisodeRecord = list[list[list[ValidatedCall]]]
+
+
+@dataclass
+class ScoreReport:
+    valid: bool
+    error_type: str | None = None
+    message: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def score(self) -> float:
+        return 1.0 if self.valid else 0.0
+
+
+def _ground_truth_results(
+    calls: Sequence[ToolCall], instances: Mapping[str, Any], functions: Mapping[str, FunctionDoc]
+) -> list[str]:
+    results = []
+    for call in calls:
+        try:
+            validated = validate_call(call, functions)
+        except CallValidationError as exc:
+            results.append(f"Error during execution: {exc}")
+            continue
+        results.append(dispatch(instances, validated).observation)
+    return results
+
+
+def score_episode(task: Task, record: EpisodeRecord, completed: bool) -> ScoreReport:
+    """BFCL's verdict for an episode whose calls per turn and step are in ``record``."""
+    ground_truth = task.ground_truth
+    if len(ground_truth) != len(task.user_turns):
+        return ScoreReport(
+            False,
+            "task:ground_truth_mismatch",
+            f"task {task.id} has {len(task.user_turns)} user turns but "
+            f"{len(ground_truth)} ground-truth turns",
+        )
+    if not completed or len(record) != len(ground_truth):
+        return ScoreReport(
+            False,
+            "multi_turn:force_terminated",
+            f"the episode answered {len(record)} of {len(ground_truth)} turns",
+        )
+    config = task.env_config
+    involved = list(config.get("involved_classes", []))
+    long_context = bool(config.get("long_context", False))
+    model_instances = create_instances(involved, task.initial_state, long_context)
+    truth_instances = create_instances(involved, task.initial_state, long_context)
+    all_functions = function_table(involved)
+
+    all_model_results: list[str] = []
+    for turn_index, truth_calls in enumerate(ground_truth):
+        steps = [step for step in record[turn_index] if step]
+        turn_results = [
+            dispatch(model_instances, call).observation for step in steps for call in step
+        ]
+        truth_results = _ground_truth_results(truth_calls, truth_instances, all_functions)
+        all_model_results.extend(turn_results)
+
+        if truth_calls and (not steps or is_empty_execute_response(steps)):
+            return ScoreReport(
+                False,
+                "multi_turn:empty_turn_model_response",
+                f"no function call in turn {turn_index}",
+            )
+        if not truth_calls:
+            continue
+        state = state_checker(model_instances, truth_instances)
+        if not state["valid"]:
+            return ScoreReport(
+                False,
+                state["error_type"],
+                f"turn {turn_index}: {state['error_message']}",
+                {"differences": state["details"]["differences"], "turn": turn_index},
+            )
+        response = response_checker(all_model_results, truth_results, turn_index)
+        if not response["valid"]:
+            return ScoreReport(
+                False,
+                response["error_type"],
+                f"turn {turn_index}: {response['error_message']}",
+                {"missing_items": response["details"]["missing_items"], "turn": turn_index},
+            )
+    return ScoreReport(True)
+
+
+def record_call_strings(record: EpisodeRecord) -> list[list[list[str]]]:
+    """The record in BFCL's decoded-result shape, built from validated values."""
+    return [
+        [[call_string(call.name, call.arguments) for call in step] for step in turn]
+        for turn in record
+    ]

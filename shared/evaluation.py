@@ -1,0 +1,252 @@
+"""Run a suite of entries through a player and summarize: accuracy, 95% CI, time per entry.
+
+A *player* takes a task and returns its score in [0, 1] (and a short reason). Two come
+with the project: ``ground_truth_player`` replays each entry's own answer (a check of the
+environment), and ``policy_player`` lets a policy act through ``coevolve.shared.episodes`` (a batch
+of entries at a time, so their generations share batched forward passes).
+A player that raises on one entry gives that entry 0 with the error recorded; the suite
+goes on.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, TextIO
+
+from tqdm import tqdm
+
+from coevolve.shared.envs.protocol import Environment
+from coevolve.shared.messages import Task, Trajectory
+
+if TYPE_CHECKING:
+    from coevolve.shared.policy import SamplingParams
+
+Z_95 = 1.959963984540054
+
+
+@dataclass
+class EntryOutcome:
+    score: float
+    detail: str = ""
+
+
+Player = Callable[[Task], EntryOutcome]
+# Plays several tasks at once (a policy batches their generations); one outcome per task.
+BatchPlayer = Callable[[list[Task]], list[EntryOutcome]]
+EnvironmentFactory = Callable[[], Environment]
+
+
+@dataclass
+class EntryResult:
+    entry_id: str
+    score: float
+    seconds: float
+    detail: str = ""
+    error: str | None = None
+
+
+@dataclass
+class SuiteReport:
+    suite: str
+    split: str
+    policy: str
+    entries: list[EntryResult] = field(default_factory=list)
+    total_seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.entries)
+
+    @property
+    def accuracy(self) -> float:
+        return sum(e.score for e in self.entries) / self.n if self.n else 0.0
+
+    @property
+    def ci95(self) -> tuple[float, float]:
+        return wilson_interval(sum(e.score for e in self.entries), self.n)
+
+    @property
+    def seconds_per_entry(self) -> float:
+        return sum(e.seconds for e in self.entries) / self.n if self.n else 0.0
+
+    def failures(self) -> list[EntryResult]:
+        return [e for e in self.entries if e.score < 1.0]
+
+    def summary(self) -> dict[str, Any]:
+        low, high = self.ci95
+        return {
+            "suite": self.suite,
+            "split": self.split,
+            "policy": self.policy,
+            "n": self.n,
+            "accuracy": self.accuracy,
+            "ci95_low": low,
+            "ci95_high": high,
+            "seconds_per_entry": self.seconds_per_entry,
+            "total_seconds": self.total_seconds,
+            "errors": sum(1 for e in self.entries if e.error),
+            **self.extra,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.summary(), "entries": [asdict(e) for e in self.entries]}
+
+    def describe(self) -> str:
+        low, high = self.ci95
+        lines = [
+            f"{self.suite} [{self.split}] policy={self.policy}: "
+            f"accuracy {self.accuracy:.3f} (95% CI {low:.3f}-{high:.3f}) over {self.n} entries, "
+            f"{self.seconds_per_entry:.2f} s/entry"
+        ]
+        failures = self.failures()
+        if failures:
+            lines.append(f"{len(failures)} entries below 1.0:")
+            for entry in failures[:50]:
+                reason = entry.error or entry.detail
+                lines.append(f"  {entry.entry_id}: {entry.score:.2f} {reason}".rstrip())
+            if len(failures) > 50:
+                lines.append(f"  ... and {len(failures) - 50} more")
+        return "\n".join(lines)
+
+
+def wilson_interval(successes: float, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson score interval for a proportion (``successes`` may be a sum of scores)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = min(max(successes / n, 0.0), 1.0)
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    low = 0.0 if p == 0.0 else max(0.0, centre - half)
+    high = 1.0 if p == 1.0 else min(1.0, centre + half)
+    return low, high
+
+
+def run_suite(
+    tasks: Sequence[Task],
+    player: Player | BatchPlayer,
+    *,
+    suite: str,
+    split: str,
+    policy: str,
+    batch_size: int = 0,
+    progress: bool = True,
+    stream: TextIO | None = None,
+) -> SuiteReport:
+    """Play every task in order; a progress bar (with running accuracy) goes to stderr.
+
+    With ``batch_size`` > 0, ``player`` is a BatchPlayer given that many tasks at a time,
+    and each entry's seconds are its batch's wall time divided by the batch's size.
+    """
+    report = SuiteReport(suite=suite, split=split, policy=policy)
+    started = time.perf_counter()
+    size = max(batch_size, 1)
+    with tqdm(
+        total=len(tasks),
+        desc=f"{suite} [{split}]",
+        unit="entry",
+        file=stream or sys.stderr,
+        disable=not progress,
+        dynamic_ncols=True,
+        mininterval=0.5,
+    ) as bar:
+        for start in range(0, len(tasks), size):
+            chunk = list(tasks[start : start + size])
+            chunk_started = time.perf_counter()
+            results = _play_chunk(chunk, player, batched=batch_size > 0)
+            seconds = (time.perf_counter() - chunk_started) / len(chunk)
+            for result in results:
+                result.seconds = seconds
+            report.entries.extend(results)
+            bar.set_postfix(acc=f"{report.accuracy:.3f}")
+            bar.update(len(chunk))
+    report.total_seconds = time.perf_counter() - started
+    return report
+
+
+def _play_chunk(
+    chunk: list[Task], player: Player | BatchPlayer, *, batched: bool
+) -> list[EntryResult]:
+    if batched:
+        batch_player: Any = player
+        try:
+            outcomes: list[EntryOutcome] = batch_player(chunk)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            return [EntryResult(task.id, 0.0, 0.0, error=error) for task in chunk]
+        return [
+            EntryResult(task.id, float(outcome.score), 0.0, outcome.detail)
+            for task, outcome in zip(chunk, outcomes, strict=True)
+        ]
+    single: Any = player
+    results = []
+    for task in chunk:
+        try:
+            outcome = single(task)
+            results.append(EntryResult(task.id, float(outcome.score), 0.0, outcome.detail))
+        except Exception as exc:
+            results.append(EntryResult(task.id, 0.0, 0.0, error=f"{type(exc).__name__}: {exc}"))
+    return results
+
+
+def ground_truth_player(make_env: EnvironmentFactory) -> Player:
+    """Replay each entry's own ground truth and score it: 1.0 unless the environment is off."""
+
+    def play(task: Task) -> EntryOutcome:
+        env = make_env()
+        try:
+            env.reset(task)
+            replay = env.replay(task.ground_truth)
+            score = env.score()
+            detail = _report_message(env)
+            if score < 1.0 and replay.errors:
+                detail = f"{detail}; replay errors: {'; '.join(replay.errors)[:300]}"
+            return EntryOutcome(score, detail)
+        finally:
+            env.close()
+
+    return play
+
+
+def policy_player(
+    engine: Any,
+    make_env: EnvironmentFactory,
+    params: SamplingParams,
+    max_steps: int,
+    on_trajectory: Callable[[Trajectory], None] | None = None,
+) -> BatchPlayer:
+    """Let the policy play tasks through ``coevolve.shared.episodes.run_groups``: one
+    episode per task, all of a batch generated together (use with ``batch_size``)."""
+    from coevolve.shared.episodes import run_groups
+
+    def play(tasks: list[Task]) -> list[EntryOutcome]:
+        groups = run_groups(engine, make_env, tasks, 1, params, max_steps)
+        outcomes = []
+        for (trajectory,) in groups:
+            if on_trajectory is not None:
+                on_trajectory(trajectory)
+            outcomes.append(_trajectory_outcome(trajectory, max_steps))
+        return outcomes
+
+    return play
+
+
+def _trajectory_outcome(trajectory: Trajectory, max_steps: int) -> EntryOutcome:
+    steps = sum(1 for m in trajectory.messages if m.role == "assistant")
+    parts = [f"{steps} steps, {len(trajectory.actions)} calls"]
+    if trajectory.error:
+        parts.append(trajectory.error)
+    if not trajectory.finished:
+        parts.append(f"not finished within {max_steps} steps")
+    return EntryOutcome(float(trajectory.reward), "; ".join(parts))
+
+
+def _report_message(env: Environment) -> str:
+    report = getattr(env, "last_report", None)
+    message = getattr(report, "message", "")
+    return str(message)
