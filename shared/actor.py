@@ -27,7 +27,7 @@ import traceback
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import anyio
 import nats.errors
@@ -174,7 +174,7 @@ class ActorRunner:
         self.instance = instance or new_id()[:12]
         self.stats = RunnerStats()
         self.started_at = time.time()
-        self.phase = "starting"
+        self.phase: Literal["starting", "running"] = "starting"
         self._stopping = anyio.Event()
         self._drained = anyio.Event()
         self._seen = _SeenIds(self.settings.runtime.idempotency_cache)

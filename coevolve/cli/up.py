@@ -41,6 +41,14 @@ def up(
         list[str] | None,
         typer.Option(help="Replicas of a service, e.g. --scale explorer=3 (repeatable)."),
     ] = None,
+    schedule: Annotated[
+        str,
+        typer.Option(
+            help="async: every service runs continuously (default). lockstep: rollout, then "
+            "learn, in turn, in this one process (the paper's schedule; a baseline)."
+        ),
+    ] = "async",
+    iterations: Annotated[int, typer.Option(help="Learner steps of a lockstep run.", min=1)] = 100,
 ) -> None:
     """Start the whole system on this machine and keep it running until Ctrl-C/SIGTERM.
 
@@ -53,6 +61,11 @@ def up(
     replicas = parse_scale(scale or [])
     run = settings.run_dir
     run.mkdir(parents=True, exist_ok=True)
+    if schedule not in ("async", "lockstep"):
+        raise typer.BadParameter(f"--schedule must be async or lockstep, not {schedule!r}")
+    if schedule == "lockstep":
+        run_lockstep_schedule(run, iterations)
+        return
     server: NatsServer | None = None
     nats_url = os.environ.get("NATS_URL")
     if not nats_url:
@@ -101,6 +114,19 @@ def up(
             server.stop()
         up_file.unlink(missing_ok=True)
         typer.echo("[up] stopped", err=True)
+
+
+def run_lockstep_schedule(run: Path, iterations: int) -> None:
+    from coevolve.cli.lockstep_cmd import run_lockstep
+    from coevolve.services.pool_store.actor import seed_tasks_for
+    from coevolve.services.pool_store.store import PoolStore
+
+    pool_path = run / "pool.duckdb"
+    with PoolStore(pool_path) as store:
+        if sum(store.stats().tasks_by_origin.values()) == 0:
+            store.add_tasks(seed_tasks_for("bfcl"))
+    typer.echo(f"lockstep schedule on {pool_path}: {iterations} steps")
+    run_lockstep(run, pool_path, iterations)
 
 
 def recorded_nats_url(run_dir: Path) -> str | None:
