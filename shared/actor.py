@@ -207,12 +207,12 @@ class ActorRunner:
                     if self.stats.in_flight:
                         await self._drained.wait()
                 tg.cancel_scope.cancel()
-            with anyio.move_on_after(2, shield=True):
+            with anyio.move_on_after(1.5, shield=True):
                 await self.actor.teardown()
                 await kv.delete(self._heartbeat_key())
         finally:
-            with anyio.move_on_after(3, shield=True):
-                await bus.close(timeout=2)
+            with anyio.move_on_after(1.5, shield=True):
+                await bus.close(timeout=1.0)
             self._provider.shutdown()
             log.info("%s %s stopped", name, self.instance)
 
@@ -368,7 +368,7 @@ class ActorRunner:
                 try:
                     await self._run_keeping_alive(consumer, message, delivery, msg)
                 except anyio.get_cancelled_exc_class():
-                    with anyio.CancelScope(shield=True):
+                    with anyio.move_on_after(1.0, shield=True):
                         await _settle(msg.nak())
                     raise
                 except Exception as exc:

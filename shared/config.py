@@ -40,7 +40,8 @@ class TelemetrySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 class RuntimeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     heartbeat_interval_s: float = 1.0
     heartbeat_ttl_s: float = 30.0
-    drain_timeout_s: float = 8.0
+    # SIGTERM budget: drain this long, then ~3 s to nak, tear down and close: exit < 10 s
+    drain_timeout_s: float = 6.0
     fetch_timeout_s: float = 1.0
     idempotency_cache: int = 10_000
 

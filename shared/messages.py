@@ -134,8 +134,8 @@ class Trajectory(Part):
 
     ``token_ids`` covers the whole conversation; ``loss_mask[i]`` is 1 only for tokens
     the policy generated, and ``logprobs[i]`` is the behaviour log-prob of token i
-    (0.0 where the mask is 0), sampled at ``temperature``. ``entropies`` is the policy's mean token entropy per
-    assistant turn, used by the uncertainty signal.
+    (0.0 where the mask is 0), sampled at ``temperature``. ``entropies`` is the policy's
+    mean token entropy per assistant turn, used by the uncertainty signal.
     """
 
     id: str

@@ -7,6 +7,7 @@ up to ``stop_timeout_s`` and SIGKILLs what is left: no process outlives the supe
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -138,7 +139,5 @@ class Supervisor:
 def _signal_group(child: Child, sig: signal.Signals) -> None:
     if child.process is None:
         return
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -31,7 +31,7 @@ def test_otlp_exporter_posts_spans_to_the_collector(tmp_path: Path) -> None:
     received: list[tuple[str, bytes]] = []
 
     class Collector(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             received.append((self.path, body))
             self.send_response(200)

@@ -104,8 +104,8 @@ async def test_learner_publishes_weights_that_rollout_loads_identically(
     rollout.engine = await anyio.to_thread.run_sync(rollout._load_engine)
 
     from coevolve.shared.episodes import run_group
-    from coevolve.shared.policy_sync import fetch_policy
     from coevolve.shared.policy import SamplingParams
+    from coevolve.shared.policy_sync import fetch_policy
 
     task = seed_tasks()[0]
     trajectories = await anyio.to_thread.run_sync(

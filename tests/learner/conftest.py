@@ -101,6 +101,7 @@ def make_group(sampled: Sampled) -> GroupFactory:
                     loss_mask=[0] * len(sampled.prompt) + [1] * len(g.completion_ids),
                     reward=reward,
                     policy_version=version,
+                    temperature=g.temperature,
                 )
             )
         return RolloutGroup(
