@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from coevolve.cli import bench, eval_cmd, serve, status, up
+from coevolve.cli import bench, data_cmds, eval_cmd, serve, status, up
 
 app = typer.Typer(
     name="coevolve",
@@ -21,6 +21,8 @@ app.command("serve")(serve.serve)
 app.command("status")(status.status)
 app.command("bench")(bench.bench)
 app.command("eval")(eval_cmd.eval_command)
+app.command("signals")(data_cmds.signals)
+app.add_typer(data_cmds.tasks_app, name="tasks")
 
 
 def main() -> None:

@@ -1,13 +1,143 @@
-"""Service skeleton: starts, heartbeats and drains; its work lands with its issue."""
+"""judge: task candidates in, verdicts out (``coevolve.verdicts``, recorded by pool-store).
+
+Per candidate: replay its ground truth in a fresh environment and score it against itself
+(``replay.py``); a candidate failing those automatic checks is rejected without asking the
+LLM. Otherwise the judge role rates the five criteria over the replay (``prompts.py``) and
+``decide`` accepts only when the judge accepts and every criterion holds. An unusable
+judge output is a counted rejection and the candidate is rejected with that reason (never
+retried forever, never a crash). Every verdict, accepted or not, is published with an id
+derived from the candidate id, the automatic and LLM criteria, and the lineage completed
+with the verdict id and the current trace id.
+"""
 
 from __future__ import annotations
 
-from coevolve.shared.actor import Actor
+import logging
+from collections import Counter, deque
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import msgspec
+
+from coevolve.services.judge.prompts import JUDGE_SCHEMA, Judgment, decide, judge_messages
+from coevolve.services.judge.replay import ReplayCheck, replay_candidate
+from coevolve.shared.actor import Actor, Consumer, Delivery
 from coevolve.shared.config import Settings
+from coevolve.shared.envs import Environment, make_environment
+from coevolve.shared.llm import RoleClients, role_settings
+from coevolve.shared.messages import TaskCandidate, Verdict, derived_id
+from coevolve.shared.structured import Rejection, RejectionCounter, ask_structured
+from coevolve.shared.subjects import JUDGE_CONSUMER, VERDICTS
+from coevolve.shared.telemetry import current_trace_id
+
+log = logging.getLogger(__name__)
+
+RECENT_IDS = 10_000
+
+
+class JudgeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    max_tokens: int = 200
+    concurrency: int = 1
 
 
 class JudgeActor(Actor):
     name = "judge"
+
+    def __init__(self, settings: Settings, llm: RoleClients | None = None) -> None:
+        super().__init__(settings)
+        self.config = settings.section(self.name, JudgeConfig)
+        self._own_llm = llm is None
+        self.llm = llm or RoleClients(
+            {
+                role: config
+                for role, config in role_settings(settings.services.get("llm")).items()
+                if role == "judge"
+            },
+            run_dir=settings.run_dir,
+        )
+        self.judgments = RejectionCounter()
+        self.outcomes: Counter[str] = Counter()
+        # ids of recent candidates judged (bounded: the service runs for days)
+        self.handled: deque[str] = deque(maxlen=RECENT_IDS)
+
+    async def teardown(self) -> None:
+        if self._own_llm:
+            await self.llm.aclose()
+
+    def consumers(self) -> Sequence[Consumer[Any]]:
+        return (
+            Consumer(JUDGE_CONSUMER, TaskCandidate, self.on_candidate, self.config.concurrency),
+        )
+
+    async def on_candidate(self, candidate: TaskCandidate, _: Delivery) -> None:
+        task = candidate.task
+        environment = task.environment
+
+        def make_env() -> Environment:
+            return make_environment(environment)
+
+        with self.tracer.start_as_current_span("judge replay"):
+            check = await anyio.to_thread.run_sync(replay_candidate, task, make_env)
+        criteria = dict(check.criteria)
+        if not check.passed:
+            accepted, reasons, outcome = False, check.problems(), "rejected_by_replay"
+        else:
+            accepted, reasons, llm_criteria, outcome = await self._ask_judge(candidate, check)
+            criteria.update(llm_criteria)
+        verdict_id = derived_id("verdict", candidate.id)
+        lineage = msgspec.structs.replace(
+            task.lineage,
+            candidate_id=task.lineage.candidate_id or candidate.id,
+            verdict_id=verdict_id,
+            trace_id=current_trace_id(),
+        )
+        verdict = Verdict(
+            id=verdict_id,
+            candidate_id=candidate.id,
+            accepted=accepted,
+            reasons=reasons,
+            task=msgspec.structs.replace(task, lineage=lineage),
+            criteria=criteria,
+        )
+        await self.publish(VERDICTS, verdict)
+        self.handled.append(candidate.id)
+        self.outcomes[outcome] += 1
+        log.info("candidate %s: %s (%s)", candidate.id, outcome, "; ".join(reasons)[:200])
+        await self.metric("verdicts", self.outcomes[outcome], outcome=outcome)
+
+    async def _ask_judge(
+        self, candidate: TaskCandidate, check: ReplayCheck
+    ) -> tuple[bool, list[str], dict[str, bool], str]:
+        """(accepted, reasons, criteria, outcome label) from the LLM judge."""
+        role = self.llm["judge"]
+        with self.tracer.start_as_current_span("judge ask"):
+            judged = await ask_structured(
+                role,
+                judge_messages(candidate.task, check.observations, check.errors, check.self_score),
+                Judgment,
+                schema=JUDGE_SCHEMA,
+                max_tokens=self.config.max_tokens,
+                temperature=role.settings.temperature,
+                counter=self.judgments,
+            )
+        if isinstance(judged, Rejection):
+            log.warning(
+                "candidate %s: judge output rejected (%s): %s",
+                candidate.id,
+                judged.kind,
+                judged.reason,
+            )
+            await self.metric(
+                "llm_rejections",
+                self.judgments.rejected[judged.kind],
+                role="judge",
+                kind=judged.kind,
+            )
+            reason = f"judge output unusable ({judged.kind}): {judged.reason[:200]}"
+            return False, [reason], {}, "judge_output_rejected"
+        accepted, reasons, criteria = decide(judged)
+        return accepted, reasons, criteria, "accepted" if accepted else "rejected_by_judge"
 
 
 def build(settings: Settings) -> Actor:

@@ -1,0 +1,159 @@
+"""Multi-step exploration: an LLM acting in a fresh environment, one function call a step.
+
+Each round resets a new environment from the task's initial state. At every step the
+explorer role is asked for one call as JSON constrained to the environment's current
+function schemas (``function_call_schema``), the call goes through the tool-call protocol
+(``<tool_call>`` text into ``Environment.step``), and the step is recorded as an
+:class:`~coevolve.shared.messages.InteractionStep` (history before the action, the action,
+its observation). An unusable answer is a counted rejection that uses up the step; it
+never ends the exploration early. :class:`~coevolve.shared.llm.LLMUnavailable` propagates:
+the caller retries the whole exploration later.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import msgspec
+
+from coevolve.services.explorer.prompts import exploration_messages
+from coevolve.shared.envs import Environment
+from coevolve.shared.llm import RoleLLM
+from coevolve.shared.messages import ChatMessage, ExplorationRound, InteractionStep, Task, ToolCall
+from coevolve.shared.structured import (
+    Rejection,
+    RejectionCounter,
+    ask_structured,
+    function_call_schema,
+)
+from coevolve.shared.toolcalls import format_tool_call
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExplorationLimits:
+    rounds: int = 1
+    max_steps: int = 3
+    action_max_tokens: int = 96
+    history_messages: int = 12
+    history_chars: int = 2000
+    prompt_history_steps: int = 6
+
+
+@dataclass
+class ExplorationStats:
+    steps: int = 0
+    failed_calls: int = 0
+    rejections: list[Rejection] = field(default_factory=list)
+
+
+class _SchemaCache:
+    """``function_call_schema`` per set of offered functions (tools rarely change)."""
+
+    def __init__(self) -> None:
+        self._schemas: dict[tuple[str, ...], dict[str, Any]] = {}
+
+    def get(self, tools: list[dict[str, Any]]) -> dict[str, Any]:
+        key = tuple(str(tool.get("function", tool).get("name")) for tool in tools)
+        schema = self._schemas.get(key)
+        if schema is None:
+            schema = self._schemas[key] = function_call_schema(tools)
+        return schema
+
+
+def clipped(messages: list[ChatMessage], limit: int) -> list[ChatMessage]:
+    """``messages`` with each content cut to ``limit`` characters: every step carries its
+    history, so long observations would otherwise repeat in every later step."""
+    return [
+        m
+        if len(m.content) <= limit
+        else msgspec.structs.replace(m, content=m.content[:limit] + " [...]")
+        for m in messages
+    ]
+
+
+async def explore_round(
+    llm: RoleLLM,
+    make_env: Callable[[], Environment],
+    task: Task,
+    goal: str,
+    limits: ExplorationLimits,
+    counter: RejectionCounter,
+    stats: ExplorationStats,
+) -> ExplorationRound:
+    """One round of at most ``limits.max_steps`` actions from the task's initial state."""
+    environment = make_env()
+    schemas = _SchemaCache()
+    try:
+        history: list[ChatMessage] = list(await anyio.to_thread.run_sync(environment.reset, task))
+        steps: list[InteractionStep] = []
+        shown: list[tuple[str, str]] = []
+        for _ in range(limits.max_steps):
+            tools = environment.tools()
+            if not tools:
+                break
+            outcome = await ask_structured(
+                llm,
+                exploration_messages(tools, goal, shown, limits.prompt_history_steps),
+                ToolCall,
+                schema=schemas.get(tools),
+                max_tokens=limits.action_max_tokens,
+                temperature=llm.settings.temperature,
+                counter=counter,
+            )
+            if isinstance(outcome, Rejection):
+                stats.rejections.append(outcome)
+                log.info("explorer action rejected (%s): %s", outcome.kind, outcome.reason)
+                continue
+            call = outcome
+            text = format_tool_call(call)
+            result = await anyio.to_thread.run_sync(environment.step, text)
+            tool_messages = [m for m in result.observations if m.role == "tool"]
+            observation = "\n".join(m.content for m in tool_messages) or "(no result)"
+            if result.info.get("errors"):
+                stats.failed_calls += 1
+            steps.append(
+                InteractionStep(
+                    history=clipped(history[-limits.history_messages :], limits.history_chars),
+                    action=call,
+                    observation=observation,
+                )
+            )
+            stats.steps += 1
+            history = [
+                *history,
+                ChatMessage(role="assistant", content=text, tool_calls=[call]),
+                *tool_messages,
+            ]
+            shown.append(
+                (json.dumps({"name": call.name, "arguments": call.arguments}), observation)
+            )
+            if result.done:
+                break
+        return ExplorationRound(steps=steps)
+    finally:
+        environment.close()
+
+
+async def explore(
+    llm: RoleLLM,
+    make_env: Callable[[], Environment],
+    task: Task,
+    goal: str,
+    limits: ExplorationLimits,
+    counter: RejectionCounter,
+    rounds: int | None = None,
+) -> tuple[list[ExplorationRound], ExplorationStats]:
+    """``rounds`` (default ``limits.rounds``) independent rounds, each in a fresh environment."""
+    stats = ExplorationStats()
+    done = [
+        await explore_round(llm, make_env, task, goal, limits, counter, stats)
+        for _ in range(limits.rounds if rounds is None else rounds)
+    ]
+    return done, stats

@@ -1,0 +1,206 @@
+"""``coevolve signals`` and ``coevolve tasks list|show|lineage`` against a real NATS server,
+a real pool-store and a real DuckDB file."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import anyio.from_thread
+import msgspec
+import pytest
+import typer
+from dataloop_harness import filesystem_seed_tasks, mixed_group
+from typer.testing import CliRunner
+
+from coevolve.cli.data_cmds import signals, tasks_app
+from coevolve.services.pool_store.actor import PoolStoreActor
+from coevolve.services.pool_store.store import PoolStore
+from coevolve.shared.actor import ActorRunner
+from coevolve.shared.bus import Bus
+from coevolve.shared.config import Settings
+from coevolve.shared.messages import (
+    ExplorationContext,
+    Lineage,
+    Signal,
+    Task,
+    ToolCall,
+    Verdict,
+)
+from coevolve.shared.pool_client import PoolClient
+from coevolve.shared.subjects import signal_subject
+
+
+def cli() -> typer.Typer:
+    """The commands as the ``coevolve`` app registers them."""
+    app = typer.Typer(add_completion=False)
+    app.command("signals")(signals)
+    app.add_typer(tasks_app, name="tasks")
+    return app
+
+
+def accepted_verdict(parent: Task) -> Verdict:
+    lineage = Lineage(
+        signal_id="sig-1",
+        signal_kind="boundary",
+        signal_evidence={"successes": 2, "failures": 2},
+        parent_task_id=parent.id,
+        context=ExplorationContext(
+            summary="Half the attempts created the file in the wrong folder.",
+            failure_cause="touch before cd",
+            instability_pattern="order of cd and touch",
+            focus_pattern=["cd before touch"],
+            mistakes_to_avoid=["writing in the root"],
+        ),
+        exploration_id="exp-1",
+        exploration_mode="guided",
+        exploration_steps=3,
+        candidate_id="cand-1",
+        trace_id="0af7651916cd43dd8448eb211c80319c",
+    )
+    task = Task(
+        id="synth-1",
+        environment="bfcl",
+        user_turns=["Create a folder named drafts here, please, right now."],
+        initial_state=parent.initial_state,
+        ground_truth=[[ToolCall(name="mkdir", arguments={"dir_name": "drafts"})]],
+        env_config=parent.env_config,
+        origin="synthesized",
+        description="Create a folder.",
+        lineage=lineage,
+    )
+    return Verdict(
+        id="verdict-1",
+        candidate_id="cand-1",
+        accepted=True,
+        reasons=["all criteria hold"],
+        task=task,
+        criteria={"replay_succeeded": True, "api_matching": True},
+    )
+
+
+@pytest.fixture
+def pool_file(settings: Settings) -> Path:
+    parent = filesystem_seed_tasks(1)[0]
+    path = settings.run_dir / "pool.duckdb"
+    with PoolStore(path) as store:
+        store.add_tasks([parent])
+        store.record_verdict(accepted_verdict(parent))
+    return path
+
+
+def invoke(settings: Settings, *args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(
+        cli(), [*args, "--run-dir", str(settings.run_dir)], env={"NATS_URL": settings.bus.url}
+    )
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_tasks_from_the_duckdb_file_when_no_pool_store_answers(
+    settings: Settings, pool_file: Path
+) -> None:
+    code, out, err = invoke(settings, "tasks", "lineage", "synth-1", "--json")
+    assert code == 0, err
+    assert "no pool-store answering" in err
+    chain = json.loads(out)
+    assert chain["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
+    assert chain["signal"]["kind"] == "boundary" and chain["exploration"]["steps"] == 3
+    assert chain["candidate"]["id"] == "cand-1" and chain["verdict"]["accepted"] is True
+    assert chain["context"]["focus_pattern"] == ["cd before touch"]
+
+    code, out, _ = invoke(settings, "tasks", "lineage", "synth-1")
+    assert code == 0
+    assert "signal       sig-1  boundary" in out and "verdict      verdict-1  accepted" in out
+    assert "trace        0af7651916cd43dd8448eb211c80319c" in out
+
+    code, out, _ = invoke(settings, "tasks", "show", "synth-1")
+    assert code == 0 and 'mkdir({"dir_name": "drafts"})' in out
+
+    code, out, _ = invoke(settings, "tasks", "list", "--origin", "synthesized", "--json")
+    listing = json.loads(out)
+    assert listing["source"] == "duckdb newest"
+    assert [t["id"] for t in listing["tasks"]] == ["synth-1"]
+    assert listing["counts"]["synthesized"] == 1 and listing["counts"]["seed"] == 1
+
+    code, _, err = invoke(settings, "tasks", "show", "nope")
+    assert code == 1 and "no task 'nope'" in err
+
+
+def test_tasks_through_a_running_pool_store(settings: Settings, pool_file: Path) -> None:
+    settings.services["pool_store"] = {"feed_jobs": False}
+    runner = ActorRunner(PoolStoreActor(settings))
+    with anyio.from_thread.start_blocking_portal() as portal:
+        portal.start_task_soon(lambda: runner.run(handle_signals=False))
+
+        async def answering() -> None:
+            bus = await Bus.connect(settings.bus, "probe")
+            try:
+                with anyio.fail_after(30):
+                    while True:
+                        try:
+                            await PoolClient(bus, timeout_s=2).stats()
+                            return
+                        except Exception:
+                            await anyio.sleep(0.1)
+            finally:
+                await bus.close()
+
+        portal.call(answering)
+        try:
+            code, out, err = invoke(settings, "tasks", "lineage", "synth-1", "--json")
+            assert code == 0, err
+            assert "no pool-store answering" not in err
+            assert json.loads(out)["verdict"]["id"] == "verdict-1"
+            code, out, err = invoke(settings, "tasks", "list", "--json")
+            assert code == 0, err
+            listing = json.loads(out)
+            assert listing["source"] == "pool-store sample"
+            parent = filesystem_seed_tasks(1)[0]
+            assert sorted(t["id"] for t in listing["tasks"]) == sorted(["synth-1", parent.id])
+        finally:
+            portal.call(runner.request_stop)
+
+
+def test_signals_prints_what_is_published_while_it_listens(settings: Settings) -> None:
+    task = filesystem_seed_tasks(1)[0]
+    group = mixed_group(task)
+    signal = Signal(
+        id="sig-live",
+        kind="boundary",
+        task=task,
+        trajectory=group.trajectories[1],
+        group_id=group.id,
+        policy_version=4,
+        evidence={"successes": 2, "failures": 2},
+    )
+    other = msgspec.structs.replace(signal, id="sig-rare", kind="rare")
+
+    def publish_soon() -> None:
+        async def go() -> None:
+            bus = await Bus.connect(settings.bus, "publisher")
+            await bus.ensure_streams()
+            for _ in range(30):  # until the CLI has subscribed
+                await bus.publish_core(signal_subject("boundary"), signal)
+                await bus.publish_core(signal_subject("rare"), other)
+                await anyio.sleep(0.1)
+            await bus.close()
+
+        time.sleep(0.5)
+        anyio.run(go)
+
+    publisher = threading.Thread(target=publish_soon)
+    publisher.start()
+    code, out, err = invoke(settings, "signals", "--kind", "boundary", "--seconds", "2.5", "--json")
+    publisher.join()
+    assert code == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    assert records and all(r["kind"] == "boundary" for r in records)
+    assert records[0]["id"] == "sig-live" and records[0]["task_id"] == task.id
+    assert records[0]["evidence"] == {"successes": 2, "failures": 2}
+    assert f"{len(records)} signal(s) on coevolve.signals.boundary" in err
+
+    code, _, err = invoke(settings, "signals", "--kind", "sideways", "--seconds", "0.1")
+    assert code != 0 and "unknown kind" in err

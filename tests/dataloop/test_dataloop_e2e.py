@@ -1,0 +1,155 @@
+"""The data loop end to end on real NATS: a rollout group with mixed rewards becomes a
+boundary signal, a context, an exploration, candidates and verdicts, and an accepted task
+lands in DuckDB with its whole lineage, all in one trace.
+
+The LLM is a well-formed remote endpoint (real HTTP on loopback, ``dataloop_fake_llm``);
+the same chain with the local model is ``test_dataloop_local_model.py`` (slow).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from dataloop_fake_llm import RoleFakeLLM
+from dataloop_harness import (
+    WellFormedBrain,
+    filesystem_seed_tasks,
+    mixed_group,
+    running,
+    wait_for_pool,
+    wait_until,
+)
+
+from coevolve.services.abstractor.actor import AbstractorActor
+from coevolve.services.explorer.actor import ExplorerActor
+from coevolve.services.judge.actor import JudgeActor
+from coevolve.services.pool_store.actor import PoolStoreActor
+from coevolve.services.pool_store.store import PoolStore
+from coevolve.services.signal_monitor.actor import SignalMonitorActor
+from coevolve.shared.bus import Bus
+from coevolve.shared.config import Settings
+from coevolve.shared.messages import Exploration, ExplorationRequest, decode, derived_id
+from coevolve.shared.subjects import EXPLORATION_REQUESTS, EXPLORATIONS, ROLLOUT_GROUPS
+from coevolve.shared.telemetry import read_spans
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_rollout_group_to_accepted_task_with_lineage_in_one_trace(
+    settings: Settings, tmp_path: Path
+) -> None:
+    task = filesystem_seed_tasks(1)[0]
+    brain = WellFormedBrain(
+        extras=["unknown_function", "eval_leak", "duplicate", "replay_failure"], parent=task
+    )
+    fake = RoleFakeLLM(brain).start()
+    settings.services.update(
+        llm=fake.llm_section(),
+        pool_store={"feed_jobs": False},
+        explorer={"rounds": 1, "max_steps": 2},
+        abstractor={"max_tasks": 5, "leak_backend": "ngram"},
+    )
+    monitor, explorer = SignalMonitorActor(settings), ExplorerActor(settings)
+    abstractor, judge = AbstractorActor(settings), JudgeActor(settings)
+    actors = [PoolStoreActor(settings), monitor, explorer, abstractor, judge]
+    bus = await Bus.connect(settings.bus, "test")
+    group = mixed_group(task)
+    try:
+        async with running(actors):
+            pool = await wait_for_pool(bus)
+            started = time.monotonic()
+            await bus.publish(ROLLOUT_GROUPS, group)
+
+            async def verdicts_recorded() -> bool:
+                stats = await pool.stats()
+                return stats.accepted_candidates + stats.rejected_candidates >= 2
+
+            await wait_until(verdicts_recorded, 60, "two verdicts in pool-store")
+            elapsed = time.monotonic() - started
+            stats = await pool.stats()
+        print(f"rollout group -> 2 verdicts in DuckDB: {elapsed:.2f} s")
+    finally:
+        fake.stop()
+        await bus.close()
+
+    signal_id = derived_id("signal", group.id, "boundary")
+    assert monitor.published == {"boundary": 1}
+    assert list(explorer.handled) == [derived_id("exploration", signal_id)]
+    assert explorer.summaries.accepted == 1 and explorer.actions.accepted == 2
+    assert fake.calls == {"summarizer": 1, "explorer": 2, "abstractor": 1, "judge": 1}
+    # five drafts: one good, one whose replay fails, three filtered with their reasons
+    assert abstractor.dropped == {"unknown_function": 1, "eval_leak": 1, "near_duplicate": 1}
+    assert len(abstractor.published) == 2
+    assert judge.outcomes == {"accepted": 1, "rejected_by_replay": 1}
+    assert stats.accepted_candidates == 1 and stats.rejected_candidates == 1
+    assert stats.tasks_by_origin["synthesized"] == 1
+
+    with PoolStore.open_readonly(settings.run_dir / "pool.duckdb") as store:
+        [accepted] = store.list_tasks(origin="synthesized")
+        chain = store.lineage(accepted.id)
+        rejected = store._query("SELECT reasons, criteria FROM verdicts WHERE NOT accepted")
+    lineage = accepted.lineage
+    assert lineage.signal_id == signal_id and lineage.signal_kind == "boundary"
+    assert lineage.parent_task_id == task.id
+    assert lineage.context is not None and lineage.context.focus_pattern
+    assert lineage.exploration_id == explorer.handled[0]
+    assert lineage.exploration_mode == "guided" and lineage.exploration_steps == 2
+    assert lineage.candidate_id in abstractor.published
+    assert lineage.verdict_id == derived_id("verdict", lineage.candidate_id)
+    assert lineage.signal_evidence["successes"] == 2
+    assert accepted.initial_state == task.initial_state
+    assert chain["verdict"]["accepted"] and chain["signal"]["kind"] == "boundary"
+    assert chain["context"]["summary"] and chain["exploration"]["steps"] == 2
+    [(reasons, criteria)] = rejected
+    assert "replay failed" in json.loads(reasons)[0]
+    assert json.loads(criteria)["replay_succeeded"] is False
+
+    # one trace: group handling, signal, exploration, candidate, verdict, pool-store
+    trace_id = lineage.trace_id
+    assert trace_id is not None
+    spans = [s for s in read_spans(settings.run_dir / "traces") if s["trace_id"] == trace_id]
+    services = {s["service"] for s in spans}
+    assert {"signal_monitor", "explorer", "abstractor", "judge", "pool_store"} <= services
+    names = {s["name"] for s in spans}
+    assert {"explorer summarize", "explorer explore", "abstractor abstract", "judge replay"} <= (
+        names
+    )
+
+
+async def test_unguided_exploration_request(settings: Settings) -> None:
+    """Seed mode: an exploration request explores a train-split task without a signal."""
+    task = filesystem_seed_tasks(1)[0]
+    fake = RoleFakeLLM(WellFormedBrain()).start()
+    settings.services.update(llm=fake.llm_section(), explorer={"max_steps": 3})
+    explorer = ExplorerActor(settings)
+    bus = await Bus.connect(settings.bus, "test")
+    await bus.ensure_streams()
+    published = await bus.nc.subscribe(EXPLORATIONS)
+    request = ExplorationRequest(task=task, rounds=2)
+    try:
+        async with running([explorer]):
+            await bus.publish(EXPLORATION_REQUESTS, request)
+            message = await published.next_msg(timeout=30)
+    finally:
+        fake.stop()
+        await bus.close()
+    exploration = decode(message.data, Exploration)
+    assert exploration.id == derived_id("exploration", request.id)
+    assert exploration.mode == "unguided" and exploration.context is None
+    assert exploration.signal_id is None and exploration.task == task
+    assert [len(r.steps) for r in exploration.rounds] == [3, 3]
+    first, second = exploration.rounds[0].steps[:2]
+    assert first.action.name == "ls" and "current_directory_content" in first.observation
+    # each step's history is what came before it, from the task's first request on
+    assert first.history[0].content == task.user_turns[0]
+    assert second.history[-2].tool_calls == [first.action]
+    assert second.history[-1].content == first.observation
+    assert fake.calls == {"explorer": 6}  # no summary without a signal

@@ -1,0 +1,117 @@
+"""Three explorers and two judges share their work queues: every signal is explored once,
+every candidate judged once, and DuckDB holds exactly one verdict per candidate, even
+when rollout groups are delivered twice."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import anyio
+import pytest
+from dataloop_fake_llm import RoleFakeLLM
+from dataloop_harness import (
+    WellFormedBrain,
+    filesystem_seed_tasks,
+    mixed_group,
+    running,
+    wait_for_pool,
+    wait_until,
+)
+
+from coevolve.services.abstractor.actor import AbstractorActor
+from coevolve.services.explorer.actor import ExplorerActor
+from coevolve.services.judge.actor import JudgeActor
+from coevolve.services.pool_store.actor import PoolStoreActor
+from coevolve.services.pool_store.store import PoolStore
+from coevolve.services.signal_monitor.actor import SignalMonitorActor
+from coevolve.shared.bus import Bus
+from coevolve.shared.config import Settings
+from coevolve.shared.messages import derived_id, encode
+from coevolve.shared.subjects import ROLLOUT_GROUPS
+
+pytestmark = pytest.mark.anyio
+
+GROUPS = 6
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_three_explorers_two_judges_process_each_message_once(settings: Settings) -> None:
+    tasks = filesystem_seed_tasks(GROUPS)
+    # Slow answers keep each explorer and judge busy, so the queues spread the work.
+    brain = WellFormedBrain(
+        extras=["replay_failure"], delays={"explorer": 0.15, "summarizer": 0.1, "judge": 0.2}
+    )
+    fake = RoleFakeLLM(brain).start()
+    settings.services.update(
+        llm=fake.llm_section(),
+        pool_store={"feed_jobs": False},
+        explorer={"rounds": 1, "max_steps": 2},
+        # The good drafts differ only in a folder name; de-duplication is covered in
+        # test_dataloop_e2e and would (rightly) drop all but the first here.
+        abstractor={"max_tasks": 2, "leak_backend": "ngram", "dedup_threshold": 1.5},
+    )
+    monitor = SignalMonitorActor(settings)
+    explorers = [ExplorerActor(settings) for _ in range(3)]
+    abstractor = AbstractorActor(settings)
+    judges = [JudgeActor(settings) for _ in range(2)]
+    actors = [PoolStoreActor(settings), monitor, *explorers, abstractor, *judges]
+    bus = await Bus.connect(settings.bus, "test")
+    groups = [mixed_group(task) for task in tasks]
+    try:
+        async with running(actors):
+            pool = await wait_for_pool(bus)
+            started = time.monotonic()
+            for group in groups:
+                await bus.publish(ROLLOUT_GROUPS, group)
+            # the same groups again, as a redelivery would bring them (new Nats-Msg-Id)
+            for group in groups[:3]:
+                await bus.js.publish(
+                    ROLLOUT_GROUPS, encode(group), headers={"Nats-Msg-Id": f"again-{group.id}"}
+                )
+
+            async def all_judged() -> bool:
+                stats = await pool.stats()
+                return stats.accepted_candidates + stats.rejected_candidates >= 2 * GROUPS
+
+            await wait_until(all_judged, 90, f"{2 * GROUPS} verdicts")
+            elapsed = time.monotonic() - started
+            await wait_until(
+                lambda: monitor.monitor.state.groups_processed >= GROUPS, 10, "the groups"
+            )
+            await anyio.sleep(1.5)  # room for a duplicate to (wrongly) show up
+            stats = await pool.stats()
+    finally:
+        fake.stop()
+        await bus.close()
+
+    explored = [e for explorer in explorers for e in explorer.handled]
+    judged = [c for judge in judges for c in judge.handled]
+    per_explorer = [len(explorer.handled) for explorer in explorers]
+    per_judge = [len(judge.handled) for judge in judges]
+    print(
+        f"{GROUPS} groups -> {len(judged)} verdicts in {elapsed:.2f} s; "
+        f"explorations per explorer {per_explorer}, verdicts per judge {per_judge}"
+    )
+    signal_ids = {derived_id("signal", g.id, "boundary") for g in groups}
+    assert monitor.published == {"boundary": GROUPS}
+    assert sorted(explored) == sorted(derived_id("exploration", s) for s in signal_ids)
+    assert sum(1 for n in per_explorer if n) >= 2  # the work was shared
+    assert len(abstractor.published) == 2 * GROUPS
+    assert sorted(judged) == sorted(abstractor.published)
+    assert all(per_judge)
+    assert stats.accepted_candidates == GROUPS and stats.rejected_candidates == GROUPS
+    assert fake.calls["summarizer"] == GROUPS and fake.calls["abstractor"] == GROUPS
+
+    with PoolStore.open_readonly(settings.run_dir / "pool.duckdb") as store:
+        rows = store._query("SELECT candidate_id, accepted, signal_id FROM verdicts")
+        synthesized = store.list_tasks(origin="synthesized", limit=100)
+    assert len(rows) == 2 * GROUPS
+    assert Counter(candidate for candidate, _, _ in rows) == Counter(abstractor.published)
+    assert {signal for _, _, signal in rows} == signal_ids
+    assert len(synthesized) == GROUPS
+    assert {t.lineage.signal_id for t in synthesized} == signal_ids

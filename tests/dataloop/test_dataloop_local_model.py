@@ -1,0 +1,120 @@
+"""The data loop end to end with the local model (SmolLM2-135M on the CPU) in every role.
+
+Nothing stands in for the LLM: the summarizer, explorer, abstractor and judge are the
+in-process model with grammar-constrained JSON. A 135M model writes poor tasks and judges
+them erratically, so one signal may not yield an accepted task; the test feeds boundary
+signals from several seed tasks (sampling seeded; one-turn tasks, which the small model
+can pair with their calls) and stops at the first acceptance. On a shared 2-core CPU one
+chain takes several minutes: marked slow.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from dataloop_harness import filesystem_seed_tasks, mixed_group, running, wait_for_pool, wait_until
+
+from coevolve.services.abstractor.actor import AbstractorActor
+from coevolve.services.explorer.actor import ExplorerActor
+from coevolve.services.judge.actor import JudgeActor
+from coevolve.services.pool_store.actor import PoolStoreActor
+from coevolve.services.pool_store.store import PoolStore
+from coevolve.services.signal_monitor.actor import SignalMonitorActor
+from coevolve.shared.bus import Bus
+from coevolve.shared.config import Settings
+from coevolve.shared.llm import RoleClients, role_settings
+from coevolve.shared.subjects import ROLLOUT_GROUPS
+from coevolve.shared.telemetry import read_spans
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(4 * 3600)]
+
+CACHE_DIR = Path(
+    os.environ.get("COEVOLVE_TEST_CACHE", Path(__file__).resolve().parents[2] / "runs/test-cache")
+)
+SIGNALS = 8
+DEADLINE_S = 3 * 3600.0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_local_model_turns_a_boundary_signal_into_an_accepted_task(
+    settings: Settings,
+) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    # One model instance for every role (one load, one generation at a time); the judge
+    # decodes greedily.
+    llm = RoleClients(
+        role_settings({"default": {"device": "cpu"}, "roles": {"judge": {"temperature": 0.0}}}),
+        run_dir=CACHE_DIR,
+    )
+    settings.services.update(
+        pool_store={"feed_jobs": False},
+        abstractor={
+            "max_tasks": 1,
+            "max_turns": 1,
+            "similarity_cache_dir": str(CACHE_DIR / "similarity"),
+        },
+    )
+    explorer = ExplorerActor(settings, llm=llm)
+    abstractor, judge = AbstractorActor(settings, llm=llm), JudgeActor(settings, llm=llm)
+    actors = [PoolStoreActor(settings), SignalMonitorActor(settings), explorer, abstractor, judge]
+    bus = await Bus.connect(settings.bus, "test")
+    tasks = filesystem_seed_tasks(SIGNALS)
+    try:
+        async with running(actors):
+            pool = await wait_for_pool(bus)
+            started = time.monotonic()
+            for task in tasks:
+                await bus.publish(ROLLOUT_GROUPS, mixed_group(task))
+
+            def all_processed() -> bool:
+                explored = explorer.outcomes["published"]
+                abstracted = abstractor.outputs.accepted + abstractor.outputs.total_rejected
+                return (
+                    sum(explorer.outcomes.values()) == SIGNALS
+                    and abstracted == explored
+                    and len(judge.handled) == len(abstractor.published)
+                )
+
+            async def accepted_or_exhausted() -> bool:
+                if (await pool.stats()).accepted_candidates >= 1:
+                    return True
+                return all_processed()
+
+            try:
+                await wait_until(accepted_or_exhausted, DEADLINE_S, "the chains", poll_s=2.0)
+            finally:
+                print(
+                    f"after {time.monotonic() - started:.0f} s: explorations "
+                    f"{dict(explorer.outcomes)}, summaries {explorer.summaries.snapshot()}, "
+                    f"actions {explorer.actions.snapshot()}, abstractions "
+                    f"{abstractor.outputs.snapshot()}, dropped {dict(abstractor.dropped)}, "
+                    f"candidates {len(abstractor.published)}, verdicts {dict(judge.outcomes)}, "
+                    f"judgments {judge.judgments.snapshot()}"
+                )
+    finally:
+        await bus.close()
+        await llm.aclose()
+
+    with PoolStore.open_readonly(settings.run_dir / "pool.duckdb") as store:
+        accepted = store.list_tasks(origin="synthesized")
+        chain = store.lineage(accepted[0].id) if accepted else {}
+    assert accepted, f"no task accepted from {SIGNALS} signals"
+    task = accepted[0]
+    assert explorer.summaries.accepted >= 1  # a context was written
+    lineage = task.lineage
+    assert lineage.signal_kind == "boundary" and lineage.parent_task_id in {t.id for t in tasks}
+    assert lineage.exploration_id and lineage.candidate_id and lineage.verdict_id
+    assert chain["verdict"]["accepted"] is True
+    assert lineage.trace_id is not None
+    spans = read_spans(settings.run_dir / "traces")
+    services = {s["service"] for s in spans if s["trace_id"] == lineage.trace_id}
+    assert {"signal_monitor", "explorer", "abstractor", "judge", "pool_store"} <= services
