@@ -12,8 +12,10 @@ constrained model can only call functions that exist, with arguments of the righ
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -26,6 +28,9 @@ T = TypeVar("T")
 DEFAULT_MAX_CHARS = 32_000
 _PREVIEW_CHARS = 160
 _FENCED = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.DOTALL)
+
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -231,3 +236,18 @@ def tool_names(tools: list[dict[str, Any]]) -> set[str]:
         if isinstance(name, str):
             names.add(name)
     return names
+
+
+async def report_rejection(
+    metric: Callable[..., Awaitable[None]],
+    role: str,
+    counter: RejectionCounter,
+    rejection: Rejection,
+    about: str,
+) -> None:
+    """Log a rejected LLM answer and publish the running count of its kind for ``role``.
+
+    ``metric`` is the service's ``Actor.metric``; ``about`` names what was being processed.
+    """
+    _log.warning("%s: %s output rejected (%s): %s", about, role, rejection.kind, rejection.reason)
+    await metric("llm_rejections", counter.rejected[rejection.kind], role=role, kind=rejection.kind)

@@ -43,7 +43,13 @@ from coevolve.shared.llm import RoleClients, role_settings
 from coevolve.shared.messages import Exploration, Task, TaskCandidate
 from coevolve.shared.pool_client import PoolClient
 from coevolve.shared.similarity import MIN_WORDS, LeakGuard, NearDuplicateIndex
-from coevolve.shared.structured import Rejection, RejectionCounter, ask_structured, tool_names
+from coevolve.shared.structured import (
+    Rejection,
+    RejectionCounter,
+    ask_structured,
+    report_rejection,
+    tool_names,
+)
 from coevolve.shared.subjects import ABSTRACTOR_CONSUMER, CANDIDATES
 
 log = logging.getLogger(__name__)
@@ -193,18 +199,8 @@ class AbstractorActor(Actor):
                 counter=self.outputs,
             )
         if isinstance(outcome, Rejection):
-            log.warning(
-                "exploration %s: abstraction rejected (%s): %s",
-                exploration.id,
-                outcome.kind,
-                outcome.reason,
-            )
-            await self.metric(
-                "llm_rejections",
-                self.outputs.rejected[outcome.kind],
-                role="abstractor",
-                kind=outcome.kind,
-            )
+            about = f"exploration {exploration.id}"
+            await report_rejection(self.metric, "abstractor", self.outputs, outcome, about)
             return
         await self._refresh_pool_queries()
         drafts = outcome.tasks

@@ -47,7 +47,7 @@ from coevolve.shared.messages import (
     Task,
     derived_id,
 )
-from coevolve.shared.structured import Rejection, RejectionCounter, ask_structured
+from coevolve.shared.structured import Rejection, RejectionCounter, ask_structured, report_rejection
 from coevolve.shared.subjects import (
     EXPLORATIONS,
     EXPLORER_REQUESTS_CONSUMER,
@@ -159,15 +159,8 @@ class ExplorerActor(Actor):
                 counter=self.summaries,
             )
         if isinstance(outcome, Rejection):
-            log.warning(
-                "signal %s: summary rejected (%s): %s", signal.id, outcome.kind, outcome.reason
-            )
-            await self.metric(
-                "llm_rejections",
-                self.summaries.rejected[outcome.kind],
-                role="summarizer",
-                kind=outcome.kind,
-            )
+            about = f"signal {signal.id}"
+            await report_rejection(self.metric, "summarizer", self.summaries, outcome, about)
             return None
         return outcome
 

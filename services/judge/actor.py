@@ -27,7 +27,7 @@ from coevolve.shared.config import Settings
 from coevolve.shared.envs import Environment, make_environment
 from coevolve.shared.llm import RoleClients, role_settings
 from coevolve.shared.messages import TaskCandidate, Verdict, derived_id
-from coevolve.shared.structured import Rejection, RejectionCounter, ask_structured
+from coevolve.shared.structured import Rejection, RejectionCounter, ask_structured, report_rejection
 from coevolve.shared.subjects import JUDGE_CONSUMER, VERDICTS
 from coevolve.shared.telemetry import current_trace_id
 
@@ -122,18 +122,8 @@ class JudgeActor(Actor):
                 counter=self.judgments,
             )
         if isinstance(judged, Rejection):
-            log.warning(
-                "candidate %s: judge output rejected (%s): %s",
-                candidate.id,
-                judged.kind,
-                judged.reason,
-            )
-            await self.metric(
-                "llm_rejections",
-                self.judgments.rejected[judged.kind],
-                role="judge",
-                kind=judged.kind,
-            )
+            about = f"candidate {candidate.id}"
+            await report_rejection(self.metric, "judge", self.judgments, judged, about)
             reason = f"judge output unusable ({judged.kind}): {judged.reason[:200]}"
             return False, [reason], {}, "judge_output_rejected"
         accepted, reasons, criteria = decide(judged)
