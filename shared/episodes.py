@@ -41,6 +41,8 @@ from coevolve.shared.policy.engine import Engine, Generation, SamplingParams
 from coevolve.shared.toolcalls import parse_tool_calls
 
 EnvFactory = Callable[[], Environment]
+# (step number, episodes generated for in that step, seconds the step's generation took)
+StepCallback = Callable[[int, int, float], None]
 
 _ANCHOR_USER = ChatMessage(role="user", content="(anchor)")
 _MARKER = "\u2063coevolve-assistant-text\u2063"
@@ -116,12 +118,14 @@ def run_groups(
     max_steps: int = 12,
     *,
     id_prefixes: list[str | None] | None = None,
+    on_step: StepCallback | None = None,
 ) -> list[list[Trajectory]]:
     """Several groups at once (one per task), all episodes batched together.
 
     Per trajectory, ``timings.generate_s`` is the wall time of the batched generation
     calls it took part in, ``environment_s`` its reset, steps and scoring, ``total_s``
-    from its start to its end.
+    from its start to its end. ``on_step(step, running, seconds)`` is called after each
+    batched generation (progress for long episodes).
     """
     if group_size < 1:
         raise ValueError("group_size must be at least 1")
@@ -134,7 +138,7 @@ def run_groups(
         for task in tasks:
             groups.append([_start(engine, env_factory, task, i) for i in range(group_size)])
         episodes = [episode for group in groups for episode in group]
-        _run_until_done(engine, episodes, params, max_steps)
+        _run_until_done(engine, episodes, params, max_steps, on_step)
         return [
             [_finish(episode, policy_version, prefix, params.temperature) for episode in group]
             for group, prefix in zip(groups, prefixes, strict=True)
@@ -169,7 +173,11 @@ def _start(engine: Engine, env_factory: EnvFactory, task: Task, index: int) -> _
 
 
 def _run_until_done(
-    engine: Engine, episodes: list[_Episode], params: SamplingParams, max_steps: int
+    engine: Engine,
+    episodes: list[_Episode],
+    params: SamplingParams,
+    max_steps: int,
+    on_step: StepCallback | None = None,
 ) -> None:
     for step in range(max_steps):
         running = [e for e in episodes if not e.done]
@@ -188,6 +196,8 @@ def _run_until_done(
         for episode, generation in zip(running, generations, strict=True):
             episode.generate_s += elapsed
             _apply(engine, episode, generation)
+        if on_step is not None:
+            on_step(step + 1, len(running), elapsed)
     for episode in episodes:
         if not episode.done:
             _end(episode, error=None)
@@ -329,4 +339,4 @@ def _close(episode: _Episode) -> None:
         episode.env.close()
 
 
-__all__ = ["EnvFactory", "RenderError", "run_episode", "run_group", "run_groups"]
+__all__ = ["EnvFactory", "RenderError", "StepCallback", "run_episode", "run_group", "run_groups"]

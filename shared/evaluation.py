@@ -219,13 +219,14 @@ def policy_player(
     params: SamplingParams,
     max_steps: int,
     on_trajectory: Callable[[Trajectory], None] | None = None,
+    on_step: Callable[[int, int, float], None] | None = None,
 ) -> BatchPlayer:
     """Let the policy play tasks through ``coevolve.shared.episodes.run_groups``: one
     episode per task, all of a batch generated together (use with ``batch_size``)."""
     from coevolve.shared.episodes import run_groups
 
     def play(tasks: list[Task]) -> list[EntryOutcome]:
-        groups = run_groups(engine, make_env, tasks, 1, params, max_steps)
+        groups = run_groups(engine, make_env, tasks, 1, params, max_steps, on_step=on_step)
         outcomes = []
         for (trajectory,) in groups:
             if on_trajectory is not None:

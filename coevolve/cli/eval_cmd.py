@@ -34,10 +34,16 @@ if TYPE_CHECKING:
     from coevolve.shared.policy import LoadedPolicy
 
 SPLITS = ("all", "eval", "train")
-EVAL_MAX_STEPS = 30
-EVAL_MAX_NEW_TOKENS = 256
-# Entries played together: their generations share batched forward passes.
-EVAL_BATCH_SIZE = 8
+# Defaults sized for a CPU: a BFCL entry has ~3.5 user turns and ~6 ground-truth calls, so
+# 12 assistant messages cover the calls plus a closing reply per turn; a JSON tool call fits
+# in 128 tokens. Each step re-reads a 4-6k-token prompt, which is what costs on a CPU.
+EVAL_MAX_STEPS = 12
+EVAL_MAX_NEW_TOKENS = 128
+# Entries played together. One by default: the engine keeps the KV cache of the prefix its
+# prompts share, and one episode's next prompt extends its last one, so each step prefills
+# only the new tokens. Different entries share almost no prefix, so a batch of them
+# re-prefills every 4-6k-token prompt at every step (measured: ~9 min per step for 8 on CPU).
+EVAL_BATCH_SIZE = 1
 # Where `--policy VERSION` looks for that version's exported weights (export_weights bytes).
 VERSION_WEIGHT_PATTERNS = ("policies/v{version}.safetensors", "policies/{version}.safetensors")
 
@@ -119,8 +125,25 @@ def trajectory_writer(path: Path) -> Callable[[Trajectory], None]:
     return write
 
 
+def step_reporter() -> Callable[[int, int, float], None]:
+    """A line per batched generation step on stderr: long batches show they are moving."""
+
+    def report(step: int, running: int, seconds: float) -> None:
+        typer.echo(f"  step {step}: {running} episode(s) generated in {seconds:.1f} s", err=True)
+
+    return report
+
+
 def build_player(
-    policy: str, model: str | None, run_dir: Path, trajectories: Path | None = None
+    policy: str,
+    model: str | None,
+    run_dir: Path,
+    trajectories: Path | None = None,
+    *,
+    max_steps: int = EVAL_MAX_STEPS,
+    max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
+    batch_size: int = EVAL_BATCH_SIZE,
+    show_steps: bool = False,
 ) -> tuple[Player | BatchPlayer, int, dict[str, Any]]:
     """(player, batch size (0: one task at a time), facts for the report)."""
     if policy == "ground-truth":
@@ -130,22 +153,23 @@ def build_player(
 
     loaded = load_policy_choice(choice, model, run_dir)
     engine = TransformersEngine(loaded)
-    params = SamplingParams(max_new_tokens=EVAL_MAX_NEW_TOKENS, temperature=0.0, seed=0)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, seed=0)
     extra: dict[str, Any] = {
         "model": loaded.name,
         "device": str(loaded.device),
         "load_seconds": loaded.load_seconds,
-        "max_steps": EVAL_MAX_STEPS,
-        "max_new_tokens": EVAL_MAX_NEW_TOKENS,
+        "max_steps": max_steps,
+        "max_new_tokens": max_new_tokens,
         "decoding": "greedy",
-        "batch_size": EVAL_BATCH_SIZE,
+        "batch_size": batch_size,
     }
     writer = None
     if trajectories is not None:
         writer = trajectory_writer(trajectories)
         extra["trajectories"] = str(trajectories)
-    player = policy_player(engine, _make_bfcl, params, EVAL_MAX_STEPS, writer)
-    return player, EVAL_BATCH_SIZE, extra
+    on_step = step_reporter() if show_steps else None
+    player = policy_player(engine, _make_bfcl, params, max_steps, writer, on_step)
+    return player, batch_size, extra
 
 
 def eval_command(
@@ -186,6 +210,18 @@ def eval_command(
         Path,
         typer.Option("--run-dir", envvar="COEVOLVE_RUN_DIR", help="The run's directory."),
     ] = Path("runs/default"),
+    max_steps: Annotated[
+        int,
+        typer.Option("--max-steps", min=1, help="Assistant messages per entry (policy only)."),
+    ] = EVAL_MAX_STEPS,
+    max_new_tokens: Annotated[
+        int,
+        typer.Option("--max-new-tokens", min=1, help="Tokens per assistant message (policy only)."),
+    ] = EVAL_MAX_NEW_TOKENS,
+    batch_size: Annotated[
+        int,
+        typer.Option("--batch-size", min=1, help="Entries generated together (policy only)."),
+    ] = EVAL_BATCH_SIZE,
 ) -> None:
     """Score a policy (or the ground truth) on a BFCL multi-turn suite."""
     if suite not in SUITES:
@@ -200,7 +236,16 @@ def eval_command(
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(policy).name or policy)
     trajectories = run_dir / "eval" / f"{suite}-{split}-{slug}-{stamp}.jsonl"
     try:
-        player, batch_size, extra = build_player(policy, model, run_dir, trajectories)
+        player, batch_size, extra = build_player(
+            policy,
+            model,
+            run_dir,
+            trajectories,
+            max_steps=max_steps,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            show_steps=True,
+        )
     except PolicyChoiceError as exc:
         raise typer.BadParameter(str(exc), param_hint="--policy") from exc
     report = run_suite(

@@ -23,12 +23,14 @@ def test_base_policy_plays_eval_entries_end_to_end(tmp_path: Path) -> None:
     loaded = load_policy_choice(resolve_policy_choice("base", tmp_path), None, tmp_path)
     engine = TransformersEngine(loaded)
     trajectories: list[Trajectory] = []
+    steps: list[tuple[int, int, float]] = []
     player = policy_player(
         engine,
         lambda: make_environment("bfcl"),
         SamplingParams(max_new_tokens=24, temperature=0.0, seed=0),
         max_steps=2,
         on_trajectory=trajectories.append,
+        on_step=lambda step, running, seconds: steps.append((step, running, seconds)),
     )
     tasks = suite_tasks("bfcl-multi-turn-base", "eval")[:3]
     report = run_suite(
@@ -38,6 +40,9 @@ def test_base_policy_plays_eval_entries_end_to_end(tmp_path: Path) -> None:
     assert all(e.error is None and "steps" in e.detail for e in report.entries)
     assert [t.task_id for t in trajectories] == [t.id for t in tasks]
     assert all(sum(t.loss_mask) > 0 for t in trajectories)
+    # two batches (2 + 1 entries), each reporting its generation steps in order
+    assert steps and [s for s, _, _ in steps if s == 1] == [1, 1]
+    assert all(1 <= running <= 2 and seconds > 0 for _, running, seconds in steps)
     json.dumps(report.to_json())
 
 
