@@ -26,7 +26,7 @@ from coevolve.shared.episodes import run_groups
 from coevolve.shared.messages import RolloutGroup, Task, Trajectory
 from coevolve.shared.policy import LoadedPolicy, SamplingParams, TransformersEngine
 
-# groups of the last step -> new tasks for the source (the data loop)
+# groups since the last synthesis -> new tasks for the source (the data loop)
 Synthesizer = Callable[[list[RolloutGroup]], list[Task]]
 
 
@@ -128,6 +128,8 @@ class LockstepLoop:
         self.engine = TransformersEngine(self.policy)
         self.learner = GrpoLearner(self.policy, learner_config, log_dir=self.log_dir)
         self.iterations = 0
+        # groups since the last synthesis: the signal detectors see every group once
+        self.unsynthesized: list[RolloutGroup] = []
 
     def iteration(self) -> IterationReport:
         """Rollout, then one learner step, then synthesis when it is due."""
@@ -147,9 +149,12 @@ class LockstepLoop:
         learned = time.perf_counter()
         self.iterations += 1
         new_tasks: list[Task] = []
+        if self.synthesize is not None and config.synthesize_every > 0:
+            self.unsynthesized.extend(groups)
         due = config.synthesize_every > 0 and self.iterations % config.synthesize_every == 0
         if due and self.synthesize is not None:
-            new_tasks = self.synthesize(groups)
+            pending, self.unsynthesized = self.unsynthesized, []
+            new_tasks = self.synthesize(pending)
             if new_tasks and self.on_new_tasks is not None:
                 self.on_new_tasks(new_tasks)
         done = time.perf_counter()

@@ -1,7 +1,12 @@
-"""``coevolve up --schedule lockstep``: rollout, then learn, in turn, in this one process.
+"""``coevolve up --schedule lockstep``: rollout, then learn, then synthesize, in turn, in
+this one process (the paper's schedule).
 
-Tasks come straight from the pool-store file (no services, no bus). Synthesis (the data
-loop) is not run by this command: ``LockstepLoop`` takes it as an optional hook.
+Tasks come straight from the pool-store file (no services, no bus). After every
+``synthesize_every`` learner steps (default: every step; 0: never) the data loop runs on
+the step's rollout groups (``lockstep_synthesis.LockstepSynthesis``: signals, exploration,
+abstraction, judging, with the services' functions and configuration sections); its
+verdicts are recorded in the same pool file, so accepted tasks are sampled from the next
+rollout on.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ from pathlib import Path
 import torch
 import typer
 
+from coevolve.cli.lockstep_synthesis import DEFAULT_MAX_SIGNALS, LockstepSynthesis
 from coevolve.services.learner.trainer import LearnerConfig
 from coevolve.services.pool_store.store import PoolStore
+from coevolve.shared.config import Settings
 from coevolve.shared.lockstep import IterationReport, LockstepConfig, LockstepLoop
 from coevolve.shared.messages import Task
 from coevolve.shared.policy import load_policy
@@ -31,12 +38,19 @@ def run_lockstep(
     max_steps: int = 12,
     learner: LearnerConfig | None = None,
     seed: int = 0,
+    settings: Settings | None = None,
+    synthesize_every: int = 1,
+    max_signals: int = DEFAULT_MAX_SIGNALS,
 ) -> list[IterationReport]:
     """Run ``iterations`` lockstep iterations on tasks sampled from the pool at ``pool_path``.
 
     The policy is loaded (and cached) under ``run_dir``; TensorBoard scalars go to
     ``run_dir/tensorboard/lockstep``. One torch thread unless OMP_NUM_THREADS says otherwise.
+    Synthesis reads its LLM roles and service sections from ``settings`` (defaults when
+    None) and explores at most ``max_signals`` signals each time.
     """
+    if synthesize_every < 0:
+        raise typer.BadParameter(f"synthesize_every must be >= 0, got {synthesize_every}")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     store = PoolStore(pool_path)
     draws = 0
@@ -49,29 +63,49 @@ def run_lockstep(
             raise typer.BadParameter(f"the pool at {pool_path} has no active bfcl task")
         return tasks
 
-    loop = LockstepLoop(
-        load_policy(model, run_dir=run_dir),
-        sample,
-        LockstepConfig(
-            tasks_per_step=tasks_per_step,
-            group_size=group_size,
-            max_new_tokens=max_new_tokens,
-            max_steps=max_steps,
-            seed=seed,
-        ),
-        learner,
-        log_dir=run_dir / "tensorboard" / "lockstep",
+    synthesis = (
+        LockstepSynthesis(settings or Settings(run_dir=run_dir), store, max_signals=max_signals)
+        if synthesize_every > 0
+        else None
     )
-
-    def show(report: IterationReport) -> None:
-        m = report.metrics
-        typer.echo(
-            f"step {report.step}: reward {report.reward_mean:.3f} trained={m.trained} "
-            f"kl {m.kl:.4f} rollout {report.rollout_s:.1f} s learn {report.learn_s:.1f} s"
-        )
-
     try:
-        return loop.run(iterations, show)
+        loop = LockstepLoop(
+            load_policy(model, run_dir=run_dir),
+            sample,
+            LockstepConfig(
+                tasks_per_step=tasks_per_step,
+                group_size=group_size,
+                max_new_tokens=max_new_tokens,
+                max_steps=max_steps,
+                synthesize_every=synthesize_every,
+                seed=seed,
+            ),
+            learner,
+            log_dir=run_dir / "tensorboard" / "lockstep",
+            synthesize=synthesis,
+            on_new_tasks=announce_new_tasks,
+        )
+        try:
+            return loop.run(iterations, show_iteration)
+        finally:
+            loop.close()
     finally:
-        loop.close()
+        if synthesis is not None:
+            synthesis.close()
         store.close()
+
+
+def announce_new_tasks(tasks: list[Task]) -> None:
+    """The synthesis already recorded them in the pool (with their lineage): name them."""
+    for task in tasks:
+        kind = task.lineage.signal_kind or "?"
+        typer.echo(f"  new {task.origin} task {task.id} ({kind}): {task.description[:80]}")
+
+
+def show_iteration(report: IterationReport) -> None:
+    m = report.metrics
+    typer.echo(
+        f"step {report.step}: reward {report.reward_mean:.3f} trained={m.trained} "
+        f"kl {m.kl:.4f} rollout {report.rollout_s:.1f} s learn {report.learn_s:.1f} s "
+        f"synthesize {report.synthesize_s:.1f} s new tasks {report.new_tasks}"
+    )

@@ -12,7 +12,9 @@ from typing import Annotated
 
 import typer
 
+from coevolve.cli.lockstep_synthesis import DEFAULT_MAX_SIGNALS
 from coevolve.cli.options import ConfigOption, RunDirOption, settings_from
+from coevolve.shared.config import Settings
 from coevolve.shared.nats_server import NatsServer, NatsServerError
 from coevolve.shared.subjects import SERVICES
 from coevolve.shared.supervisor import ChildSpec, Supervisor
@@ -45,10 +47,22 @@ def up(
         str,
         typer.Option(
             help="async: every service runs continuously (default). lockstep: rollout, then "
-            "learn, in turn, in this one process (the paper's schedule; a baseline)."
+            "learn, then synthesize, in turn, in this one process (the paper's schedule; a "
+            "baseline)."
         ),
     ] = "async",
     iterations: Annotated[int, typer.Option(help="Learner steps of a lockstep run.", min=1)] = 100,
+    synthesize_every: Annotated[
+        int,
+        typer.Option(
+            help="Lockstep: run the data loop (signals, explore, abstract, judge) after every "
+            "N learner steps; 0 disables it.",
+            min=0,
+        ),
+    ] = 1,
+    max_signals: Annotated[
+        int, typer.Option(help="Lockstep: signals explored per synthesis, at most.", min=1)
+    ] = DEFAULT_MAX_SIGNALS,
 ) -> None:
     """Start the whole system on this machine and keep it running until Ctrl-C/SIGTERM.
 
@@ -64,7 +78,7 @@ def up(
     if schedule not in ("async", "lockstep"):
         raise typer.BadParameter(f"--schedule must be async or lockstep, not {schedule!r}")
     if schedule == "lockstep":
-        run_lockstep_schedule(run, iterations)
+        run_lockstep_schedule(settings, iterations, synthesize_every, max_signals)
         return
     server: NatsServer | None = None
     nats_url = os.environ.get("NATS_URL")
@@ -116,17 +130,30 @@ def up(
         typer.echo("[up] stopped", err=True)
 
 
-def run_lockstep_schedule(run: Path, iterations: int) -> None:
+def run_lockstep_schedule(
+    settings: Settings, iterations: int, synthesize_every: int, max_signals: int
+) -> None:
+    """The lockstep loop on the run's pool (seeded when empty), the data loop's LLM roles
+    and service sections taken from ``settings`` as the async services take them."""
     from coevolve.cli.lockstep_cmd import run_lockstep
     from coevolve.services.pool_store.actor import seed_tasks_for
     from coevolve.services.pool_store.store import PoolStore
 
+    run = settings.run_dir
     pool_path = run / "pool.duckdb"
     with PoolStore(pool_path) as store:
         if sum(store.stats().tasks_by_origin.values()) == 0:
             store.add_tasks(seed_tasks_for("bfcl"))
-    typer.echo(f"lockstep schedule on {pool_path}: {iterations} steps")
-    run_lockstep(run, pool_path, iterations)
+    synthesis = f"synthesis every {synthesize_every}" if synthesize_every else "no synthesis"
+    typer.echo(f"lockstep schedule on {pool_path}: {iterations} steps, {synthesis}")
+    run_lockstep(
+        run,
+        pool_path,
+        iterations,
+        settings=settings,
+        synthesize_every=synthesize_every,
+        max_signals=max_signals,
+    )
 
 
 def recorded_nats_url(run_dir: Path) -> str | None:

@@ -31,6 +31,7 @@ import msgspec
 
 from coevolve.services.abstractor.prompts import (
     AbstractionOutput,
+    CandidateDraft,
     abstraction_messages,
     candidate_schema,
     draft_problems,
@@ -39,7 +40,7 @@ from coevolve.services.abstractor.prompts import (
 from coevolve.shared.actor import Actor, Consumer, Delivery
 from coevolve.shared.config import Settings
 from coevolve.shared.envs import make_environment
-from coevolve.shared.llm import RoleClients, role_settings
+from coevolve.shared.llm import RoleClients, RoleLLM, role_settings
 from coevolve.shared.messages import Exploration, Task, TaskCandidate
 from coevolve.shared.pool_client import PoolClient
 from coevolve.shared.similarity import MIN_WORDS, LeakGuard, NearDuplicateIndex
@@ -148,11 +149,7 @@ class AbstractorActor(Actor):
             },
             run_dir=settings.run_dir,
         )
-        cache_dir = (
-            Path(self.config.similarity_cache_dir)
-            if self.config.similarity_cache_dir
-            else settings.run_dir / "cache" / "similarity"
-        )
+        cache_dir = similarity_cache_dir(self.config, settings.run_dir)
         self.cache_dir = cache_dir
         self.queries = PoolQueries(
             self.config.dedup_threshold, self.config.dedup_backend, cache_dir
@@ -181,22 +178,11 @@ class AbstractorActor(Actor):
         )
 
     async def on_exploration(self, exploration: Exploration, _: Delivery) -> None:
-        tools = await anyio.to_thread.run_sync(_tools_for, exploration.task)
+        tools = await anyio.to_thread.run_sync(tools_for, exploration.task)
         known = tool_names(tools)
-        role = self.llm["abstractor"]
         with self.tracer.start_as_current_span("abstractor abstract"):
-            outcome = await ask_structured(
-                role,
-                abstraction_messages(exploration, self.config.max_tasks),
-                AbstractionOutput,
-                schema=candidate_schema(
-                    tools if self.config.constrain_calls else None,
-                    max_tasks=self.config.max_tasks,
-                    max_turns=self.config.max_turns,
-                ),
-                max_tokens=self.config.max_tokens,
-                temperature=role.settings.temperature,
-                counter=self.outputs,
+            outcome = await abstract_exploration(
+                self.llm["abstractor"], exploration, tools, self.config, self.outputs
             )
         if isinstance(outcome, Rejection):
             about = f"exploration {exploration.id}"
@@ -207,14 +193,9 @@ class AbstractorActor(Actor):
         for _extra in drafts[self.config.max_tasks :]:
             await self._drop(exploration, "over_limit", "more drafts than max_tasks")
         for index, draft in enumerate(drafts[: self.config.max_tasks]):
-            problems = draft_problems(draft, known)
-            if problems:
-                reason = (
-                    "unknown_function"
-                    if any("do not exist" in p for p in problems)
-                    else "malformed_draft"
-                )
-                await self._drop(exploration, reason, "; ".join(problems))
+            unusable = unusable_draft(draft, known)
+            if unusable is not None:
+                await self._drop(exploration, *unusable)
                 continue
             task = draft_to_task(
                 draft, exploration, index, signal_evidence=exploration.signal_evidence
@@ -223,12 +204,9 @@ class AbstractorActor(Actor):
             if leak is not None:
                 await self._drop(exploration, "eval_leak", leak)
                 continue
-            duplicate = await anyio.to_thread.run_sync(self.queries.duplicate_of, task)
+            duplicate = await anyio.to_thread.run_sync(near_duplicate, self.queries, task)
             if duplicate is not None:
-                score, match = duplicate
-                await self._drop(
-                    exploration, "near_duplicate", f"{score:.2f} similar to {match[:80]!r}"
-                )
+                await self._drop(exploration, "near_duplicate", duplicate)
                 continue
             candidate_id = task.lineage.candidate_id
             assert candidate_id is not None
@@ -264,12 +242,7 @@ class AbstractorActor(Actor):
                 self._leak_guard = await anyio.to_thread.run_sync(
                     lambda: LeakGuard(backend=self.config.leak_backend, cache_dir=self.cache_dir)
                 )
-        guard = self._leak_guard
-        for turn in task.user_turns:
-            flagged, score, match = await anyio.to_thread.run_sync(guard.flags, turn)
-            if flagged:
-                return f"{score:.2f} similar to eval query {(match or '')[:80]!r}"
-        return None
+        return await anyio.to_thread.run_sync(eval_leak, self._leak_guard, task)
 
     async def _refresh_pool_queries(self) -> None:
         if time.monotonic() - self.queries.refreshed_at < self.config.dedup_refresh_s:
@@ -277,10 +250,7 @@ class AbstractorActor(Actor):
         assert self._pool is not None
         stats = await self._pool.stats()
         texts: list[str] = []
-        for origin, count in sorted(stats.tasks_by_origin.items()):
-            if count <= 0:
-                continue
-            size = min(count, self.config.dedup_pool_limit)
+        for origin, size in dedup_sample_sizes(stats.tasks_by_origin, self.config):
             tasks = await self._pool.sample(size, mix={origin: 1.0}, seed=0)
             texts.extend(text for task in tasks for text in query_texts(task))
         async with self._similarity_lock:
@@ -288,7 +258,14 @@ class AbstractorActor(Actor):
         log.info("de-duplicating against %d user turns of the pool", len(texts))
 
 
-def _tools_for(task: Task) -> list[dict[str, Any]]:
+def similarity_cache_dir(config: AbstractorConfig, run_dir: Path) -> Path:
+    """Where the similarity backends cache their indexes (embedding matrices)."""
+    if config.similarity_cache_dir:
+        return Path(config.similarity_cache_dir)
+    return run_dir / "cache" / "similarity"
+
+
+def tools_for(task: Task) -> list[dict[str, Any]]:
     """The functions a task's environment offers from its initial state."""
     environment = make_environment(task.environment)
     try:
@@ -296,6 +273,70 @@ def _tools_for(task: Task) -> list[dict[str, Any]]:
         return environment.tools()
     finally:
         environment.close()
+
+
+async def abstract_exploration(
+    llm: RoleLLM,
+    exploration: Exploration,
+    tools: list[dict[str, Any]],
+    config: AbstractorConfig,
+    counter: RejectionCounter,
+) -> AbstractionOutput | Rejection:
+    """The abstractor role's drafts for ``exploration`` (calls constrained to ``tools``
+    when ``config.constrain_calls``), or why its output is unusable (counted)."""
+    return await ask_structured(
+        llm,
+        abstraction_messages(exploration, config.max_tasks),
+        AbstractionOutput,
+        schema=candidate_schema(
+            tools if config.constrain_calls else None,
+            max_tasks=config.max_tasks,
+            max_turns=config.max_turns,
+        ),
+        max_tokens=config.max_tokens,
+        temperature=llm.settings.temperature,
+        counter=counter,
+    )
+
+
+def unusable_draft(draft: CandidateDraft, known_functions: set[str]) -> tuple[str, str] | None:
+    """(drop reason, detail) when ``draft`` cannot become a task; None when it can."""
+    problems = draft_problems(draft, known_functions)
+    if not problems:
+        return None
+    reason = "unknown_function" if any("do not exist" in p for p in problems) else "malformed_draft"
+    return reason, "; ".join(problems)
+
+
+def eval_leak(guard: LeakGuard, task: Task) -> str | None:
+    """Why ``task`` leaks an evaluation query (its first flagged turn); None when it does
+    not. Blocking (run it in a worker thread)."""
+    for turn in task.user_turns:
+        flagged, score, match = guard.flags(turn)
+        if flagged:
+            return f"{score:.2f} similar to eval query {(match or '')[:80]!r}"
+    return None
+
+
+def near_duplicate(queries: PoolQueries, task: Task) -> str | None:
+    """What ``task`` nearly copies, in words; None when it asks something new."""
+    duplicate = queries.duplicate_of(task)
+    if duplicate is None:
+        return None
+    score, match = duplicate
+    return f"{score:.2f} similar to {match[:80]!r}"
+
+
+def dedup_sample_sizes(
+    tasks_by_origin: dict[str, int], config: AbstractorConfig
+) -> list[tuple[str, int]]:
+    """(origin, tasks to sample) for the de-duplication texts: every origin with tasks,
+    at most ``dedup_pool_limit`` each."""
+    return [
+        (origin, min(count, config.dedup_pool_limit))
+        for origin, count in sorted(tasks_by_origin.items())
+        if count > 0
+    ]
 
 
 def build(settings: Settings) -> Actor:

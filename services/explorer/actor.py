@@ -37,12 +37,13 @@ from coevolve.services.explorer.prompts import (
 from coevolve.shared.actor import Actor, Consumer, Delivery
 from coevolve.shared.config import Settings
 from coevolve.shared.envs import Environment, make_environment
-from coevolve.shared.llm import RoleClients, role_settings
+from coevolve.shared.llm import RoleClients, RoleLLM, role_settings
 from coevolve.shared.messages import (
     Exploration,
     ExplorationContext,
     ExplorationMode,
     ExplorationRequest,
+    ExplorationRound,
     Signal,
     Task,
     derived_id,
@@ -85,12 +86,7 @@ class ExplorerActor(Actor):
             },
             run_dir=settings.run_dir,
         )
-        self.limits = ExplorationLimits(
-            rounds=self.config.rounds,
-            max_steps=self.config.max_steps,
-            action_max_tokens=self.config.action_max_tokens,
-            history_messages=self.config.history_messages,
-        )
+        self.limits = exploration_limits(self.config)
         self.summaries = RejectionCounter()
         self.actions = RejectionCounter()
         self.outcomes: Counter[str] = Counter()
@@ -119,15 +115,11 @@ class ExplorerActor(Actor):
         if context is None and self.config.on_context_rejection == "drop":
             await self._count("dropped_without_context")
             return
-        if context is not None:
-            goal = exploration_goal(signal.kind, context, signal.task)
-        else:
-            goal = signal_goal(signal)
         await self._explore_and_publish(
             exploration_id=derived_id("exploration", signal.id),
             mode="guided",
             task=signal.task,
-            goal=goal,
+            goal=guided_goal(signal, context),
             rounds=self.config.rounds,
             context=context,
             signal=signal,
@@ -149,14 +141,8 @@ class ExplorerActor(Actor):
     async def summarize(self, signal: Signal) -> ExplorationContext | None:
         """The summarizer's context for ``signal``; None (counted) when unusable."""
         with self._span("explorer summarize", signal.kind):
-            outcome = await ask_structured(
-                self.llm["summarizer"],
-                summarizer_messages(signal),
-                ExplorationContext,
-                schema=CONTEXT_SCHEMA,
-                max_tokens=self.config.summary_max_tokens,
-                temperature=self.llm["summarizer"].settings.temperature,
-                counter=self.summaries,
+            outcome = await summarize_signal(
+                self.llm["summarizer"], signal, self.config.summary_max_tokens, self.summaries
             )
         if isinstance(outcome, Rejection):
             about = f"signal {signal.id}"
@@ -189,15 +175,8 @@ class ExplorerActor(Actor):
             log.warning("exploration %s: no usable action in %d rounds", exploration_id, rounds)
             await self._count("empty")
             return
-        exploration = Exploration(
-            id=exploration_id,
-            mode=mode,
-            task=task,
-            rounds=explored,
-            context=context,
-            signal_id=signal.id if signal else None,
-            signal_kind=signal.kind if signal else None,
-            signal_evidence=dict(signal.evidence) if signal else {},
+        exploration = exploration_message(
+            exploration_id, mode, task, explored, context=context, signal=signal
         )
         await self.publish(EXPLORATIONS, exploration)
         self.handled.append(exploration_id)
@@ -225,6 +204,61 @@ class ExplorerActor(Actor):
     def _span(self, name: str, detail: str) -> Any:
         tracer: Tracer = self.tracer
         return tracer.start_as_current_span(name, attributes={"coevolve.detail": detail})
+
+
+def exploration_limits(config: ExplorerConfig) -> ExplorationLimits:
+    return ExplorationLimits(
+        rounds=config.rounds,
+        max_steps=config.max_steps,
+        action_max_tokens=config.action_max_tokens,
+        history_messages=config.history_messages,
+    )
+
+
+async def summarize_signal(
+    llm: RoleLLM, signal: Signal, max_tokens: int, counter: RejectionCounter
+) -> ExplorationContext | Rejection:
+    """The summarizer role's :class:`ExplorationContext` for ``signal``, or why it is
+    unusable (counted in ``counter``). Raises only ``LLMUnavailable``."""
+    return await ask_structured(
+        llm,
+        summarizer_messages(signal),
+        ExplorationContext,
+        schema=CONTEXT_SCHEMA,
+        max_tokens=max_tokens,
+        temperature=llm.settings.temperature,
+        counter=counter,
+    )
+
+
+def guided_goal(signal: Signal, context: ExplorationContext | None) -> str:
+    """The exploration goal for ``signal``: its kind's goal with the summarized context, or
+    with the signal's own description when there is no usable summary."""
+    if context is not None:
+        return exploration_goal(signal.kind, context, signal.task)
+    return signal_goal(signal)
+
+
+def exploration_message(
+    exploration_id: str,
+    mode: ExplorationMode,
+    task: Task,
+    rounds: list[ExplorationRound],
+    *,
+    context: ExplorationContext | None,
+    signal: Signal | None,
+) -> Exploration:
+    """The exploration as published: its rounds plus the signal (if any) that steered it."""
+    return Exploration(
+        id=exploration_id,
+        mode=mode,
+        task=task,
+        rounds=rounds,
+        context=context,
+        signal_id=signal.id if signal else None,
+        signal_kind=signal.kind if signal else None,
+        signal_evidence=dict(signal.evidence) if signal else {},
+    )
 
 
 def signal_goal(signal: Signal) -> str:

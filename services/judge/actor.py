@@ -25,8 +25,8 @@ from coevolve.services.judge.replay import ReplayCheck, replay_candidate
 from coevolve.shared.actor import Actor, Consumer, Delivery
 from coevolve.shared.config import Settings
 from coevolve.shared.envs import Environment, make_environment
-from coevolve.shared.llm import RoleClients, role_settings
-from coevolve.shared.messages import TaskCandidate, Verdict, derived_id
+from coevolve.shared.llm import RoleClients, RoleLLM, role_settings
+from coevolve.shared.messages import Task, TaskCandidate, Verdict, derived_id
 from coevolve.shared.structured import Rejection, RejectionCounter, ask_structured, report_rejection
 from coevolve.shared.subjects import JUDGE_CONSUMER, VERDICTS
 from coevolve.shared.telemetry import current_trace_id
@@ -85,21 +85,7 @@ class JudgeActor(Actor):
         else:
             accepted, reasons, llm_criteria, outcome = await self._ask_judge(candidate, check)
             criteria.update(llm_criteria)
-        verdict_id = derived_id("verdict", candidate.id)
-        lineage = msgspec.structs.replace(
-            task.lineage,
-            candidate_id=task.lineage.candidate_id or candidate.id,
-            verdict_id=verdict_id,
-            trace_id=current_trace_id(),
-        )
-        verdict = Verdict(
-            id=verdict_id,
-            candidate_id=candidate.id,
-            accepted=accepted,
-            reasons=reasons,
-            task=msgspec.structs.replace(task, lineage=lineage),
-            criteria=criteria,
-        )
+        verdict = verdict_of(candidate, accepted, reasons, criteria, current_trace_id())
         await self.publish(VERDICTS, verdict)
         self.handled.append(candidate.id)
         self.outcomes[outcome] += 1
@@ -110,24 +96,66 @@ class JudgeActor(Actor):
         self, candidate: TaskCandidate, check: ReplayCheck
     ) -> tuple[bool, list[str], dict[str, bool], str]:
         """(accepted, reasons, criteria, outcome label) from the LLM judge."""
-        role = self.llm["judge"]
         with self.tracer.start_as_current_span("judge ask"):
-            judged = await ask_structured(
-                role,
-                judge_messages(candidate.task, check.observations, check.errors, check.self_score),
-                Judgment,
-                schema=JUDGE_SCHEMA,
-                max_tokens=self.config.max_tokens,
-                temperature=role.settings.temperature,
-                counter=self.judgments,
+            judged = await ask_judgment(
+                self.llm["judge"], candidate.task, check, self.config.max_tokens, self.judgments
             )
         if isinstance(judged, Rejection):
             about = f"candidate {candidate.id}"
             await report_rejection(self.metric, "judge", self.judgments, judged, about)
-            reason = f"judge output unusable ({judged.kind}): {judged.reason[:200]}"
-            return False, [reason], {}, "judge_output_rejected"
-        accepted, reasons, criteria = decide(judged)
-        return accepted, reasons, criteria, "accepted" if accepted else "rejected_by_judge"
+        return judgment_outcome(judged)
+
+
+async def ask_judgment(
+    llm: RoleLLM, task: Task, check: ReplayCheck, max_tokens: int, counter: RejectionCounter
+) -> Judgment | Rejection:
+    """The judge role's rating of ``task`` over its replay, or why its output is unusable
+    (counted in ``counter``). Raises only ``LLMUnavailable``."""
+    return await ask_structured(
+        llm,
+        judge_messages(task, check.observations, check.errors, check.self_score),
+        Judgment,
+        schema=JUDGE_SCHEMA,
+        max_tokens=max_tokens,
+        temperature=llm.settings.temperature,
+        counter=counter,
+    )
+
+
+def judgment_outcome(judged: Judgment | Rejection) -> tuple[bool, list[str], dict[str, bool], str]:
+    """(accepted, reasons, criteria, outcome label) from the judge's answer: an unusable
+    answer rejects the candidate with that reason."""
+    if isinstance(judged, Rejection):
+        reason = f"judge output unusable ({judged.kind}): {judged.reason[:200]}"
+        return False, [reason], {}, "judge_output_rejected"
+    accepted, reasons, criteria = decide(judged)
+    return accepted, reasons, criteria, "accepted" if accepted else "rejected_by_judge"
+
+
+def verdict_of(
+    candidate: TaskCandidate,
+    accepted: bool,
+    reasons: list[str],
+    criteria: dict[str, bool],
+    trace_id: str | None,
+) -> Verdict:
+    """The verdict on ``candidate``, its task's lineage completed with the verdict id."""
+    task = candidate.task
+    verdict_id = derived_id("verdict", candidate.id)
+    lineage = msgspec.structs.replace(
+        task.lineage,
+        candidate_id=task.lineage.candidate_id or candidate.id,
+        verdict_id=verdict_id,
+        trace_id=trace_id,
+    )
+    return Verdict(
+        id=verdict_id,
+        candidate_id=candidate.id,
+        accepted=accepted,
+        reasons=reasons,
+        task=msgspec.structs.replace(task, lineage=lineage),
+        criteria=criteria,
+    )
 
 
 def build(settings: Settings) -> Actor:

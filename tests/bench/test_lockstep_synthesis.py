@@ -1,0 +1,230 @@
+"""The data loop in the lockstep schedule: signals, exploration, abstraction and judging in
+one process, verdicts recorded in a real DuckDB pool.
+
+The LLM is the data-loop tests' stand-in remote endpoint (real HTTP on loopback,
+``dataloop_fake_llm``); environments, pool and, for the loop, the policy are real.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataloop"))
+
+from dataloop_fake_llm import RoleFakeLLM, offered_functions
+from dataloop_harness import WellFormedBrain, filesystem_seed_tasks, mixed_group
+
+from coevolve.bench.short_tasks import build_tasks
+from coevolve.cli.lockstep_cmd import run_lockstep
+from coevolve.cli.lockstep_synthesis import LockstepSynthesis
+from coevolve.services.learner.trainer import LearnerConfig
+from coevolve.services.pool_store.store import PoolStore
+from coevolve.services.signal_monitor.detectors import SignalMonitor
+from coevolve.services.signal_monitor.state import MonitorState
+from coevolve.shared.config import Settings, load_settings
+from coevolve.shared.envs.bfcl.tasks import seed_tasks
+from coevolve.shared.lockstep import LockstepConfig, LockstepLoop
+from coevolve.shared.messages import RolloutGroup, Task, derived_id
+from coevolve.shared.policy import LoadedPolicy, load_policy
+
+CACHE_DIR = Path(
+    os.environ.get("COEVOLVE_TEST_CACHE", Path(__file__).resolve().parents[2] / "runs/test-cache")
+)
+# rollouts as small as the loop allows: one task, two episodes of a few tokens
+TINY_LOOP = LockstepConfig(tasks_per_step=1, group_size=2, max_new_tokens=6, max_steps=1)
+
+
+def data_loop_settings(tmp_path: Path, fake: RoleFakeLLM, **services: Any) -> Settings:
+    settings = load_settings(run_dir=str(tmp_path / "run"))
+    settings.services.update(
+        llm=fake.llm_section(),
+        explorer={"rounds": 1, "max_steps": 2},
+        abstractor={"max_tasks": 5, "leak_backend": "ngram"},
+        **services,
+    )
+    return settings
+
+
+@pytest.fixture
+def seeded_pool(tmp_path: Path) -> Iterator[PoolStore]:
+    with PoolStore(tmp_path / "pool.duckdb") as store:
+        store.add_tasks(seed_tasks())
+        yield store
+
+
+def test_a_boundary_group_becomes_an_accepted_synthesized_task_in_the_pool(
+    tmp_path: Path, seeded_pool: PoolStore
+) -> None:
+    task = filesystem_seed_tasks(1)[0]
+    brain = WellFormedBrain(
+        extras=["unknown_function", "eval_leak", "duplicate", "replay_failure"], parent=task
+    )
+    fake = RoleFakeLLM(brain).start()
+    group = mixed_group(task)
+    try:
+        with LockstepSynthesis(data_loop_settings(tmp_path, fake), seeded_pool) as synthesis:
+            added = synthesis([group])
+            # the monitor remembers the group: handing it in again synthesizes nothing
+            again = synthesis([group])
+    finally:
+        fake.stop()
+
+    assert fake.calls == {"summarizer": 1, "explorer": 2, "abstractor": 1, "judge": 1}
+    assert synthesis.stats.signals == {"boundary": 1}
+    # five drafts: one good, one whose replay fails, three filtered with their reasons
+    assert synthesis.stats.dropped == {"unknown_function": 1, "eval_leak": 1, "near_duplicate": 1}
+    assert synthesis.stats.verdicts == {"accepted": 1, "rejected_by_replay": 1}
+    assert again == []
+
+    [new] = added
+    signal_id = derived_id("signal", group.id, "boundary")
+    lineage = new.lineage
+    assert new.origin == "synthesized" and new.initial_state == task.initial_state
+    assert lineage.signal_id == signal_id and lineage.signal_kind == "boundary"
+    assert lineage.parent_task_id == task.id and lineage.signal_evidence["successes"] == 2
+    assert lineage.context is not None and lineage.context.focus_pattern
+    assert lineage.exploration_id == derived_id("exploration", signal_id)
+    assert lineage.exploration_mode == "guided" and lineage.exploration_steps == 2
+    assert lineage.candidate_id is not None
+    assert lineage.verdict_id == derived_id("verdict", lineage.candidate_id)
+
+    stats = seeded_pool.stats()
+    assert stats.accepted_candidates == 1 and stats.rejected_candidates == 1
+    assert stats.tasks_by_origin["synthesized"] == 1
+    assert seeded_pool.get_task(new.id) == new
+    chain = seeded_pool.lineage(new.id)
+    assert chain["verdict"]["accepted"] and chain["signal"]["kind"] == "boundary"
+    assert chain["context"]["summary"] and chain["exploration"]["steps"] == 2
+    [(reasons,)] = seeded_pool._query("SELECT reasons FROM verdicts WHERE NOT accepted")
+    assert "replay failed" in json.loads(reasons)[0]
+
+
+def test_a_group_without_a_signal_synthesizes_nothing_and_asks_no_llm(
+    tmp_path: Path, seeded_pool: PoolStore
+) -> None:
+    task = filesystem_seed_tasks(1)[0]
+    fake = RoleFakeLLM(WellFormedBrain()).start()
+    try:
+        with LockstepSynthesis(data_loop_settings(tmp_path, fake), seeded_pool) as synthesis:
+            added = synthesis([mixed_group(task, (0.0, 0.0, 0.0, 0.0))])
+    finally:
+        fake.stop()
+    assert added == [] and synthesis.verdicts == []
+    assert sum(fake.calls.values()) == 0
+    assert synthesis.stats.signals == {}
+    assert seeded_pool.stats().tasks_by_origin["synthesized"] == 0
+
+
+class MathBrain(WellFormedBrain):
+    """A well-formed remote model for the short MathAPI tasks: explores with ``add`` and
+    proposes one new addition."""
+
+    def explorer(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert "add" in offered_functions(request)
+        return {"name": "add", "arguments": {"a": 12, "b": 30}}
+
+    def abstractor(self, request: dict[str, Any]) -> dict[str, Any]:
+        draft = {
+            "description": "Add two numbers and report the total.",
+            "user_turns": ["Please add the numbers 1234 and 4321 together and tell me the total."],
+            "ground_truth": [[{"name": "add", "arguments": {"a": 1234, "b": 4321}}]],
+        }
+        return {"tasks": [draft]}
+
+
+@pytest.fixture(scope="module")
+def policy() -> LoadedPolicy:
+    torch.manual_seed(0)
+    return load_policy(run_dir=CACHE_DIR, device="cpu")
+
+
+def test_the_loop_synthesizes_when_due_and_the_new_task_joins_the_pool(
+    tmp_path: Path, policy: LoadedPolicy
+) -> None:
+    source = build_tasks(1, seed=0, prefix="lockstep_math")[0]
+    fake = RoleFakeLLM(MathBrain()).start()
+    settings = data_loop_settings(
+        tmp_path, fake, signal_monitor={"detectors": {"kinds": ["uncertainty"]}}
+    )
+    # What the monitor remembers of earlier episodes: enough calm (zero-entropy) ones that
+    # any hesitation of the policy's sampled episodes is an uncertainty signal.
+    calm = MonitorState(entropy_reservoir=[0.0] * 50, entropy_seen=50)
+    added: list[Task] = []
+    with PoolStore(tmp_path / "pool.duckdb") as store:
+        store.add_tasks([source])
+        synthesis = LockstepSynthesis(settings, store, max_signals=1)
+        synthesis.monitor = SignalMonitor(synthesis.monitor.config, calm)
+        handed: list[list[str]] = []
+
+        def synthesize(groups: list[RolloutGroup]) -> list[Task]:
+            handed.append([group.id for group in groups])
+            return synthesis(groups)
+
+        loop = LockstepLoop(
+            policy,
+            lambda count: store.sample_batch(count, environment="bfcl", seed=0),
+            dataclasses.replace(TINY_LOOP, synthesize_every=2),
+            LearnerConfig(drop_uniform_groups=False, lr=1e-3),
+            synthesize=synthesize,
+            on_new_tasks=added.extend,
+        )
+        try:
+            first = loop.iteration()
+            calls_after_first = sum(fake.calls.values())
+            second = loop.iteration()
+        finally:
+            loop.close()
+            synthesis.close()
+            fake.stop()
+        pool = store.sample_batch(10, environment="bfcl", seed=1)
+
+    assert first.new_tasks == 0 and calls_after_first == 0  # not due after one step
+    # the one synthesis saw the groups of both steps (one task per step here)
+    assert len(handed) == 1 and len(handed[0]) == 2 * TINY_LOOP.tasks_per_step
+    assert len(set(handed[0])) == len(handed[0])
+    assert second.new_tasks == 1 and synthesis.stats.signals == {"uncertainty": 1}
+    assert fake.calls == {"summarizer": 1, "explorer": 2, "abstractor": 1, "judge": 1}
+    [new] = added
+    assert new.origin == "synthesized" and new.lineage.signal_kind == "uncertainty"
+    assert new.lineage.parent_task_id == source.id and new.lineage.verdict_id is not None
+    assert new.ground_truth[0][0].name == "add"
+    assert {task.id for task in pool} == {source.id, new.id}  # sampled from the next step on
+
+
+def test_run_lockstep_runs_synthesis_after_the_step(tmp_path: Path, policy: LoadedPolicy) -> None:
+    pool_path = tmp_path / "pool.duckdb"
+    with PoolStore(pool_path) as store:
+        store.add_tasks(build_tasks(1, seed=0, prefix="lockstep_math"))
+    fake = RoleFakeLLM(MathBrain()).start()
+    try:
+        reports = run_lockstep(
+            tmp_path / "run",
+            pool_path,
+            1,
+            model=str(CACHE_DIR / "models" / policy.name),  # the fixture's converted weights
+            tasks_per_step=1,
+            group_size=2,
+            max_new_tokens=6,
+            max_steps=1,
+            learner=LearnerConfig(drop_uniform_groups=False, lr=1e-3),
+            settings=data_loop_settings(tmp_path, fake),
+            synthesize_every=1,
+        )
+    finally:
+        fake.stop()
+    [report] = reports
+    # the base model's few tokens earn nothing, and a first group of equal rewards carries
+    # no signal: synthesis ran and had nothing to ask the LLM
+    assert report.metrics.trained and report.new_tasks == 0
+    assert sum(fake.calls.values()) == 0
+    with PoolStore.open_readonly(pool_path) as store:
+        assert sum(store.stats().tasks_by_origin.values()) == 1
