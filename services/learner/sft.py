@@ -37,6 +37,11 @@ from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from coevolve.services.learner.grpo import SharedPrefix, sequence_logprobs, shared_prompt_length
+from coevolve.services.learner.memory import (
+    DEFAULT_ACTIVATION_TOKENS,
+    activation_checkpointing,
+    over_budget,
+)
 from coevolve.shared.envs import Environment, make_environment
 from coevolve.shared.messages import ChatMessage, Task
 from coevolve.shared.policy import LoadedPolicy, render_prompt_ids
@@ -232,11 +237,13 @@ def accumulate_sft_gradients(
     device: torch.device,
     token_normalizer: int,
     min_shared_prompt: int = 16,
+    activation_tokens: int | None = DEFAULT_ACTIVATION_TOKENS,
 ) -> float:
     """Backpropagate the summed assistant-token cross-entropy over ``token_normalizer``.
 
     When the examples share a prompt (same tools), it runs once through ``SharedPrefix``.
-    Returns this micro-batch's share of the loss.
+    Above ``activation_tokens`` tokens the examples run one at a time with activation
+    checkpointing (see ``memory``). Returns this micro-batch's share of the loss.
     """
     shared = 0
     if len(examples) > 1:
@@ -244,13 +251,16 @@ def accumulate_sft_gradients(
             [e.input_ids for e in examples], [supervised_mask(e) for e in examples]
         )
     if shared < min_shared_prompt:
-        ids, attention, supervised = collate(examples, pad_id, device)
-        logprobs, _ = sequence_logprobs(
-            model, ids, attention, 1.0, positions=supervised, with_entropy=False
-        )
-        loss = -(logprobs * supervised).sum() / token_normalizer
-        loss.backward()
-        return loss.item()
+        shared = 0
+    held = [shared, *(len(e.input_ids) - shared for e in examples)]
+    if over_budget(held, activation_tokens):
+        total = 0.0
+        with activation_checkpointing(model):
+            for example in examples:
+                total += _example_loss_backward(model, [example], pad_id, device, token_normalizer)
+        return total
+    if not shared:
+        return _example_loss_backward(model, examples, pad_id, device, token_normalizer)
     prompt = SharedPrefix(
         model, torch.tensor(examples[0].input_ids[:shared], device=device), 1.0, requires_grad=True
     )
@@ -260,6 +270,22 @@ def accumulate_sft_gradients(
     loss = -(logprobs * supervised).sum() / token_normalizer
     loss.backward()
     prompt.backward()
+    return loss.item()
+
+
+def _example_loss_backward(
+    model: nn.Module,
+    examples: Sequence[SftExample],
+    pad_id: int,
+    device: torch.device,
+    token_normalizer: int,
+) -> float:
+    ids, attention, supervised = collate(examples, pad_id, device)
+    logprobs, _ = sequence_logprobs(
+        model, ids, attention, 1.0, positions=supervised, with_entropy=False
+    )
+    loss = -(logprobs * supervised).sum() / token_normalizer
+    loss.backward()
     return loss.item()
 
 
@@ -273,6 +299,7 @@ def warm_start(
     progress: bool | Progress = False,
     *,
     micro_batch_size: int = 2,
+    activation_tokens: int | None = DEFAULT_ACTIVATION_TOKENS,
     max_grad_norm: float = 1.0,
     seed: int = 0,
     replay: bool = True,
@@ -282,6 +309,7 @@ def warm_start(
 
     ``progress``: True shows a progress bar; a callable gets ``(step, total_steps, loss)``.
     Sequences longer than ``max_len`` are cut (their later turns are not trained).
+    Micro-batches over ``activation_tokens`` tokens trade compute for memory (``memory``).
     """
     started = time.perf_counter()
     examples, skipped = build_examples(policy, tasks, replay=replay, env_factory=env_factory)
@@ -317,7 +345,14 @@ def warm_start(
                 batch.sort(key=prompt_key)
                 for micro_start in range(0, len(batch), micro_batch_size):
                     micro = batch[micro_start : micro_start + micro_batch_size]
-                    step_loss += accumulate_sft_gradients(model, micro, pad_id, device, normalizer)
+                    step_loss += accumulate_sft_gradients(
+                        model,
+                        micro,
+                        pad_id,
+                        device,
+                        normalizer,
+                        activation_tokens=activation_tokens,
+                    )
                 torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)

@@ -38,6 +38,11 @@ from coevolve.services.learner.grpo import (
     sequence_logprobs,
     shared_prompt_length,
 )
+from coevolve.services.learner.memory import (
+    DEFAULT_ACTIVATION_TOKENS,
+    activation_checkpointing,
+    over_budget,
+)
 from coevolve.shared.messages import RolloutGroup, Trajectory
 from coevolve.shared.policy import LoadedPolicy, export_weights
 
@@ -65,6 +70,9 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_tokens: int | None = None
     # run a group's common prompt once and score the trajectories as its continuations
     share_prompt: bool = True
+    # a group with more tokens than this runs one trajectory at a time with activation
+    # checkpointing (bounded memory, no prompt sharing); None: never
+    activation_tokens: int | None = DEFAULT_ACTIVATION_TOKENS
     min_shared_prompt: int = 16
     # how many groups the learner service gathers for one step
     groups_per_step: int = 4
@@ -311,13 +319,31 @@ class GrpoLearner:
                 )
             if prompt_length < self.config.min_shared_prompt:
                 prompt_length = 0
-            group_stats, group_tokens = self.accumulate_group(group, prompt_length, trained_tokens)
+            if over_budget(self.held_tokens(group, prompt_length), self.config.activation_tokens):
+                with activation_checkpointing(self.model):
+                    group_stats, group_tokens = self.accumulate_group(
+                        group, 0, trained_tokens, micro_batch_size=1
+                    )
+            else:
+                group_stats, group_tokens = self.accumulate_group(
+                    group, prompt_length, trained_tokens
+                )
             stats.extend(group_stats)
             tokens += group_tokens
         return stats, tokens
 
+    def held_tokens(self, group: Sequence[Sample], prompt_length: int) -> list[int]:
+        """Tokens whose activations are held at once: the shared prompt (kept until the
+        group's end) and the largest micro-batch of continuations."""
+        tails = sorted((len(s.token_ids) - prompt_length for s in group), reverse=True)
+        return [prompt_length, *tails[: max(1, self.config.micro_batch_size)]]
+
     def accumulate_group(
-        self, group: Sequence[Sample], prompt_length: int, trained_tokens: int
+        self,
+        group: Sequence[Sample],
+        prompt_length: int,
+        trained_tokens: int,
+        micro_batch_size: int | None = None,
     ) -> tuple[list[GrpoStats], int]:
         policy_prompt: SharedPrefix | None = None
         reference_prompt: SharedPrefix | None = None
@@ -336,7 +362,7 @@ class GrpoLearner:
         ordered = sorted(
             (s.after(prompt_length) for s in group), key=lambda s: len(s.token_ids), reverse=True
         )
-        size = max(1, self.config.micro_batch_size)
+        size = max(1, micro_batch_size or self.config.micro_batch_size)
         stats: list[GrpoStats] = []
         for start in range(0, len(ordered), size):
             chunk = ordered[start : start + size]

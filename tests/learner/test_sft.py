@@ -8,10 +8,12 @@ import torch
 from coevolve.services.learner.sft import (
     CLOSING_TEXT,
     IGNORE_INDEX,
+    accumulate_sft_gradients,
     build_examples,
     conversation_without_observations,
     replayed_conversation,
     tokenize_conversation,
+    truncate,
     warm_start,
 )
 from coevolve.shared.envs import make_environment
@@ -19,6 +21,8 @@ from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.messages import Task
 from coevolve.shared.policy import LoadedPolicy, render_prompt_ids
 from coevolve.shared.toolcalls import format_tool_calls, parse_tool_calls
+
+from .conftest import saved_for_backward
 
 # long enough to hold the first turn's reply; short enough to train in seconds on a CPU
 MAX_LEN = 136
@@ -140,3 +144,44 @@ def test_warm_start_trains_the_adapter_on_assistant_tokens(
     assert torch.equal(base_weight, base_before)
     adapters_after = [p for p in policy.model.parameters() if p.requires_grad]
     assert any(not torch.equal(a, b) for a, b in zip(adapters_before, adapters_after, strict=True))
+
+
+def test_over_the_activation_budget_examples_run_checkpointed_with_the_same_gradient(
+    policy: LoadedPolicy, tasks: list[Task]
+) -> None:
+    examples, _ = build_examples(policy, tasks, replay=False)
+    examples = [truncate(e, MAX_LEN) for e in examples]
+    normalizer = sum(e.supervised_tokens for e in examples)
+    trainable = [p for p in policy.model.parameters() if p.requires_grad]
+    # LoRA B starts at zero, so A gets no gradient: give B a value first
+    with torch.no_grad():
+        for name, parameter in policy.model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.01)
+    policy.model.train()  # checkpointing applies in training mode only
+    for module in policy.model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0  # batched and one-at-a-time runs would draw different masks
+
+    def gradient(activation_tokens: int | None) -> tuple[torch.Tensor, float, int]:
+        with saved_for_backward() as saved:
+            loss = accumulate_sft_gradients(
+                policy.model,
+                examples,
+                0,
+                torch.device("cpu"),
+                normalizer,
+                activation_tokens=activation_tokens,
+            )
+        flat = torch.cat([p.grad.flatten() for p in trainable if p.grad is not None])
+        for p in trainable:
+            p.grad = None
+        return flat, loss, saved[0]
+
+    stored, stored_loss, stored_bytes = gradient(None)
+    checkpointed, checkpointed_loss, checkpointed_bytes = gradient(1)
+    assert checkpointed_bytes < stored_bytes / 3  # the layers' activations were not kept
+    assert not policy.model.get_base_model().is_activation_checkpointing
+    assert stored.abs().sum() > 0
+    assert checkpointed_loss == pytest.approx(stored_loss, rel=1e-4)
+    assert float((stored - checkpointed).norm() / stored.norm()) < 1e-4

@@ -15,7 +15,7 @@ from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig, Sample
 from coevolve.shared.messages import RolloutGroup
 from coevolve.shared.policy import LoadedPolicy, import_weights
 
-from .conftest import SAMPLES, TEMPERATURE, GroupFactory, PolicyFactory
+from .conftest import SAMPLES, TEMPERATURE, GroupFactory, PolicyFactory, saved_for_backward
 
 
 def config(**overrides: Any) -> LearnerConfig:
@@ -198,3 +198,32 @@ def test_an_overflowing_ratio_skips_the_update_instead_of_corrupting_weights(
     assert not metrics.trained and learner.version == 0
     assert all(torch.equal(a, b) for a, b in zip(before, learner.trainable, strict=True))
     assert all(p.grad is None for p in learner.trainable)
+
+
+def test_groups_over_the_activation_budget_give_the_same_gradient_checkpointed(
+    policy: LoadedPolicy, make_group: GroupFactory
+) -> None:
+    groups = [make_group([1.0, 0.0, 0.5]), make_group([0.0, 1.0], offset=3)]
+    learner = GrpoLearner(policy, config(kl_beta=0.1, lr=1e-3))
+    learner.step([make_group([0.0, 1.0, 1.0], offset=6)])  # so LoRA B != 0 and KL > 0
+    base = policy.model.get_base_model()
+
+    def gradient(activation_tokens: int | None) -> tuple[torch.Tensor, float, int]:
+        learner.config = msgspec.structs.replace(
+            learner.config, activation_tokens=activation_tokens
+        )
+        grouped, _, _ = learner.build_samples(groups)
+        with saved_for_backward() as saved:
+            stats, _ = learner.accumulate_gradients(grouped)
+        flat = torch.cat([p.grad.flatten() for p in learner.trainable if p.grad is not None])
+        learner.optimizer.zero_grad(set_to_none=True)
+        return flat, sum(s.loss * s.tokens for s in stats), saved[0]
+
+    stored, stored_loss, stored_bytes = gradient(None)
+    # every group is over a 1-token budget
+    checkpointed, checkpointed_loss, checkpointed_bytes = gradient(1)
+    assert checkpointed_bytes < stored_bytes / 3  # the layers' activations were not kept
+    assert not base.is_activation_checkpointing  # switched off again after the group
+    assert stored.abs().sum() > 0
+    assert checkpointed_loss == pytest.approx(stored_loss, rel=1e-4)
+    assert float((stored - checkpointed).norm() / stored.norm()) < 1e-4
