@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from coevolve.cli import bench, data_cmds, eval_cmd, serve, status, up
+from coevolve.cli import bench, data_cmds, eval_cmd, explore_cmd, serve, status, up
 
 app = typer.Typer(
     name="coevolve",
@@ -22,6 +22,7 @@ app.command("status")(status.status)
 app.command("bench")(bench.bench)
 app.command("eval")(eval_cmd.eval_command)
 app.command("signals")(data_cmds.signals)
+app.command("explore")(explore_cmd.explore)
 app.add_typer(data_cmds.tasks_app, name="tasks")
 
 

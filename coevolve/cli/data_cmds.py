@@ -38,7 +38,7 @@ JsonLines = Annotated[
 ]
 
 
-def _connect_settings(config: Any, run_dir: Any) -> Settings:
+def connect_settings(config: Any, run_dir: Any) -> Settings:
     settings = settings_from(config, run_dir)
     url = os.environ.get("NATS_URL") or recorded_nats_url(settings.run_dir) or settings.bus.url
     settings.bus.url = url
@@ -134,7 +134,7 @@ def signals(
     """Print signals as the signal monitor publishes them (live; nothing is consumed)."""
     if kind is not None and kind not in SIGNAL_KINDS:
         raise typer.BadParameter(f"unknown kind {kind!r}; choose from {', '.join(SIGNAL_KINDS)}")
-    settings = _connect_settings(config, run_dir)
+    settings = connect_settings(config, run_dir)
     subject = signal_subject(kind) if kind else SIGNALS_ALL
 
     def show(signal: Signal) -> None:
@@ -221,7 +221,7 @@ def list_tasks(
     (it holds the file), a random sample of active tasks, with counts by origin."""
     if origin is not None and origin not in ORIGINS:
         raise typer.BadParameter(f"unknown origin {origin!r}; choose from {', '.join(ORIGINS)}")
-    settings = _connect_settings(config, run_dir)
+    settings = connect_settings(config, run_dir)
 
     async def via_pool(pool: PoolClient) -> dict[str, Any]:
         stats = await pool.stats()
@@ -268,7 +268,7 @@ def show_task(
     run_dir: RunDirOption = None,
 ) -> None:
     """One task: its user turns, ground truth and origin."""
-    settings = _connect_settings(config, run_dir)
+    settings = connect_settings(config, run_dir)
 
     async def via_pool(pool: PoolClient) -> Task | None:
         return await pool.get(task_id)
@@ -300,7 +300,7 @@ def task_lineage(
     run_dir: RunDirOption = None,
 ) -> None:
     """How a task came to be: signal -> context -> exploration -> candidate -> verdict."""
-    settings = _connect_settings(config, run_dir)
+    settings = connect_settings(config, run_dir)
 
     async def via_pool(pool: PoolClient) -> dict[str, Any]:
         return (await pool.lineage(task_id)).chain
