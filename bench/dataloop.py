@@ -29,6 +29,11 @@ the run: that is the pool growth), verdicts accepted and rejected, acceptance ra
 accepted / verdicts, the top rejection reasons, and the policy versions the learner wrote
 to ``RUN_DIR/policies``.
 
+``COEVOLVE_BENCH_SEED_EXPLORATIONS=N`` also publishes N seed-mode exploration requests
+(train-split tasks, as ``coevolve explore -n N`` does) once the bus is up: a base policy
+that never calls a tool raises no boundary or rare signal, so without them a short run
+on a CPU may show no data-loop activity at all.
+
 Writes ``result.json`` and ``up.log`` (``up``'s own output; each service logs under
 ``run/logs``) to ``RUN_DIR/bench/dataloop-<stamp>``. The run directory reuses the
 de-quantized model cache of ``RUN_DIR/models`` when there is one (a symbolic link), so the
@@ -55,6 +60,7 @@ import anyio
 import duckdb
 from anyio.abc import TaskStatus
 
+from coevolve.cli.explore_cmd import choose_tasks, publish_requests
 from coevolve.cli.up import recorded_nats_url
 from coevolve.shared.bus import MSG_ID_HEADER, Bus, BusError
 from coevolve.shared.config import DEFAULT_RUN_DIR, BusSettings
@@ -87,6 +93,7 @@ from coevolve.shared.subjects import (
 FULL_MINUTES = 20.0
 QUICK_MINUTES = 3.0
 MINUTES_ENV = "COEVOLVE_BENCH_MINUTES"
+SEED_EXPLORATIONS_ENV = "COEVOLVE_BENCH_SEED_EXPLORATIONS"
 PROGRESS_EVERY_S = 60.0
 UP_START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 60.0
@@ -223,16 +230,22 @@ async def watch_bus(
     should_stop: Callable[[], bool] = lambda: False,
     progress_every_s: float = PROGRESS_EVERY_S,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    seed_explorations: int = 0,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Count every ``coevolve.>`` message until ``duration_s`` after ``counter.started_at``
-    or until ``should_stop()``; ``task_status`` is set once the subscription is live."""
+    or until ``should_stop()``; ``task_status`` is set once the subscription is live.
+    With ``seed_explorations``, that many seed-mode exploration requests (train-split
+    tasks, as ``coevolve explore`` sends them) are published once it is."""
     settings = BusSettings(url=url, connect_timeout_s=connect_timeout_s)
     bus = await Bus.connect(settings, name="bench-dataloop")
     try:
         with anyio.fail_after(connect_timeout_s):
             subscription = await bus.nc.subscribe(f"{PREFIX}.>", pending_bytes_limit=PENDING_BYTES)
             await bus.nc.flush()
+        if seed_explorations:
+            await bus.ensure_streams()
+            await publish_requests(bus, choose_tasks(seed_explorations, seed=0), rounds=1)
         task_status.started()
 
         async def read() -> None:
@@ -468,6 +481,7 @@ def summarize(
 
 def run(quick: bool, base_run_dir: Path | None = None) -> dict[str, Any]:
     minutes = bench_minutes(quick)
+    seeds = int(os.environ.get(SEED_EXPLORATIONS_ENV) or 0)
     base = base_run_dir or Path(os.environ.get("COEVOLVE_RUN_DIR") or DEFAULT_RUN_DIR)
     out = bench_directory(base).resolve()
     run_dir = out / "run"
@@ -480,7 +494,12 @@ def run(quick: bool, base_run_dir: Path | None = None) -> dict[str, Any]:
     try:
         url = wait_for_nats_url(run_dir, process)
         watch = functools.partial(
-            watch_bus, url, counter, minutes * 60, should_stop=lambda: process.poll() is not None
+            watch_bus,
+            url,
+            counter,
+            minutes * 60,
+            should_stop=lambda: process.poll() is not None,
+            seed_explorations=seeds,
         )
         anyio.run(watch)
     except (RuntimeError, TimeoutError, BusError) as exc:
@@ -500,6 +519,7 @@ def run(quick: bool, base_run_dir: Path | None = None) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "omp_num_threads": 1,
         "shared_model_cache": shared_models,
+        "seed_explorations": seeds,
         **summarize(counter, pool, policy_versions(run_dir), minutes),
         "up": {
             "exited_early": exited_early,

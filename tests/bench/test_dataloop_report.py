@@ -3,6 +3,7 @@ traffic, summarizing a real pool file, stopping a child process group."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -169,6 +170,13 @@ def test_watch_bus_stops_at_its_duration(nats_server: NatsServer) -> None:
     started = time.monotonic()
     anyio.run(watch_bus, nats_server.url, counter, 1.0)
     assert 0.9 <= time.monotonic() - started < 5.0
+
+
+def test_seed_explorations_are_published_and_counted(nats_server: NatsServer) -> None:
+    counter = LoopCounter()
+    anyio.run(functools.partial(watch_bus, nats_server.url, counter, 1.5, seed_explorations=2))
+    # the subscription was live before the requests went out: it saw both
+    assert counter.counts["exploration_requests"] == 2
 
 
 # ---------------------------------------------------------------------- the pool's outcome
