@@ -51,7 +51,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -267,6 +267,32 @@ async def watch_bus(
     finally:
         with anyio.move_on_after(5, shield=True):
             await bus.close(timeout=3.0)
+
+
+async def until_signalled(
+    work: Callable[[], Awaitable[None]],
+    signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM),
+) -> signal.Signals | None:
+    """Run ``work``; on one of ``signals`` cancel it and return that signal (else None).
+
+    Ctrl-C then ends the watch early and the caller still stops ``up`` and reports what
+    was seen, instead of leaving ``up`` and its services running.
+    """
+    received: list[signal.Signals] = []
+    async with anyio.create_task_group() as tg:
+
+        async def watch_signals() -> None:
+            with anyio.open_signal_receiver(*signals) as incoming:
+                async for signum in incoming:
+                    print(f"[dataloop] {signal.Signals(signum).name}: stopping early", flush=True)
+                    received.append(signal.Signals(signum))
+                    tg.cancel_scope.cancel()
+                    return
+
+        tg.start_soon(watch_signals)
+        await work()
+        tg.cancel_scope.cancel()
+    return received[0] if received else None
 
 
 # ---------------------------------------------------------------------- the up process
@@ -491,6 +517,7 @@ def run(quick: bool, base_run_dir: Path | None = None) -> dict[str, Any]:
     counter = LoopCounter()
     process = start_up(run_dir, free_port(), log_path)
     error: str | None = None
+    interrupted = False
     try:
         url = wait_for_nats_url(run_dir, process)
         watch = functools.partial(
@@ -501,7 +528,7 @@ def run(quick: bool, base_run_dir: Path | None = None) -> dict[str, Any]:
             should_stop=lambda: process.poll() is not None,
             seed_explorations=seeds,
         )
-        anyio.run(watch)
+        interrupted = anyio.run(until_signalled, watch) is not None
     except (RuntimeError, TimeoutError, BusError) as exc:
         error = str(exc)
     finally:
@@ -521,6 +548,7 @@ def run(quick: bool, base_run_dir: Path | None = None) -> dict[str, Any]:
         "shared_model_cache": shared_models,
         "seed_explorations": seeds,
         **summarize(counter, pool, policy_versions(run_dir), minutes),
+        "interrupted": interrupted,
         "up": {
             "exited_early": exited_early,
             "error": error,

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from coevolve.bench.dataloop import (
     share_model_cache,
     stop_process_group,
     summarize,
+    until_signalled,
     wait_for_nats_url,
     watch_bus,
 )
@@ -342,3 +344,28 @@ def test_the_model_cache_of_the_base_run_is_linked_not_copied(tmp_path: Path) ->
     assert (run_dir / "models" / "SmolLM2").is_dir()
     assert (run_dir / "models").resolve() == (base / "models").resolve()
     assert not share_model_cache(tmp_path / "other", tmp_path / "no-models")
+
+
+def test_a_signal_ends_the_watch_early_and_is_reported() -> None:
+    finished: list[bool] = []
+
+    async def long_watch() -> None:
+        await anyio.sleep(30)
+        finished.append(True)
+
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    started = time.monotonic()
+    timer.start()
+    try:
+        received = anyio.run(until_signalled, long_watch)
+    finally:
+        timer.cancel()
+    assert received == signal.SIGINT and not finished
+    assert time.monotonic() - started < 5.0
+
+
+def test_without_a_signal_the_watch_runs_to_its_end() -> None:
+    async def short_watch() -> None:
+        await anyio.sleep(0.1)
+
+    assert anyio.run(until_signalled, short_watch) is None
