@@ -18,12 +18,17 @@ import torch
 import typer
 
 from coevolve.cli.lockstep_synthesis import DEFAULT_MAX_SIGNALS, LockstepSynthesis
+from coevolve.services.learner.actor import LearnerServiceConfig, WarmStartConfig
+from coevolve.services.learner.sft import warm_start
 from coevolve.services.learner.trainer import LearnerConfig
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.config import Settings
 from coevolve.shared.lockstep import IterationReport, LockstepConfig, LockstepLoop
 from coevolve.shared.messages import Task
-from coevolve.shared.policy import load_policy
+from coevolve.shared.policy import LoadedPolicy, export_weights, import_weights, load_policy
+
+# the warm-started adapter, kept so a restarted lockstep run does not train it again
+WARM_START_WEIGHTS = Path("lockstep") / "warm_start.safetensors"
 
 
 def run_lockstep(
@@ -47,7 +52,8 @@ def run_lockstep(
     The policy is loaded (and cached) under ``run_dir``; TensorBoard scalars go to
     ``run_dir/tensorboard/lockstep``. One torch thread unless OMP_NUM_THREADS says otherwise.
     Synthesis reads its LLM roles and service sections from ``settings`` (defaults when
-    None) and explores at most ``max_signals`` signals each time.
+    None) and explores at most ``max_signals`` signals each time. Before the first step
+    the policy gets the SFT warm start of the ``learner`` section, once per run directory.
     """
     if synthesize_every < 0:
         raise typer.BadParameter(f"synthesize_every must be >= 0, got {synthesize_every}")
@@ -63,14 +69,17 @@ def run_lockstep(
             raise typer.BadParameter(f"the pool at {pool_path} has no active bfcl task")
         return tasks
 
+    settings = settings or Settings(run_dir=run_dir)
+    policy = load_policy(model, run_dir=run_dir)
+    warm_start_once(policy, store, run_dir, settings.section("learner", LearnerServiceConfig))
     synthesis = (
-        LockstepSynthesis(settings or Settings(run_dir=run_dir), store, max_signals=max_signals)
+        LockstepSynthesis(settings, store, max_signals=max_signals)
         if synthesize_every > 0
         else None
     )
     try:
         loop = LockstepLoop(
-            load_policy(model, run_dir=run_dir),
+            policy,
             sample,
             LockstepConfig(
                 tasks_per_step=tasks_per_step,
@@ -93,6 +102,46 @@ def run_lockstep(
         if synthesis is not None:
             synthesis.close()
         store.close()
+
+
+def warm_start_once(
+    policy: LoadedPolicy, store: PoolStore, run_dir: Path, config: LearnerServiceConfig
+) -> bool:
+    """SFT warm start on the pool's tasks with ground truth, once per run directory (as
+    the learner service does on its first start); later starts load the saved adapter.
+    Returns whether the policy is warm-started."""
+    path = run_dir / WARM_START_WEIGHTS
+    if path.is_file():
+        import_weights(policy.model, path.read_bytes())
+        typer.echo(f"warm start: loaded {path}")
+        return True
+    settings: WarmStartConfig = config.warm_start
+    if not settings.enabled:
+        return False
+    tasks = [
+        task
+        for task in store.sample_batch(settings.tasks, environment="bfcl", seed=0)
+        if task.ground_truth
+    ]
+    if not tasks:
+        typer.echo("warm start: no task with ground truth in the pool; skipped", err=True)
+        return False
+    typer.echo(f"warm start: SFT on {len(tasks)} tasks for {settings.epochs} epoch(s)")
+    report = warm_start(
+        policy,
+        tasks,
+        epochs=settings.epochs,
+        lr=settings.lr,
+        batch_size=settings.batch_size,
+        max_len=settings.max_len,
+        progress=True,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_bytes(export_weights(policy.model))
+    os.replace(partial, path)  # a run killed mid-write trains again instead of loading half
+    typer.echo(f"warm start: loss {report.first_loss:.3f} -> {report.final_loss:.3f}, {path}")
+    return True
 
 
 def announce_new_tasks(tasks: list[Task]) -> None:

@@ -24,8 +24,9 @@ from dataloop_fake_llm import RoleFakeLLM, offered_functions
 from dataloop_harness import WellFormedBrain, filesystem_seed_tasks, mixed_group
 
 from coevolve.bench.short_tasks import build_tasks
-from coevolve.cli.lockstep_cmd import run_lockstep
+from coevolve.cli.lockstep_cmd import WARM_START_WEIGHTS, run_lockstep, warm_start_once
 from coevolve.cli.lockstep_synthesis import LockstepSynthesis
+from coevolve.services.learner.actor import LearnerServiceConfig, WarmStartConfig
 from coevolve.services.learner.trainer import LearnerConfig
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.services.signal_monitor.detectors import SignalMonitor
@@ -228,3 +229,23 @@ def test_run_lockstep_runs_synthesis_after_the_step(tmp_path: Path, policy: Load
     assert sum(fake.calls.values()) == 0
     with PoolStore.open_readonly(pool_path) as store:
         assert sum(store.stats().tasks_by_origin.values()) == 1
+    assert (tmp_path / "run" / WARM_START_WEIGHTS).is_file()  # warm-started before step 1
+
+
+def test_the_warm_start_runs_once_per_run_directory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    config = LearnerServiceConfig(warm_start=WarmStartConfig(tasks=2, epochs=1, lr=1e-3))
+    with PoolStore(tmp_path / "pool.duckdb") as store:
+        store.add_tasks(build_tasks(2, seed=0, prefix="lockstep_math"))
+        first = load_policy(run_dir=CACHE_DIR, device="cpu")
+        assert warm_start_once(first, store, run_dir, config)
+        saved = (run_dir / WARM_START_WEIGHTS).stat().st_mtime_ns
+        second = load_policy(run_dir=CACHE_DIR, device="cpu")
+        assert warm_start_once(second, store, run_dir, config)  # loaded, not trained again
+        off = LearnerServiceConfig(warm_start=WarmStartConfig(enabled=False))
+        assert not warm_start_once(load_policy(run_dir=CACHE_DIR), store, tmp_path / "x", off)
+    assert (run_dir / WARM_START_WEIGHTS).stat().st_mtime_ns == saved
+    trained = dict(first.model.named_parameters())
+    for name, parameter in second.model.named_parameters():
+        if parameter.requires_grad:
+            assert torch.equal(parameter, trained[name]), name
