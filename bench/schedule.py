@@ -158,6 +158,9 @@ def rollout_worker(
             except queue.Full:
                 continue
         blocked_s += time.perf_counter() - begun
+    # batches still queued for a learner that has stopped: drop them at exit instead of
+    # waiting forever for the queue's feeder thread to hand them over
+    groups.cancel_join_thread()
     results.put(
         {
             "role": "rollout",
@@ -262,6 +265,10 @@ def run_async(setup: Setup) -> dict[str, Any]:
         reports = {r["role"]: r for r in (results.get(), results.get())}
         for worker in workers:
             worker.join(timeout=60)
+        for worker in workers:
+            if worker.is_alive():  # reported, but stuck on its way out: do not hang the bench
+                worker.terminate()
+                worker.join(timeout=10)
     learner = reports["learner"]
     return {**learner, "rollout": reports["rollout"]}
 
