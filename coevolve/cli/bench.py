@@ -16,6 +16,7 @@ BENCHMARKS = {
     "rollout": "rollout path tokens/s vs raw batched generate, same model and batch",
     "learning": "held-out success: base, after warm start, after N GRPO steps",
     "schedule": "learner steps per hour, async vs lockstep",
+    "memory": "one SFT step on a BFCL example: activations stored vs checkpointed",
     "dataloop": "coevolve up for N minutes: signals, explorations, verdicts, pool growth",
 }
 
