@@ -32,6 +32,7 @@ def probe(tokens: int, checkpointed: bool) -> dict[str, Any]:
 
     import torch
 
+    from coevolve.services.learner.memory import saved_for_backward
     from coevolve.services.learner.sft import accumulate_sft_gradients, build_examples, truncate
     from coevolve.shared.config import DEFAULT_RUN_DIR
     from coevolve.shared.envs.bfcl.tasks import seed_tasks
@@ -43,15 +44,9 @@ def probe(tokens: int, checkpointed: bool) -> dict[str, Any]:
     examples, _ = build_examples(policy, seed_tasks()[:1])
     example = truncate(examples[0], tokens)
     policy.model.train()
-    saved = [0]
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        saved[0] += tensor.numel() * tensor.element_size()
-        return tensor
-
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with saved_for_backward() as saved:
         accumulate_sft_gradients(
             policy.model,
             [example],

@@ -16,7 +16,7 @@ schedules):
 Every verdict is recorded in the pool with ``PoolStore.record_verdict``, as pool-store
 records those on the bus: an accepted task joins the pool with its lineage (signal,
 context, exploration, candidate, verdict) and is sampled from the next rollout on. The
-LLM roles come from the ``llm`` section (``coevolve.shared.llm.role_settings``), as for
+LLM roles come from the ``llm`` section (``RoleClients.from_section``), as for
 ``coevolve up``. An unreachable LLM ends the synthesis early (what was judged is kept);
 the next due synthesis tries again.
 """
@@ -67,7 +67,7 @@ from coevolve.services.signal_monitor.actor import SignalMonitorConfig
 from coevolve.services.signal_monitor.detectors import SignalMonitor
 from coevolve.shared.config import Settings
 from coevolve.shared.envs import Environment, make_environment
-from coevolve.shared.llm import LLMUnavailable, RoleClients, role_settings
+from coevolve.shared.llm import LLMUnavailable, RoleClients
 from coevolve.shared.messages import (
     Exploration,
     RolloutGroup,
@@ -129,9 +129,7 @@ class LockstepSynthesis:
         )
         self._leak_guard: LeakGuard | None = None
         self._own_llm = llm is None
-        self.llm = llm or RoleClients(
-            role_settings(settings.services.get("llm")), run_dir=settings.run_dir
-        )
+        self.llm = llm or RoleClients.from_section(settings.services.get("llm"), settings.run_dir)
         self.summaries = RejectionCounter()
         self.actions = RejectionCounter()
         self.abstractions = RejectionCounter()

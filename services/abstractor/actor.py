@@ -40,7 +40,7 @@ from coevolve.services.abstractor.prompts import (
 from coevolve.shared.actor import Actor, Consumer, Delivery
 from coevolve.shared.config import Settings
 from coevolve.shared.envs import make_environment
-from coevolve.shared.llm import RoleClients, RoleLLM, role_settings
+from coevolve.shared.llm import RoleClients, RoleLLM
 from coevolve.shared.messages import Exploration, Task, TaskCandidate
 from coevolve.shared.pool_client import PoolClient
 from coevolve.shared.similarity import MIN_WORDS, LeakGuard, NearDuplicateIndex
@@ -141,13 +141,8 @@ class AbstractorActor(Actor):
         super().__init__(settings)
         self.config = settings.section(self.name, AbstractorConfig)
         self._own_llm = llm is None
-        self.llm = llm or RoleClients(
-            {
-                role: config
-                for role, config in role_settings(settings.services.get("llm")).items()
-                if role == "abstractor"
-            },
-            run_dir=settings.run_dir,
+        self.llm = llm or RoleClients.from_section(
+            settings.services.get("llm"), settings.run_dir, roles=("abstractor",)
         )
         cache_dir = similarity_cache_dir(self.config, settings.run_dir)
         self.cache_dir = cache_dir

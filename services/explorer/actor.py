@@ -37,7 +37,7 @@ from coevolve.services.explorer.prompts import (
 from coevolve.shared.actor import Actor, Consumer, Delivery
 from coevolve.shared.config import Settings
 from coevolve.shared.envs import Environment, make_environment
-from coevolve.shared.llm import RoleClients, RoleLLM, role_settings
+from coevolve.shared.llm import RoleClients, RoleLLM
 from coevolve.shared.messages import (
     Exploration,
     ExplorationContext,
@@ -78,13 +78,8 @@ class ExplorerActor(Actor):
         super().__init__(settings)
         self.config = settings.section(self.name, ExplorerConfig)
         self._own_llm = llm is None
-        self.llm = llm or RoleClients(
-            {
-                role: config
-                for role, config in role_settings(settings.services.get("llm")).items()
-                if role in ("summarizer", "explorer")
-            },
-            run_dir=settings.run_dir,
+        self.llm = llm or RoleClients.from_section(
+            settings.services.get("llm"), settings.run_dir, roles=("summarizer", "explorer")
         )
         self.limits = exploration_limits(self.config)
         self.summaries = RejectionCounter()

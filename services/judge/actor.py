@@ -25,7 +25,7 @@ from coevolve.services.judge.replay import ReplayCheck, replay_candidate
 from coevolve.shared.actor import Actor, Consumer, Delivery
 from coevolve.shared.config import Settings
 from coevolve.shared.envs import Environment, make_environment
-from coevolve.shared.llm import RoleClients, RoleLLM, role_settings
+from coevolve.shared.llm import RoleClients, RoleLLM
 from coevolve.shared.messages import Task, TaskCandidate, Verdict, derived_id
 from coevolve.shared.structured import Rejection, RejectionCounter, ask_structured, report_rejection
 from coevolve.shared.subjects import JUDGE_CONSUMER, VERDICTS
@@ -48,13 +48,8 @@ class JudgeActor(Actor):
         super().__init__(settings)
         self.config = settings.section(self.name, JudgeConfig)
         self._own_llm = llm is None
-        self.llm = llm or RoleClients(
-            {
-                role: config
-                for role, config in role_settings(settings.services.get("llm")).items()
-                if role == "judge"
-            },
-            run_dir=settings.run_dir,
+        self.llm = llm or RoleClients.from_section(
+            settings.services.get("llm"), settings.run_dir, roles=("judge",)
         )
         self.judgments = RejectionCounter()
         self.outcomes: Counter[str] = Counter()

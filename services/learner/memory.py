@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch import nn
 
 # Tokens of one micro-batch run with stored activations (measured: autograd keeps 2.6 MB per
@@ -54,6 +55,23 @@ def activation_checkpointing(model: nn.Module) -> Iterator[None]:
             layer.training = mode
         if not was_enabled:
             base.activation_checkpointing_disable()
+
+
+@contextmanager
+def saved_for_backward() -> Iterator[list[int]]:
+    """Bytes of the tensors autograd saves for backward while the block runs (one counter).
+
+    Inside a checkpointed layer the checkpoint's own hooks take over, so what the layer
+    would have kept does not count: this measures what activation checkpointing saves.
+    """
+    counter = [0]
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        counter[0] += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield counter
 
 
 def over_budget(lengths: list[int], budget: int | None) -> bool:

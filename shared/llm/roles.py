@@ -17,6 +17,7 @@ backend settings are equal share one backend instance, so the local model loads 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -164,6 +165,19 @@ class RoleClients:
                 backends[key] = make_backend(config, run_dir)
             self._roles[role] = RoleLLM(role, backends[key], config)
         self._backends = list(backends.values())
+
+    @classmethod
+    def from_section(
+        cls,
+        section: dict[str, Any] | LLMSettings | None,
+        run_dir: Path | None = None,
+        roles: Collection[str] | None = None,
+    ) -> RoleClients:
+        """Clients for ``roles`` (every role when None) from a run's ``llm`` section."""
+        chosen = role_settings(section)
+        if roles is not None:
+            chosen = {role: config for role, config in chosen.items() if role in roles}
+        return cls(chosen, run_dir=run_dir)
 
     def __getitem__(self, role: Role) -> RoleLLM:
         return self._roles[role]

@@ -38,11 +38,6 @@ from coevolve.shared.telemetry import read_spans
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_rollout_group_to_accepted_task_with_lineage_in_one_trace(
     settings: Settings, tmp_path: Path
 ) -> None:

@@ -35,11 +35,6 @@ pytestmark = pytest.mark.anyio
 GROUPS = 6
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_three_explorers_two_judges_process_each_message_once(settings: Settings) -> None:
     tasks = filesystem_seed_tasks(GROUPS)
     # Slow answers keep each explorer and judge busy, so the queues spread the work.

@@ -38,11 +38,6 @@ SIGNALS = 8
 DEADLINE_S = 3 * 3600.0
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_local_model_turns_a_boundary_signal_into_an_accepted_task(
     settings: Settings,
 ) -> None:

@@ -31,11 +31,6 @@ from coevolve.shared.subjects import signal_subject
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def boundary_signal(task: Task) -> Signal:
     group = mixed_group(task)
     return Signal(

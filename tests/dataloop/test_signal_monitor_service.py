@@ -17,11 +17,6 @@ from coevolve.shared.subjects import ROLLOUT_GROUPS, SIGNALS_ALL
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_signals_published_and_state_survives_a_restart(settings: Settings) -> None:
     first, second = filesystem_seed_tasks(2)
     settings.services.update(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,20 +109,3 @@ def make_group(sampled: Sampled) -> GroupFactory:
         )
 
     return make
-
-
-@contextmanager
-def saved_for_backward() -> Iterator[list[int]]:
-    """Bytes of the tensors autograd saves for backward while the block runs (one counter).
-
-    Inside a checkpointed layer the checkpoint's own hooks take over, so what the layer
-    would have kept does not count: this measures what activation checkpointing saves.
-    """
-    counter = [0]
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        counter[0] += tensor.numel() * tensor.element_size()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        yield counter

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from coevolve.services.learner.memory import saved_for_backward
 from coevolve.services.learner.sft import (
     CLOSING_TEXT,
     IGNORE_INDEX,
@@ -21,8 +22,6 @@ from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.messages import Task
 from coevolve.shared.policy import LoadedPolicy, render_prompt_ids
 from coevolve.shared.toolcalls import format_tool_calls, parse_tool_calls
-
-from .conftest import saved_for_backward
 
 # long enough to hold the first turn's reply; short enough to train in seconds on a CPU
 MAX_LEN = 136

@@ -11,11 +11,12 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from coevolve.services.learner.grpo import sequence_logprobs
+from coevolve.services.learner.memory import saved_for_backward
 from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig, Sample, pad_batch
 from coevolve.shared.messages import RolloutGroup
 from coevolve.shared.policy import LoadedPolicy, import_weights
 
-from .conftest import SAMPLES, TEMPERATURE, GroupFactory, PolicyFactory, saved_for_backward
+from .conftest import SAMPLES, TEMPERATURE, GroupFactory, PolicyFactory
 
 
 def config(**overrides: Any) -> LearnerConfig:
@@ -145,25 +146,35 @@ def sampled_completion(group: RolloutGroup, index: int) -> list[int]:
     return [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask, strict=True) if m]
 
 
+def trained_learner(policy: LoadedPolicy, make_group: GroupFactory) -> GrpoLearner:
+    learner = GrpoLearner(policy, config(kl_beta=0.1, lr=1e-3))
+    learner.step([make_group([0.0, 1.0, 1.0], offset=6)])  # so LoRA B != 0 and KL > 0
+    return learner
+
+
+def accumulated_gradient(
+    learner: GrpoLearner, groups: list[RolloutGroup], **overrides: Any
+) -> tuple[torch.Tensor, float]:
+    """The flat gradient and summed loss of ``groups`` under the learner's config with
+    ``overrides``; the gradient is cleared afterwards."""
+    learner.config = msgspec.structs.replace(learner.config, **overrides)
+    grouped, _, _ = learner.build_samples(groups)
+    stats, _ = learner.accumulate_gradients(grouped)
+    flat = torch.cat([p.grad.flatten() for p in learner.trainable if p.grad is not None])
+    learner.optimizer.zero_grad(set_to_none=True)
+    return flat, sum(s.loss * s.tokens for s in stats)
+
+
 def test_shared_prompt_and_micro_batches_give_the_full_batch_gradient(
     policy: LoadedPolicy, make_group: GroupFactory
 ) -> None:
     groups = [make_group([1.0, 0.0, 0.5]), make_group([0.0, 1.0], offset=3)]
-    learner = GrpoLearner(policy, config(kl_beta=0.1, lr=1e-3))
-    learner.step([make_group([0.0, 1.0, 1.0], offset=6)])  # so LoRA B != 0 and KL > 0
+    learner = trained_learner(policy, make_group)
 
-    def gradient(micro_batch_size: int, share_prompt: bool) -> tuple[torch.Tensor, float]:
-        learner.config = msgspec.structs.replace(
-            learner.config, micro_batch_size=micro_batch_size, share_prompt=share_prompt
-        )
-        grouped, _, _ = learner.build_samples(groups)
-        stats, _ = learner.accumulate_gradients(grouped)
-        flat = torch.cat([p.grad.flatten() for p in learner.trainable if p.grad is not None])
-        learner.optimizer.zero_grad(set_to_none=True)
-        return flat, sum(s.loss * s.tokens for s in stats)
-
-    whole, whole_loss = gradient(5, share_prompt=False)
-    split, split_loss = gradient(2, share_prompt=True)
+    whole, whole_loss = accumulated_gradient(
+        learner, groups, micro_batch_size=5, share_prompt=False
+    )
+    split, split_loss = accumulated_gradient(learner, groups, micro_batch_size=2, share_prompt=True)
     assert whole.abs().sum() > 0
     assert split_loss == pytest.approx(whole_loss, rel=1e-4)
     assert float((whole - split).norm() / whole.norm()) < 1e-4
@@ -204,25 +215,15 @@ def test_groups_over_the_activation_budget_give_the_same_gradient_checkpointed(
     policy: LoadedPolicy, make_group: GroupFactory
 ) -> None:
     groups = [make_group([1.0, 0.0, 0.5]), make_group([0.0, 1.0], offset=3)]
-    learner = GrpoLearner(policy, config(kl_beta=0.1, lr=1e-3))
-    learner.step([make_group([0.0, 1.0, 1.0], offset=6)])  # so LoRA B != 0 and KL > 0
+    learner = trained_learner(policy, make_group)
     base = policy.model.get_base_model()
 
-    def gradient(activation_tokens: int | None) -> tuple[torch.Tensor, float, int]:
-        learner.config = msgspec.structs.replace(
-            learner.config, activation_tokens=activation_tokens
-        )
-        grouped, _, _ = learner.build_samples(groups)
-        with saved_for_backward() as saved:
-            stats, _ = learner.accumulate_gradients(grouped)
-        flat = torch.cat([p.grad.flatten() for p in learner.trainable if p.grad is not None])
-        learner.optimizer.zero_grad(set_to_none=True)
-        return flat, sum(s.loss * s.tokens for s in stats), saved[0]
-
-    stored, stored_loss, stored_bytes = gradient(None)
+    with saved_for_backward() as stored_bytes:
+        stored, stored_loss = accumulated_gradient(learner, groups, activation_tokens=None)
     # every group is over a 1-token budget
-    checkpointed, checkpointed_loss, checkpointed_bytes = gradient(1)
-    assert checkpointed_bytes < stored_bytes / 3  # the layers' activations were not kept
+    with saved_for_backward() as checkpointed_bytes:
+        checkpointed, checkpointed_loss = accumulated_gradient(learner, groups, activation_tokens=1)
+    assert checkpointed_bytes[0] < stored_bytes[0] / 3  # the layers' activations were not kept
     assert not base.is_activation_checkpointing  # switched off again after the group
     assert stored.abs().sum() > 0
     assert checkpointed_loss == pytest.approx(stored_loss, rel=1e-4)
