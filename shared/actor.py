@@ -11,7 +11,8 @@ per service) and its background loops. ``ActorRunner`` does the rest:
 - a message already processed by this instance (same ``Nats-Msg-Id``) is acked without
   running the handler again (durable idempotency is the handler's, e.g. pool-store's);
 - long handlers keep their message with ``in_progress`` so it is not redelivered;
-- heartbeats go to the ``coevolve-heartbeats`` key-value bucket and a core subject;
+- heartbeats go to the ``coevolve-heartbeats`` key-value bucket and a core subject,
+  with the phase and progress the service reports (``Actor.report_progress``);
 - SIGTERM/SIGINT: stop fetching, let in-flight work finish for ``drain_timeout_s``, nak
   what is still running, drain the connection, return (exit 0).
 """
@@ -77,6 +78,16 @@ class Delivery:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """What a service reports it is doing (sent with its heartbeats)."""
+
+    phase: str
+    done: int | None = None
+    total: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class Consumer(Generic[M]):
     spec: ConsumerSpec
     message: type[M]
@@ -100,6 +111,8 @@ class Actor:
     name: ClassVar[str]
     # how long setup() may take (loading a model, a warm start) before the service fails
     setup_timeout_s: ClassVar[float] = 300.0
+    # replaced whole (never mutated), so a worker thread can report while heartbeats read
+    _progress: Progress | None = None
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -140,6 +153,19 @@ class Actor:
     async def metric(self, name: str, value: float, step: int = 0, **tags: str) -> None:
         metric = Metric(service=self.name, name=name, value=value, step=step, tags=tags)
         await self.bus.publish_core(metrics_subject(self.name), metric)
+
+    def report_progress(
+        self, phase: str, done: int | None = None, total: int | None = None, detail: str = ""
+    ) -> None:
+        """Say what this service is doing, e.g. ``("warm start", 7, 16)``; the next
+        heartbeat carries it to ``coevolve status`` and ``coevolve up``. Cheap, and safe
+        from any thread (one attribute assignment). What is reported during ``setup()``
+        is cleared when setup ends and the phase becomes "running"."""
+        self._progress = Progress(phase, done, total, detail)
+
+    def clear_progress(self) -> None:
+        """Back to the runner's own phase ("starting" or "running")."""
+        self._progress = None
 
 
 @dataclass
@@ -220,6 +246,7 @@ class ActorRunner:
         name = self.actor.name
         with anyio.fail_after(self.actor.setup_timeout_s):
             await self.actor.setup()
+        self.actor.clear_progress()
         with anyio.fail_after(NETWORK_TIMEOUT_S * 2):
             pulls = [(c, await bus.ensure_consumer(c.spec)) for c in self.actor.consumers()]
             subs = [
@@ -249,17 +276,21 @@ class ActorRunner:
         interval = self.settings.runtime.heartbeat_interval_s
         host = socket.gethostname()
         while True:
+            progress = self.actor._progress  # read once: a worker thread may replace it
             beat = Heartbeat(
                 service=self.actor.name,
                 instance=self.instance,
                 pid=os.getpid(),
                 host=host,
                 started_at=self.started_at,
-                phase=self.phase,
+                phase=progress.phase if progress else self.phase,
                 in_flight=self.stats.in_flight,
                 processed=self.stats.processed,
                 failed=self.stats.failed,
                 dead_lettered=self.stats.dead_lettered,
+                progress_done=progress.done if progress else None,
+                progress_total=progress.total if progress else None,
+                detail=progress.detail if progress else "",
             )
             try:
                 with anyio.fail_after(NETWORK_TIMEOUT_S):

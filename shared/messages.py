@@ -279,11 +279,16 @@ class Heartbeat(Message):
     host: str
     started_at: float
     sent_at: float = msgspec.field(default_factory=now)
-    phase: Literal["starting", "running"] = "running"
+    # "starting" until setup ends, then "running", unless the service reports its own
+    # phase ("warm start"); progress_done of progress_total, and a detail, go with it
+    phase: str = "running"
     in_flight: int = 0
     processed: int = 0
     failed: int = 0
     dead_lettered: int = 0
+    progress_done: int | None = None
+    progress_total: int | None = None
+    detail: str = ""
 
 
 class Metric(Message):

@@ -11,6 +11,7 @@ import anyio
 import typer
 from nats.js.errors import NotFoundError
 
+from coevolve.cli.events import progress_text
 from coevolve.cli.options import ConfigOption, JsonOption, RunDirOption, settings_from
 from coevolve.cli.up import recorded_nats_url
 from coevolve.shared.bus import Bus, BusError
@@ -44,6 +45,9 @@ async def collect(bus: Bus, stale_after_s: float) -> dict[str, Any]:
                 "heartbeat_age_s": round(age, 3),
                 "alive": age < stale_after_s,
                 "phase": beat.phase,
+                "progress_done": beat.progress_done,
+                "progress_total": beat.progress_total,
+                "detail": beat.detail,
                 "uptime_s": round(now - beat.started_at, 1),
                 "processed": beat.processed,
                 "failed": beat.failed,
@@ -84,10 +88,26 @@ async def collect(bus: Bus, stale_after_s: float) -> dict[str, Any]:
     }
 
 
+def service_lines(services: list[dict[str, Any]]) -> list[str]:
+    """The services table: one instance a line, its phase and progress last."""
+    lines = [
+        f"{'service':<16}{'instance':<14}{'pid':>8}{'beat age':>10}{'done':>8}{'failed':>8}  phase"
+    ]
+    for i in services:
+        phase = progress_text(i["phase"], i["progress_done"], i["progress_total"], i["detail"])
+        stale = "" if i["alive"] else "  (stale)"
+        lines.append(
+            f"{i['service']:<16}{i['instance']:<14}{i['pid']:>8}{i['heartbeat_age_s']:>9.1f}s"
+            f"{i['processed']:>8}{i['failed']:>8}  {phase}{stale}"
+        )
+    return lines
+
+
 def status(
     config: ConfigOption = None, run_dir: RunDirOption = None, json_output: JsonOption = False
 ) -> None:
-    """Show each service instance with its heartbeat age, and stream/consumer depths."""
+    """Show each service instance with its phase, progress and heartbeat age, and
+    stream/consumer depths."""
     settings = settings_from(config, run_dir)
     url = os.environ.get("NATS_URL") or recorded_nats_url(settings.run_dir) or settings.bus.url
     settings.bus.url = url
@@ -111,15 +131,8 @@ def status(
         typer.echo(json.dumps(report))
         return
     typer.echo(f"NATS {url}")
-    typer.echo(f"{'service':<16}{'instance':<14}{'pid':>8}{'beat age':>10}{'done':>8}{'failed':>8}")
-    for i in report["services"]:
-        mark = ("" if i["alive"] else "  (stale)") + (
-            "  (starting)" if i["phase"] == "starting" else ""
-        )
-        typer.echo(
-            f"{i['service']:<16}{i['instance']:<14}{i['pid']:>8}{i['heartbeat_age_s']:>9.1f}s"
-            f"{i['processed']:>8}{i['failed']:>8}{mark}"
-        )
+    for line in service_lines(report["services"]):
+        typer.echo(line)
     if report["missing"]:
         typer.echo(f"not running: {', '.join(report['missing'])}")
     typer.echo(f"\n{'stream':<28}{'messages':>10}{'bytes':>14}")

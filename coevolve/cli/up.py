@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from coevolve.cli.events import EventPrinter, EventTracker, EventWatcherThread
 from coevolve.cli.lockstep_synthesis import DEFAULT_MAX_SIGNALS
 from coevolve.cli.options import ConfigOption, RunDirOption, settings_from
 from coevolve.shared.config import Settings
@@ -63,13 +64,22 @@ def up(
     max_signals: Annotated[
         int, typer.Option(help="Lockstep: signals explored per synthesis, at most.", min=1)
     ] = DEFAULT_MAX_SIGNALS,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet",
+            help="No event lines (warm-start progress, policy versions, signals, verdicts).",
+        ),
+    ] = False,
 ) -> None:
     """Start the whole system on this machine and keep it running until Ctrl-C/SIGTERM.
 
     Starts a NATS server with JetStream (its store under RUN_DIR/nats) unless NATS_URL
     points at one, then every service as a supervised child process: a crashed service
-    is restarted with back-off; logs go to RUN_DIR/logs. Ctrl-C or SIGTERM stops
-    everything within about 10 s and leaves no process behind.
+    is restarted with back-off; logs go to RUN_DIR/logs. Unless --quiet, prints one line
+    per notable event: a service's phase and progress, a new policy version, a signal, a
+    verdict, a task added, a dead letter, a restart. Ctrl-C or SIGTERM stops everything
+    within about 10 s and leaves no process behind.
     """
     settings = settings_from(config, run_dir)
     replicas = parse_scale(scale or [])
@@ -110,9 +120,22 @@ def up(
         for name, count in replicas.items()
         for i in range(count)
     ]
-    supervisor = Supervisor(specs, on_event=lambda line: typer.echo(f"[up] {line}", err=True))
-    signal.signal(signal.SIGTERM, lambda *_: supervisor.request_stop())
-    signal.signal(signal.SIGINT, lambda *_: supervisor.request_stop())
+    printer = EventPrinter()
+    watcher = None if quiet else EventWatcherThread(nats_url, EventTracker(printer))
+    supervisor = Supervisor(
+        specs,
+        on_event=(lambda line: typer.echo(f"[up] {line}", err=True))
+        if quiet
+        else (lambda line: printer.line("up", line)),
+    )
+
+    def request_stop(*_: object) -> None:
+        supervisor.request_stop()
+        if watcher is not None:
+            watcher.request_stop()  # it closes its connection while the services stop
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
     up_file = run / UP_FILE
     nats_pid = server.process.pid if server and server.process else None
     up_file.write_text(
@@ -121,9 +144,13 @@ def up(
         )
     )
     typer.echo("services starting; `coevolve status` shows them, Ctrl-C stops everything")
+    if watcher is not None:
+        watcher.start()
     try:
         supervisor.run()
     finally:
+        if watcher is not None:
+            watcher.stop()
         if server is not None:
             server.stop()
         up_file.unlink(missing_ok=True)

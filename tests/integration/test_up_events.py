@@ -1,0 +1,285 @@
+"""The event lines of `coevolve up`, from real messages on a real nats-server."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+
+import anyio
+import pytest
+
+from coevolve.cli.events import (
+    EventPrinter,
+    EventTracker,
+    EventWatcherThread,
+    watch_events,
+)
+from coevolve.shared.bus import Bus
+from coevolve.shared.config import Settings
+from coevolve.shared.messages import (
+    Heartbeat,
+    Metric,
+    PolicyVersion,
+    Signal,
+    Task,
+    TaskAdded,
+    Trajectory,
+    Verdict,
+    encode,
+)
+from coevolve.shared.nats_server import NatsServer
+from coevolve.shared.subjects import (
+    POLICY_UPDATES,
+    TASK_ADDED,
+    VERDICTS,
+    heartbeat_subject,
+    metrics_subject,
+    signal_subject,
+)
+
+pytestmark = pytest.mark.anyio
+STAMP = r"\d\d:\d\d:\d\d  "
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def task(task_id: str) -> Task:
+    return Task(id=task_id, environment="bfcl", user_turns=["list the files"])
+
+
+def signal(kind: str, task_id: str) -> Signal:
+    trajectory = Trajectory(
+        id="traj-1",
+        task_id=task_id,
+        messages=[],
+        token_ids=[1, 2],
+        logprobs=[0.0, -0.5],
+        loss_mask=[0, 1],
+        reward=0.0,
+        policy_version=3,
+    )
+    return Signal(
+        kind=kind,  # type: ignore[arg-type]
+        task=task(task_id),
+        trajectory=trajectory,
+        group_id="g-1",
+        policy_version=3,
+    )
+
+
+def policy(version: int, step: int) -> PolicyVersion:
+    return PolicyVersion(
+        version=version, step=step, bucket="b", object_name=f"v{version}", base_model="m"
+    )
+
+
+def heartbeat(phase: str, done: int | None = None, total: int | None = None) -> Heartbeat:
+    return Heartbeat(
+        service="learner",
+        instance="i1",
+        pid=1,
+        host="h",
+        started_at=0.0,
+        phase=phase,
+        progress_done=done,
+        progress_total=total,
+    )
+
+
+async def wait_for_line(lines: list[str], pattern: str, timeout: float = 10.0) -> str:
+    with anyio.fail_after(timeout):
+        while True:
+            for line in lines:
+                if re.fullmatch(STAMP + pattern, line):
+                    return line
+            await anyio.sleep(0.05)
+
+
+class Watching:
+    """A watcher on the test's NATS, writing into ``lines``."""
+
+    def __init__(self, url: str, join_timeout_s: float = 20.0) -> None:
+        self.lines: list[str] = []
+        printer = EventPrinter(self.lines.append)
+        self.tracker = EventTracker(printer, join_timeout_s=join_timeout_s)
+        self.url = url
+
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        await tg.start(
+            lambda task_status: watch_events(self.url, self.tracker, task_status=task_status)
+        )
+
+
+async def connect(settings: Settings) -> Bus:
+    bus = await Bus.connect(settings.bus, "test")
+    await bus.ensure_streams()
+    return bus
+
+
+async def test_policy_signal_verdict_and_progress_lines(settings: Settings) -> None:
+    bus = await connect(settings)
+    watching = Watching(settings.bus.url)
+    lines = watching.lines
+    try:
+        async with anyio.create_task_group() as tg:
+            await watching.start(tg)
+            await bus.publish_core(heartbeat_subject("learner"), heartbeat("starting"))
+            await bus.publish_core(heartbeat_subject("learner"), heartbeat("warm start", 7, 16))
+            await wait_for_line(lines, r"learner\s+warm start 7/16")
+
+            # the announcement comes first, the step's metrics just after (as the learner does)
+            await bus.publish(POLICY_UPDATES, policy(3, 2))
+            metrics = {"reward_mean": 0.42, "kl": 0.0012, "staleness_mean": 0.8, "loss": 1.0}
+            for name, value in metrics.items():
+                metric = Metric(service="learner", name=name, value=value, step=2)
+                await bus.publish_core(metrics_subject("learner"), metric)
+            await wait_for_line(
+                lines, r"learner\s+policy v3  reward 0.42  kl 0\.0012  staleness 0\.8"
+            )
+
+            await bus.publish(signal_subject("boundary"), signal("boundary", "bfcl-7"))
+            await wait_for_line(lines, r"signal_monitor\s+signal boundary  task bfcl-7  policy v3")
+
+            rejected = Verdict(
+                candidate_id="c1",
+                accepted=False,
+                reasons=["replay failed", "too close to seed"],
+                task=task("cand-1"),
+            )
+            await bus.publish(VERDICTS, rejected)
+            await wait_for_line(
+                lines, r"judge\s+rejected task cand-1: replay failed; too close to seed"
+            )
+            accepted = Verdict(candidate_id="c2", accepted=True, reasons=[], task=task("cand-2"))
+            await bus.publish(VERDICTS, accepted)
+            await wait_for_line(lines, r"judge\s+accepted task cand-2")
+            await bus.publish(TASK_ADDED, TaskAdded(task_id="cand-2", origin="synthesized"))
+            await wait_for_line(lines, r"pool_store\s+task added cand-2 \(synthesized\)")
+            tg.cancel_scope.cancel()
+    finally:
+        await bus.close()
+    assert not any("starting" in line for line in lines), lines
+    assert watching.tracker.bad_messages == 0
+
+
+async def test_bad_bytes_on_watched_subjects_do_not_stop_the_watcher(settings: Settings) -> None:
+    bus = await connect(settings)
+    watching = Watching(settings.bus.url)
+    try:
+        async with anyio.create_task_group() as tg:
+            await watching.start(tg)
+            for subject in (signal_subject("rare"), VERDICTS, heartbeat_subject("rollout")):
+                await bus.nc.publish(subject, b"\x93not a message")
+            # a valid message of another type: it decodes, but not as what the subject carries
+            wrong_kind = TaskAdded(task_id="x", origin="seed")
+            await bus.nc.publish(POLICY_UPDATES, encode(wrong_kind))
+            await bus.publish(signal_subject("rare"), signal("rare", "bfcl-9"))
+            await wait_for_line(
+                watching.lines, r"signal_monitor\s+signal rare  task bfcl-9  policy v3"
+            )
+            assert watching.tracker.bad_messages == 4
+            tg.cancel_scope.cancel()
+    finally:
+        await bus.close()
+
+
+async def test_policy_line_without_metrics_comes_after_the_join_timeout(
+    settings: Settings,
+) -> None:
+    bus = await connect(settings)
+    watching = Watching(settings.bus.url, join_timeout_s=0.5)
+    try:
+        async with anyio.create_task_group() as tg:
+            await watching.start(tg)
+            await bus.publish(POLICY_UPDATES, policy(1, 0))
+            await wait_for_line(watching.lines, r"learner\s+policy v1  warm start")
+            await bus.publish(POLICY_UPDATES, policy(5, 4))
+            await anyio.sleep(0.2)
+            assert not any("policy v5" in line for line in watching.lines)
+            await wait_for_line(watching.lines, r"learner\s+policy v5  reward -  kl -  staleness -")
+            tg.cancel_scope.cancel()
+    finally:
+        await bus.close()
+
+
+async def test_the_watcher_follows_a_nats_restart(
+    settings: Settings, nats_server: NatsServer
+) -> None:
+    watching = Watching(settings.bus.url)
+    async with anyio.create_task_group() as tg:
+        await watching.start(tg)
+        nats_server.stop()
+        nats_server.start()  # same port, same store
+        bus = await connect(settings)
+        try:
+            with anyio.fail_after(15):
+                # the watcher resubscribes a moment after its reconnect: publish until seen
+                while not any("bfcl-after" in line for line in watching.lines):
+                    await bus.publish_core(signal_subject("rare"), signal("rare", "bfcl-after"))
+                    await anyio.sleep(0.3)
+        finally:
+            await bus.close()
+        tg.cancel_scope.cancel()
+
+
+def test_progress_lines_are_throttled_but_a_new_phase_prints_at_once() -> None:
+    clock = [0.0]
+    lines: list[str] = []
+    tracker = EventTracker(
+        EventPrinter(lines.append), progress_every_s=5.0, monotonic=lambda: clock[0]
+    )
+
+    def beat(phase: str, done: int | None = None, at: float = 0.0) -> None:
+        clock[0] = at
+        tracker.on_message(heartbeat_subject("learner"), encode(heartbeat(phase, done, 16)))
+
+    beat("warm start", 0, at=0.0)
+    beat("warm start", 1, at=1.0)  # too soon
+    beat("warm start", 1, at=2.0)
+    beat("warm start", 2, at=5.5)
+    beat("warm start", 2, at=6.0)  # no change
+    beat("running", at=6.5)  # a new phase does not wait
+    assert [line[10:].split(maxsplit=1)[1] for line in lines] == [
+        "warm start 0/16",
+        "warm start 2/16",
+        "running",
+    ]
+
+
+def test_the_thread_of_up_stops_quickly_even_without_nats() -> None:
+    lines: list[str] = []
+    watcher = EventWatcherThread("nats://127.0.0.1:1", EventTracker(EventPrinter(lines.append)))
+    watcher.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    watcher.stop(timeout_s=5.0)
+    assert time.monotonic() - started < 2.0
+    assert not watcher._thread.is_alive()
+
+
+def test_the_thread_of_up_prints_and_stops(settings: Settings) -> None:
+    lines: list[str] = []
+    watcher = EventWatcherThread(settings.bus.url, EventTracker(EventPrinter(lines.append)))
+    watcher.start()
+
+    async def publish_until_seen(seen: Callable[[], bool]) -> None:
+        bus = await connect(settings)
+        try:
+            with anyio.fail_after(15):
+                while not seen():
+                    await bus.publish_core(
+                        heartbeat_subject("learner"), heartbeat("warm start", 3, 16)
+                    )
+                    await anyio.sleep(0.2)
+        finally:
+            await bus.close()
+
+    anyio.run(publish_until_seen, lambda: any("warm start 3/16" in line for line in lines))
+    started = time.monotonic()
+    watcher.stop(timeout_s=5.0)
+    assert time.monotonic() - started < 2.0
+    assert not watcher._thread.is_alive()
