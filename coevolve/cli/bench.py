@@ -18,6 +18,7 @@ BENCHMARKS = {
     "schedule": "learner steps per hour, async vs lockstep",
     "memory": "one SFT step on a BFCL example: activations stored vs checkpointed",
     "dataloop": "coevolve up for N minutes: signals, explorations, verdicts, pool growth",
+    "sampling": "share of uniform groups, uniform vs dynamic sampler, synthetic policy",
 }
 
 

@@ -8,6 +8,7 @@ splits, and keeps the rollout job queue topped up from sampled batches.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -16,6 +17,7 @@ import anyio
 import msgspec
 from nats.js.errors import NotFoundError
 
+from coevolve.services.pool_store.sampling import SamplingConfig
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.actor import Actor, Consumer, Delivery, Responder
 from coevolve.shared.config import ConfigError, Settings
@@ -61,6 +63,9 @@ class PoolStoreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     job_queue_depth: int = 4
     group_size: int = 8
     feed_interval_s: float = 1.0
+    # which tasks of an origin jobs and sample replies get: sampler (dynamic | uniform),
+    # window, unseen_share, uniform_weight, retire_after (see sampling.SamplingConfig)
+    sampling: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
 
 
 class PoolStoreActor(Actor):
@@ -79,7 +84,9 @@ class PoolStoreActor(Actor):
 
     async def setup(self) -> None:
         path = self.settings.path(self.config.db_file)
-        self.store = await anyio.to_thread.run_sync(PoolStore, path)
+        open_store = functools.partial(PoolStore, path, sampling=self.config.sampling)
+        self.store = await anyio.to_thread.run_sync(open_store)
+        log.info("sampling tasks with the %s sampler", self.config.sampling.sampler)
         stats = await self._db(self.store.stats)
         if sum(stats.tasks_by_origin.values()) == 0:
             for environment in self.config.seed_environments:

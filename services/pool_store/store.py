@@ -11,8 +11,10 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -23,8 +25,14 @@ import msgspec
 from coevolve.services.pool_store.sampling import (
     OriginDraw,
     PoolCounts,
+    RecentScores,
+    SamplingConfig,
+    TaskScores,
     origin_quotas,
     origin_weights,
+    split_slots,
+    unseen_probability,
+    weighted_sample,
 )
 from coevolve.services.pool_store.schema import (
     SCHEMA_VERSION,
@@ -72,6 +80,19 @@ _criteria_decoder = msgspec.json.Decoder(dict[str, bool])
 
 class ReadOnlyStoreError(RuntimeError):
     """A write was attempted on a store opened with ``PoolStore.open_readonly``."""
+
+
+@dataclass(frozen=True)
+class UniformGroupShare:
+    """How many recorded rollout groups had all rewards equal (no GRPO gradient)."""
+
+    groups: int
+    uniform: int
+
+    @property
+    def share(self) -> float | None:
+        """uniform / groups; None when no group was recorded."""
+        return self.uniform / self.groups if self.groups else None
 
 
 def _json(value: object) -> str:
@@ -154,15 +175,27 @@ class Transaction:
 
 
 class PoolStore:
-    """The task pool in a DuckDB file. One instance per file; it is the only writer."""
+    """The task pool in a DuckDB file. One instance per file; it is the only writer.
 
-    def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
+    ``sampling`` decides how ``sample_batch`` picks tasks within an origin and whether
+    recorded results retire tasks (default: the dynamic sampler with its defaults).
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        read_only: bool = False,
+        sampling: SamplingConfig | None = None,
+    ) -> None:
         self.path = Path(path)
         self._file_key = self.path.resolve()
         self.read_only = read_only
+        self.sampling = sampling if sampling is not None else SamplingConfig()
         self._lock = threading.RLock()
         self._closed = False
         self._counts = PoolCounts()
+        self._recent = RecentScores()
         if read_only:
             if not self.path.exists():
                 raise FileNotFoundError(f"no pool-store file at {self.path}")
@@ -182,14 +215,15 @@ class PoolStore:
                 self._create_schema()
             self._check_schema_version()
             self._counts = self._load_counts()
+            self._load_recent_scores()
         except BaseException:
             self.close()
             raise
 
     @classmethod
-    def open_readonly(cls, path: Path | str) -> PoolStore:
+    def open_readonly(cls, path: Path | str, sampling: SamplingConfig | None = None) -> PoolStore:
         """Open for inspection (CLI); fails while a writer holds the file's lock."""
-        return cls(path, read_only=True)
+        return cls(path, read_only=True, sampling=sampling)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -223,6 +257,41 @@ class PoolStore:
             counts.used_keys[origin] = max(counts.used_keys[origin], int(max_key) - low + 1)
             counts.active[(origin, environment)] = int(active)
         return counts
+
+    def _load_recent_scores(self, task_ids: Sequence[str] | None = None) -> None:
+        """Rebuild the recent scores of active tasks (all, or ``task_ids``) from results.
+
+        Only the last groups of each task matter: ``window`` groups hold at least
+        ``window`` trajectories, and the solved streak needs ``retire_after`` of them.
+        """
+        groups_kept = max(self.sampling.window, self.sampling.retire_after, 1)
+        id_filter = ""
+        params: list[object] = []
+        if task_ids is not None:
+            if not task_ids:
+                return
+            id_filter = f"AND r.task_id IN ({_placeholders(len(task_ids))})"
+            params.extend(task_ids)
+            self._recent.drop(task_ids)
+        rows = self._connection.execute(
+            f"""
+            SELECT r.task_id, t.origin, t.environment, t.sample_key,
+                   list(r.score ORDER BY r.sample_index)
+            FROM rollout_results AS r JOIN tasks AS t ON t.id = r.task_id
+            WHERE t.status = 'active' {id_filter}
+            GROUP BY r.task_id, r.group_id, t.origin, t.environment, t.sample_key
+            QUALIFY row_number() OVER (
+                PARTITION BY r.task_id ORDER BY max(r.recorded_at) DESC, r.group_id DESC
+            ) <= ?
+            ORDER BY max(r.recorded_at), r.group_id
+            """,
+            [*params, groups_kept],
+        ).fetchall()
+        for task_id, origin, environment, sample_key, scores in rows:
+            previous = self._recent.get(task_id) or TaskScores(
+                origin=origin, environment=environment, sample_key=int(sample_key), recent=()
+            )
+            self._recent.put(task_id, previous.with_group(scores, self.sampling.window))
 
     def __enter__(self) -> PoolStore:
         return self
@@ -406,18 +475,23 @@ class PoolStore:
         """Set the status of tasks (retired tasks are never sampled); returns rows changed."""
         if status not in ("active", "retired"):
             raise ValueError(f"unknown task status {status!r}")
-        changed = 0
-        with self._transaction() as tx:
-            for chunk in _chunks(list(dict.fromkeys(task_ids)), _KEY_CHUNK):
-                rows = tx.execute(
-                    f"UPDATE tasks SET status = ? WHERE status <> ? AND id IN "
-                    f"({_placeholders(len(chunk))}) RETURNING origin, environment",
-                    [status, status, *chunk],
-                )
-                for origin, environment in rows:
-                    tx.counts.active[(origin, environment)] += 1 if status == "active" else -1
-                changed += len(rows)
-        return changed
+        changed: list[str] = []
+        with self._lock:
+            with self._transaction() as tx:
+                for chunk in _chunks(list(dict.fromkeys(task_ids)), _KEY_CHUNK):
+                    rows = tx.execute(
+                        f"UPDATE tasks SET status = ? WHERE status <> ? AND id IN "
+                        f"({_placeholders(len(chunk))}) RETURNING id, origin, environment",
+                        [status, status, *chunk],
+                    )
+                    for task_id, origin, environment in rows:
+                        tx.counts.active[(origin, environment)] += 1 if status == "active" else -1
+                        changed.append(task_id)
+            if status == "active":
+                self._load_recent_scores(changed)
+            else:
+                self._recent.drop(changed)
+        return len(changed)
 
     @staticmethod
     def _filters(
@@ -449,9 +523,12 @@ class PoolStore:
 
         ``mix`` maps origin -> weight (origins left out get 0); the weights are
         renormalised over the origins that have matching active tasks. ``None`` or ``{}``
-        draws every matching task with equal probability. Within an origin tasks are
-        drawn without replacement; only when an origin has fewer tasks than its share
-        of the batch are some repeated. Returns [] when no task matches.
+        weighs origins by their task counts. Within an origin the store's ``sampling``
+        picks the tasks: ``uniform`` draws every matching task with equal probability;
+        ``dynamic`` prefers tasks whose recent scores differ and keeps a share for tasks
+        never rolled out. Within an origin tasks are drawn without replacement; only when
+        an origin has fewer tasks than its share of the batch are some repeated. Returns
+        [] when no task matches.
         """
         if size < 0:
             raise ValueError(f"batch size must be >= 0, got {size}")
@@ -463,31 +540,67 @@ class PoolStore:
             if size == 0 or not weights:
                 return []
             quotas = origin_quotas(weights, size, rng)
-            draws = [
-                OriginDraw(
-                    origin,
-                    origin_key_range(origin)[0],
-                    need=min(quota, available[origin]),
-                    active=available[origin],
-                    used=counts.used_keys[origin],
-                    rng=rng,
-                )
-                for origin, quota in quotas.items()
-            ]
-            tasks = self._draw_tasks(draws, environment)
+            picked: dict[str, list[int]] = defaultdict(list)
+            if self.sampling.dynamic:
+                draws = self._dynamic_draws(quotas, available, environment, rng, picked)
+            else:
+                draws = [
+                    self._origin_draw(origin, min(quota, available[origin]), available[origin], rng)
+                    for origin, quota in quotas.items()
+                ]
+            self._run_draws(draws, environment)
+            for draw in draws:
+                picked[draw.origin].extend(draw.picked)
+            tasks = self._fetch_by_keys([key for keys in picked.values() for key in keys])
         batch: list[Task] = []
-        for draw in draws:
-            picked = [tasks[key] for key in draw.picked]
-            batch.extend(picked)
-            batch.extend(rng.choices(picked, k=quotas[draw.origin] - len(picked)))
+        for origin, quota in quotas.items():
+            chosen = [tasks[key] for key in picked[origin]]
+            batch.extend(chosen)
+            batch.extend(rng.choices(chosen, k=quota - len(chosen)))
         rng.shuffle(batch)
         return batch
 
-    def _draw_tasks(self, draws: Sequence[OriginDraw], environment: str | None) -> dict[int, Task]:
-        """Run the draws against the table; returns the picked tasks by sample key.
+    def _origin_draw(
+        self,
+        origin: str,
+        need: int,
+        active: int,
+        rng: random.Random,
+        excluded: frozenset[int] = frozenset(),
+    ) -> OriginDraw:
+        low, _ = origin_key_range(origin)
+        used = self._counts.used_keys[origin]
+        return OriginDraw(origin, low, need, active=active, used=used, rng=rng, excluded=excluded)
 
-        Drawn keys are first checked on the narrow columns (status, environment) and only
-        the picked ones fetched whole: fetching a row costs one lookup per column.
+    def _dynamic_draws(
+        self,
+        quotas: dict[str, int],
+        available: dict[str, int],
+        environment: str | None,
+        rng: random.Random,
+        picked: dict[str, list[int]],
+    ) -> list[OriginDraw]:
+        """Pick each origin's tasks with results by weight (into ``picked``); return the
+        key draws for its slots that go to tasks never rolled out."""
+        draws: list[OriginDraw] = []
+        for origin, quota in quotas.items():
+            seen = self._recent.of(origin, environment)
+            weights = [scores.weight(self.sampling) for scores in seen]
+            unseen = max(0, available[origin] - len(seen))
+            probability = unseen_probability(unseen, sum(weights), self.sampling.unseen_share)
+            to_unseen, to_seen = split_slots(quota, unseen, len(seen), probability, rng)
+            chosen = weighted_sample(seen, weights, min(to_seen, len(seen)), rng)
+            picked[origin].extend(scores.sample_key for scores in chosen)
+            if to_unseen:
+                excluded = self._recent.keys(origin)
+                draws.append(self._origin_draw(origin, to_unseen, unseen, rng, excluded))
+        return draws
+
+    def _run_draws(self, draws: Sequence[OriginDraw], environment: str | None) -> None:
+        """Run the draws against the table until each has picked its keys.
+
+        Drawn keys are first checked on the narrow columns (status, environment); only
+        the picked ones are then fetched whole: fetching a row costs one lookup per column.
         """
         for draw in draws:
             if draw.wants_listing:
@@ -504,7 +617,6 @@ class PoolStore:
         for draw in draws:
             if not draw.done:
                 draw.pick_from(self._matching_keys(draw.origin, environment))
-        return self._fetch_by_keys([key for draw in draws for key in draw.picked])
 
     def _keys_matching(self, keys: Sequence[int], environment: str | None) -> set[int]:
         """Those of ``keys`` whose task is active (and in ``environment``)."""
@@ -543,32 +655,100 @@ class PoolStore:
     # ------------------------------------------------------------------ results
 
     def record_results(self, results: RolloutResults) -> bool:
-        """Store a group's scores once; False when this message or group is already in."""
+        """Store a group's scores once; False when this message or group is already in.
+
+        Updates the recent scores that dynamic sampling weighs by, and with the dynamic
+        sampler retires a task once ``retire_after`` groups in a row solved it.
+        """
         group_key = f"group:{results.group_id}"
-        with self._transaction() as tx:
-            if tx.is_processed(results.id) or tx.is_processed(group_key):
-                return False
-            samples = results.samples
-            if samples:
-                tx.execute(
-                    "INSERT INTO rollout_results SELECT ?, unnest(?::INTEGER[]), ?, "
-                    "unnest(?::VARCHAR[]), unnest(?::INTEGER[]), unnest(?::DOUBLE[]), "
-                    "unnest(?::INTEGER[]), unnest(?::DOUBLE[]), unnest(?::DOUBLE[]), ?",
-                    [
-                        results.group_id,
-                        list(range(len(samples))),
-                        results.id,
-                        [s.task_id for s in samples],
-                        [s.policy_version for s in samples],
-                        [s.score for s in samples],
-                        [s.length for s in samples],
-                        [s.generate_s for s in samples],
-                        [s.environment_s for s in samples],
-                        time.time(),
-                    ],
-                )
-            tx.mark_processed([results.id, group_key], _RESULTS_HANDLER)
+        with self._lock:
+            with self._transaction() as tx:
+                if tx.is_processed(results.id) or tx.is_processed(group_key):
+                    return False
+                self._insert_results(tx, results)
+                updated, retired = self._updated_scores(tx, results.samples)
+                tx.mark_processed([results.id, group_key], _RESULTS_HANDLER)
+            for task_id, scores in updated.items():
+                self._recent.put(task_id, scores)
+            self._recent.drop(retired)
         return True
+
+    @staticmethod
+    def _insert_results(tx: Transaction, results: RolloutResults) -> None:
+        samples = results.samples
+        if samples:
+            tx.execute(
+                "INSERT INTO rollout_results SELECT ?, unnest(?::INTEGER[]), ?, "
+                "unnest(?::VARCHAR[]), unnest(?::INTEGER[]), unnest(?::DOUBLE[]), "
+                "unnest(?::INTEGER[]), unnest(?::DOUBLE[]), unnest(?::DOUBLE[]), ?",
+                [
+                    results.group_id,
+                    list(range(len(samples))),
+                    results.id,
+                    [s.task_id for s in samples],
+                    [s.policy_version for s in samples],
+                    [s.score for s in samples],
+                    [s.length for s in samples],
+                    [s.generate_s for s in samples],
+                    [s.environment_s for s in samples],
+                    time.time(),
+                ],
+            )
+
+    def _updated_scores(
+        self, tx: Transaction, samples: Sequence[ScoreSample]
+    ) -> tuple[dict[str, TaskScores], list[str]]:
+        """The recent scores of the group's tasks once it commits, and the tasks it retires
+        (retired inside ``tx``). Results of tasks not active in the pool change nothing."""
+        by_task: dict[str, list[float]] = defaultdict(list)
+        for sample in samples:
+            by_task[sample.task_id].append(sample.score)
+        updated: dict[str, TaskScores] = {}
+        retired: list[str] = []
+        retire_after = self.sampling.retire_after if self.sampling.dynamic else 0
+        for task_id, scores in by_task.items():
+            previous = self._recent.get(task_id) or self._no_scores_yet(tx, task_id)
+            if previous is None:
+                continue
+            current = previous.with_group(scores, self.sampling.window)
+            if retire_after and current.solved_streak >= retire_after:
+                tx.execute("UPDATE tasks SET status = 'retired' WHERE id = ?", [task_id])
+                tx.counts.active[(current.origin, current.environment)] -= 1
+                retired.append(task_id)
+            else:
+                updated[task_id] = current
+        return updated, retired
+
+    @staticmethod
+    def _no_scores_yet(tx: Transaction, task_id: str) -> TaskScores | None:
+        # the status is checked here, not in SQL: a second predicate costs the index lookup
+        rows = tx.execute(
+            "SELECT origin, environment, sample_key, status FROM tasks WHERE id = ?", [task_id]
+        )
+        if not rows or rows[0][3] != "active":
+            return None
+        origin, environment, sample_key, _ = rows[0]
+        return TaskScores(
+            origin=origin, environment=environment, sample_key=int(sample_key), recent=()
+        )
+
+    def recent_scores(self, task_id: str) -> TaskScores | None:
+        """What dynamic sampling knows of an active task; None before its first result."""
+        with self._lock:
+            return self._recent.get(task_id)
+
+    def uniform_group_share(self, since: float | None = None) -> UniformGroupShare:
+        """Recorded groups (recorded at or after ``since``, Unix seconds) whose scores are
+        all equal: those the learner drops as uniform, measured from the file alone."""
+        condition = "WHERE recorded_at >= ?" if since is not None else ""
+        rows = self._query(
+            "SELECT count(*), count(*) FILTER (WHERE lowest = highest) FROM ("
+            "SELECT min(score) AS lowest, max(score) AS highest FROM rollout_results "
+            f"{condition} GROUP BY group_id)",
+            [since] if since is not None else None,
+        )
+        groups, uniform = rows[0]
+        return UniformGroupShare(groups=int(groups), uniform=int(uniform))
 
     def score_history(self, task_id: str) -> list[ScoreSample]:
         """Every recorded score of a task, oldest first."""
