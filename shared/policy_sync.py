@@ -39,15 +39,18 @@ async def publish_policy(
     name = object_name(version)
     with anyio.fail_after(TRANSFER_TIMEOUT_S):
         await bucket.put(name, blob)
+    digest = weights_digest(blob)
     update = PolicyVersion(
-        id=derived_id("policy", base_model, version),
+        # the digest is part of the id: the bus's de-duplication can never merge two
+        # different sets of weights announced under one version number
+        id=derived_id("policy", base_model, version, digest),
         version=version,
         step=step,
         bucket=POLICY_BUCKET,
         object_name=name,
         base_model=base_model,
         kind="full" if kind == "full" else "lora",
-        sha256=weights_digest(blob),
+        sha256=digest,
     )
     await bus.publish(POLICY_UPDATES, update)
     return update

@@ -15,6 +15,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # one torch thread per process: tests start several model processes on two cores
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# the same numbers on every CPU: bf16 is chosen only where a test asks for it
+os.environ.setdefault("COEVOLVE_DTYPE", "float32")
 
 
 @pytest.fixture

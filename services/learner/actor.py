@@ -7,8 +7,15 @@ step, version, the ids of the groups trained on) is written atomically. Only the
 groups acked, so a learner killed with SIGKILL resumes from its last step and the groups of
 the unfinished step come back to it; groups already trained on are recognised and skipped.
 
-On first start, with no checkpoint, the policy gets the SFT warm start on the pool's tasks
-with ground truth (``warm_start``), and the result is published as version 1.
+Before any GRPO step the policy gets the SFT warm start on the pool's tasks with ground
+truth (``warm_start``); it cannot be skipped: while no such task is reachable the service
+reports a failed phase and retries. The SFT saves its position after every step, so a
+killed learner resumes it where it stopped. The warm-started policy becomes the frozen KL
+reference (GRPO trains a fresh adapter on top), its completion is recorded in the
+checkpoint, and it is published as version 1.
+
+A checkpoint is written before its version is announced, and an announcement's id
+carries the weights' digest: a restarted learner never announces a version number twice.
 """
 
 from __future__ import annotations
@@ -34,7 +41,10 @@ from coevolve.shared.subjects import LEARNER_GROUPS_CONSUMER
 log = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoints/learner.pt"
+WARM_START_CHECKPOINT = "checkpoints/warm_start.pt"
+WARM_START_TASKS = "checkpoints/warm_start.tasks.json"
 REMEMBERED_GROUPS = 4096
+NO_TASKS_RETRY_S = (2.0, 30.0)  # first and longest wait before asking the pool again
 
 
 class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -89,7 +99,7 @@ class LearnerActor(Actor):
             log.info(
                 "resumed at step %d, version %d", self.learner.step_count, self.learner.version
             )
-        elif self.config.warm_start.enabled:
+        if self.config.warm_start.enabled and not self.learner.warm_started:
             await self._warm_start()
         await self._announce_if_newer()
 
@@ -107,50 +117,102 @@ class LearnerActor(Actor):
 
     async def _warm_start(self) -> None:
         from coevolve.services.learner.sft import warm_start
-        from coevolve.shared.pool_client import PoolClient
 
-        assert self.learner is not None
-        tasks = await self._tasks_with_ground_truth(PoolClient(self.bus))
-        if not tasks:
-            log.warning("no tasks with ground truth in the pool: skipping the warm start")
-            return
+        learner = self.learner
+        assert learner is not None
+        tasks = await self._warm_start_tasks()
         settings = self.config.warm_start
         log.info("warm start: SFT on %d tasks for %d epochs", len(tasks), settings.epochs)
+        self.report_progress("warm start", 0, None, f"{len(tasks)} tasks")
+
+        def progress(step: int, total: int, loss: float) -> None:
+            self.report_progress("warm start", step, total, f"loss {loss:.3f}")
+
         report = await anyio.to_thread.run_sync(
             lambda: warm_start(
-                self.learner.policy,  # type: ignore[union-attr]
+                learner.policy,
                 tasks,
                 epochs=settings.epochs,
                 lr=settings.lr,
                 batch_size=settings.batch_size,
                 max_len=settings.max_len,
+                progress=progress,
+                checkpoint=self.settings.path(WARM_START_CHECKPOINT),
             ),
             abandon_on_cancel=True,  # SIGTERM must not wait for a long SFT pass
         )
-        log.info("warm start done: %s", report)
-        self.learner.version = max(self.learner.version, 1)
+        log.info(
+            "warm start done: %d examples, %d steps, loss %.3f -> %.3f in %.0f s",
+            report.examples,
+            report.steps,
+            report.first_loss,
+            report.final_loss,
+            report.duration_s,
+        )
+        learner.freeze_reference()
+        learner.version = max(learner.version, 1)
         await anyio.to_thread.run_sync(self._save_checkpoint)
+        for name in (WARM_START_CHECKPOINT, WARM_START_TASKS):
+            self.settings.path(name).unlink(missing_ok=True)
+
+    async def _warm_start_tasks(self) -> list[Task]:
+        """The warm start's tasks: those of an interrupted warm start, else fresh from the
+        pool. Until the pool has some with ground truth this reports a failed phase and
+        retries (it never skips the warm start)."""
+        from coevolve.shared.pool_client import PoolClient
+
+        saved = self.settings.path(WARM_START_TASKS)
+        if saved.exists():
+            return msgspec.json.decode(saved.read_bytes(), type=list[Task])
+        pool = PoolClient(self.bus)
+        wait = NO_TASKS_RETRY_S[0]
+        while True:
+            try:
+                tasks = await self._tasks_with_ground_truth(pool)
+                reason = "no task with ground truth in the pool"
+            except Exception as exc:  # pool-store not up yet
+                tasks, reason = [], f"pool-store did not answer: {exc!r}"
+            if tasks:
+                tmp = saved.with_suffix(".tmp")
+                tmp.write_bytes(msgspec.json.encode(tasks))
+                os.replace(tmp, saved)
+                return tasks
+            log.warning("warm start failed: %s; retrying in %.0f s", reason, wait)
+            self.report_progress("warm start failed", detail=f"{reason}; retrying in {wait:.0f} s")
+            await anyio.sleep(wait)
+            wait = min(wait * 2, NO_TASKS_RETRY_S[1])
 
     async def _tasks_with_ground_truth(self, pool: Any) -> list[Task]:
-        """Pool tasks to warm-start on; waits for pool-store to answer (it may start later)."""
         wanted = self.config.warm_start.tasks
-        for _ in range(120):
-            try:
-                tasks: list[Task] = await pool.sample(wanted, mix={"seed": 1.0}, seed=0)
-                unique = {t.id: t for t in tasks if any(t.ground_truth)}
-                return list(unique.values())
-            except Exception as exc:  # pool-store not up yet, or empty
-                log.info("waiting for pool-store before the warm start: %r", exc)
-                await anyio.sleep(2)
-        return []
+        sampled: list[Task] = await pool.sample(wanted, mix={"seed": 1.0}, seed=0)
+        unique = {t.id: t for t in sampled if any(t.ground_truth)}
+        return list(unique.values())
 
     async def _announce_if_newer(self) -> None:
         from coevolve.shared.policy_sync import latest_policy
 
-        assert self.learner is not None
+        from coevolve.shared.policy import weights_digest
+
+        learner = self.learner
+        assert learner is not None
         announced = await latest_policy(self.bus)
-        if self.learner.version == 0 or (announced and announced.version >= self.learner.version):
+        if learner.version == 0:
             return
+        if announced is not None and announced.version >= learner.version:
+            blob = await anyio.to_thread.run_sync(learner.export_weights)
+            if announced.version == learner.version and announced.sha256 == weights_digest(blob):
+                return  # this very checkpoint was announced before the restart
+            # the bus knows this version number with other weights (an older checkpoint was
+            # restored): move past it instead of announcing a number twice
+            log.warning(
+                "checkpoint at version %d but v%d was announced with other weights: "
+                "publishing as v%d",
+                learner.version,
+                announced.version,
+                announced.version + 1,
+            )
+            learner.version = announced.version + 1
+            await anyio.to_thread.run_sync(self._save_checkpoint)
         await self._publish_weights()
 
     async def _publish_weights(self) -> None:
@@ -218,10 +280,11 @@ class LearnerActor(Actor):
                     learner.step, [w.group for w in batch], abandon_on_cancel=True
                 )
                 self.last_metrics = metrics
+                self._trained.extend(w.group.id for w in batch)
+                # checkpoint first: an announced version always exists on disk
+                await anyio.to_thread.run_sync(self._save_checkpoint)
                 if metrics.trained:
                     await self._publish_weights()
-                self._trained.extend(w.group.id for w in batch)
-                await anyio.to_thread.run_sync(self._save_checkpoint)
                 for name, value in metrics.scalars().items():
                     await self.metric(name, value, step=metrics.step)
             except Exception as exc:

@@ -1,7 +1,7 @@
 """Learner checkpoints: everything needed to resume training exactly where it stopped.
 
 A checkpoint holds the trainable weights (the LoRA adapters, or all weights under full
-fine-tuning), the optimizer state, the step and policy version counters and the RNG states
+fine-tuning), the frozen reference adapter after a warm start, the optimizer state, the step and policy version counters and the RNG states
 (so dropout and any sampling repeat). It is written to a temporary file in the same
 directory, flushed to disk and renamed over the old one, so a learner killed at any moment
 (SIGKILL included) leaves either the previous checkpoint or the new one, never half of one.
@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from coevolve.shared.policy.adapters import add_reference_adapter, is_reference_parameter
+
 FORMAT_VERSION = 1
 
 
@@ -35,6 +37,15 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
         name: param.detach().cpu().clone()
         for name, param in model.named_parameters()
         if param.requires_grad
+    }
+
+
+def reference_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The frozen reference adapter (empty before a warm start, or without LoRA)."""
+    return {
+        name: param.detach().cpu().clone()
+        for name, param in model.named_parameters()
+        if is_reference_parameter(name)
     }
 
 
@@ -85,6 +96,7 @@ def save_checkpoint(
         "step": step,
         "version": version,
         "weights": trainable_state(model),
+        "reference": reference_state(model),
         "optimizer": optimizer.state_dict(),
         "rng": rng_state(),
         "extra": extra or {},
@@ -103,6 +115,13 @@ def load_checkpoint(
     payload = torch.load(path, map_location="cpu", weights_only=True)
     if payload.get("format") != FORMAT_VERSION:
         raise ValueError(f"{path}: unsupported checkpoint format {payload.get('format')}")
+    reference: dict[str, torch.Tensor] = payload.get("reference") or {}
+    if reference:
+        add_reference_adapter(model)  # type: ignore[arg-type]
+        named = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in reference.items():
+                named[name].copy_(value.to(named[name].device, named[name].dtype))
     saved: dict[str, torch.Tensor] = payload["weights"]
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     if set(saved) != set(params):

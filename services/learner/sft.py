@@ -29,6 +29,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from coevolve.services.learner.checkpoint import load_checkpoint, save_checkpoint
 from coevolve.services.learner.grpo import SharedPrefix, sequence_logprobs, shared_prompt_length
 from coevolve.services.learner.memory import (
     DEFAULT_ACTIVATION_TOKENS,
@@ -304,12 +306,16 @@ def warm_start(
     seed: int = 0,
     replay: bool = True,
     env_factory: EnvironmentFactory | None = None,
+    checkpoint: Path | None = None,
 ) -> WarmStartReport:
     """Supervised fine-tuning of ``policy`` in place on ``tasks``' ground truth.
 
     ``progress``: True shows a progress bar; a callable gets ``(step, total_steps, loss)``.
     Sequences longer than ``max_len`` are cut (their later turns are not trained).
     Micro-batches over ``activation_tokens`` tokens trade compute for memory (``memory``).
+    ``checkpoint``: after every optimizer step the adapter, the optimizer and the position
+    (epoch, batch) are saved there; when the file exists the run resumes from it, so a
+    killed warm start loses one step at most. Resuming needs the same ``tasks`` and ``seed``.
     """
     started = time.perf_counter()
     examples, skipped = build_examples(policy, tasks, replay=replay, env_factory=env_factory)
@@ -330,14 +336,25 @@ def warm_start(
     bar = tqdm(total=total_steps, desc="warm start", unit="step") if progress is True else None
     order = random.Random(seed)
     losses: list[float] = []
+    resume_epoch = resume_batch = 0
+    if checkpoint is not None and checkpoint.exists():
+        position = load_checkpoint(checkpoint, model, optimizer).extra
+        resume_epoch, resume_batch = int(position["epoch"]), int(position["batch"])
+        losses = [float(x) for x in position["losses"]]
+        log.info("warm start resumes at epoch %d, batch %d", resume_epoch + 1, resume_batch)
+        if bar is not None:
+            bar.update(len(losses))
 
     was_training = model.training
     model.train()
     try:
-        for _epoch in range(epochs):
+        for epoch in range(epochs):
             shuffled = list(examples)
-            order.shuffle(shuffled)
-            for start in range(0, len(shuffled), batch_size):
+            order.shuffle(shuffled)  # every epoch's order is drawn, so a resume sees the same
+            if epoch < resume_epoch:
+                continue
+            first = resume_batch * batch_size if epoch == resume_epoch else 0
+            for start in range(first, len(shuffled), batch_size):
                 batch = shuffled[start : start + batch_size]
                 normalizer = sum(e.supervised_tokens for e in batch)
                 step_loss = 0.0
@@ -357,6 +374,10 @@ def warm_start(
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 losses.append(step_loss)
+                if checkpoint is not None:
+                    done = start // batch_size + 1
+                    at = {"epoch": epoch, "batch": done, "losses": losses}
+                    save_checkpoint(checkpoint, model, optimizer, len(losses), 0, extra=at)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(loss=f"{step_loss:.3f}")

@@ -58,6 +58,8 @@ class RolloutActor(Actor):
         self.config = settings.section(self.name, RolloutConfig)
         self.engine: Any = None
         self._announced: PolicyVersion | None = None
+        # announcements whose weights failed their digest: not fetched again
+        self._refused: set[tuple[str, str]] = set()
         self.throttled_s = 0.0
 
     async def setup(self) -> None:
@@ -101,12 +103,26 @@ class RolloutActor(Actor):
                 await sub.unsubscribe()
 
     async def _swap_if_newer(self) -> None:
-        from coevolve.shared.policy_sync import fetch_policy
+        from coevolve.shared.policy_sync import PolicySyncError, fetch_policy
 
         update = self._announced
         if update is None or update.version <= self.engine.policy_version:
             return
-        blob = await fetch_policy(self.bus, update)
+        if (update.object_name, update.sha256) in self._refused:
+            return
+        try:
+            blob = await fetch_policy(self.bus, update)
+        except PolicySyncError as exc:
+            # keep sampling with the weights we have; a later announcement may be good
+            self._refused.add((update.object_name, update.sha256))
+            log.error(
+                "refused policy v%d: %s; staying on v%d",
+                update.version,
+                exc,
+                self.engine.policy_version,
+            )
+            await self.metric("refused_policy_versions", float(len(self._refused)))
+            return
         await anyio.to_thread.run_sync(self.engine.load_weights, blob, update.version)
         log.info("hot-swapped to policy version %d", update.version)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import logging
 import os
 import re
 import shutil
@@ -33,6 +34,9 @@ from transformers import (
 )
 
 from coevolve.shared.config import DEFAULT_RUN_DIR
+from coevolve.shared.policy.adapters import has_reference_adapter, reference_only
+
+log = logging.getLogger(__name__)
 
 FinetuneMode = Literal["lora", "full", "none"]
 
@@ -94,14 +98,23 @@ class LoadedPolicy:
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[Any]:
-        """The reference policy (the base model) for KL: LoRA adapters disabled inside."""
+        """The KL reference for a LoRA policy, for no-grad use inside the block.
+
+        After the warm start (``adapters.freeze_trained_as_reference``) it is the
+        warm-started policy: only the frozen reference adapter active. Before it, it is
+        the base model (all adapters disabled).
+        """
         if self.finetune != "lora":
             raise PolicyLoadError(
-                "the reference policy is the base model with adapters disabled; "
-                f"a {self.finetune!r} policy has no adapters: load a second copy instead"
+                f"a {self.finetune!r} policy has no adapters to switch off for the reference: "
+                "keep a frozen copy instead"
             )
-        with self.model.disable_adapter():
-            yield self.model
+        if has_reference_adapter(self.model):
+            with reference_only(self.model):
+                yield self.model
+        else:
+            with self.model.disable_adapter():
+                yield self.model
 
 
 def default_gguf_path() -> Path:
@@ -128,6 +141,52 @@ def pick_device(device: str | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def cpu_supports_bf16() -> bool:
+    """Whether this CPU has native bfloat16 arithmetic (AVX512_BF16 or AMX)."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            flags = next((line for line in handle if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
+def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> torch.dtype:
+    """bfloat16 on CUDA and on CPUs with native bf16, float32 otherwise (or as asked).
+
+    ``None`` reads ``COEVOLVE_DTYPE`` (``auto``, ``bfloat16`` or ``float32``).
+    """
+    dtype = dtype if dtype is not None else os.environ.get("COEVOLVE_DTYPE")
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in ("float32", "fp32"):
+        return torch.float32
+    if dtype in ("bfloat16", "bf16"):
+        return torch.bfloat16
+    if dtype not in (None, "auto"):
+        raise PolicyLoadError(f"dtype must be auto, bfloat16 or float32, not {dtype!r}")
+    if device.type == "cuda" or (device.type == "cpu" and cpu_supports_bf16()):
+        return torch.bfloat16
+    return torch.float32
+
+
+def float32_head(model: Any) -> None:
+    """Run the output projection in float32, so log-probs keep float32 precision.
+
+    The head is untied from the input embeddings first (when tied), so the embeddings and
+    the transformer stay in the low-precision dtype.
+    """
+    head = model.get_output_embeddings()
+    if head is None or head.weight.dtype == torch.float32:
+        return
+    head.weight = torch.nn.Parameter(
+        head.weight.detach().to(torch.float32).clone(), requires_grad=head.weight.requires_grad
+    )
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.config.tie_word_embeddings = False
+    head.register_forward_pre_hook(lambda _module, args: (args[0].to(torch.float32), *args[1:]))
+
+
 def load_policy(
     model: str | Path | None = None,
     *,
@@ -135,17 +194,18 @@ def load_policy(
     lora: LoraSettings | None = None,
     device: str | None = None,
     finetune: FinetuneMode = "lora",
-    dtype: torch.dtype | None = None,
+    dtype: str | torch.dtype | None = None,
 ) -> LoadedPolicy:
     """Load ``model`` (hub id, directory or ``.gguf`` file; default SmolLM2-135M-Instruct).
 
     ``finetune="lora"`` (default) wraps the model with peft adapters from ``lora`` (default
     ``LoraSettings()``); ``"full"`` trains every weight; ``"none"`` freezes everything.
-    ``dtype`` defaults to float32 on CPU and bfloat16 on CUDA.
+    ``dtype`` (``auto`` by default) is bfloat16 on CUDA and on CPUs with native bf16,
+    float32 elsewhere; under bfloat16 the output head still runs in float32.
     """
     started = time.perf_counter()
     target = pick_device(device)
-    dtype = dtype or (torch.bfloat16 if target.type == "cuda" else torch.float32)
+    chosen = pick_dtype(target, dtype)
     run_dir = run_dir or Path(os.environ.get("COEVOLVE_RUN_DIR") or DEFAULT_RUN_DIR)
     source = str(model) if model is not None else str(default_gguf_path())
 
@@ -167,7 +227,7 @@ def load_policy(
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(location)
-        base: Any = AutoModelForCausalLM.from_pretrained(location, dtype=dtype)
+        base: Any = AutoModelForCausalLM.from_pretrained(location, dtype=chosen)
     except OSError as exc:
         raise PolicyLoadError(
             f"cannot load policy {source!r} (offline: only local directories, GGUF files and "
@@ -175,6 +235,9 @@ def load_policy(
         ) from exc
     _ensure_pad_token(tokenizer, base)
     base.to(target)
+    if chosen != torch.float32:
+        float32_head(base)
+    log.info("policy %s on %s in %s", name, target, str(chosen).removeprefix("torch."))
 
     settings: LoraSettings | None = None
     policy_model: Any = base
@@ -200,6 +263,7 @@ def load_policy(
         load_seconds=time.perf_counter() - started,
         from_cache=from_cache,
         cache_dir=cache_dir,
+        extra={"dtype": str(chosen).removeprefix("torch.")},
     )
 
 

@@ -52,5 +52,5 @@ def randomize_adapters(policy: LoadedPolicy, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in policy.model.named_parameters():
-            if "lora_B" in name:
+            if "lora_B" in name and param.requires_grad:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.02)

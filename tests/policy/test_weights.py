@@ -89,3 +89,9 @@ def test_mismatched_or_corrupted_blobs_are_refused(make_policy: PolicyFactory) -
     frozen = make_policy(finetune="none")
     with pytest.raises(WeightsMismatch, match="no trainable"):
         export_weights(frozen.model)
+
+
+def test_the_same_weights_export_to_the_same_bytes(make_policy: PolicyFactory) -> None:
+    policy = make_policy()
+    digests = {weights_digest(export_weights(policy)) for _ in range(8)}
+    assert len(digests) == 1  # a version's digest names its weights, nothing else

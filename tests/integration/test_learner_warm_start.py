@@ -1,0 +1,65 @@
+"""The learner service's warm start: a failed phase while no task is reachable, retried,
+progress in `coevolve status`, and completion recorded in the checkpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+from coevolve.cli.status import collect
+from coevolve.services.learner.actor import LearnerActor
+from coevolve.services.pool_store.actor import PoolStoreActor
+from coevolve.shared.actor import ActorRunner
+from coevolve.shared.bus import Bus
+from coevolve.shared.config import Settings
+from coevolve.shared.policy_sync import latest_policy
+
+pytestmark = pytest.mark.anyio
+
+
+async def learner_row(bus: Bus, want: Any, timeout: float) -> dict[str, Any]:
+    with anyio.fail_after(timeout):
+        while True:
+            report = await collect(bus, stale_after_s=5.0)
+            rows = [s for s in report["services"] if s["service"] == "learner"]
+            if rows and want(rows[0]):
+                return rows[0]
+            await anyio.sleep(0.2)
+
+
+async def test_warm_start_waits_for_tasks_reports_progress_and_is_recorded(
+    loop_settings: Settings,
+) -> None:
+    loop_settings.services["learner"]["warm_start"] = {
+        "enabled": True,
+        "tasks": 2,
+        "epochs": 1,
+        "batch_size": 1,
+        "max_len": 136,
+    }
+    learner = LearnerActor(loop_settings)
+    bus = await Bus.connect(loop_settings.bus, "test")
+    await bus.ensure_streams()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: ActorRunner(learner).run(handle_signals=False))
+        failed = await learner_row(bus, lambda r: r["phase"] == "warm start failed", 60)
+        assert "retrying" in failed["detail"]
+
+        pool = ActorRunner(PoolStoreActor(loop_settings))  # the tasks become reachable
+        tg.start_soon(lambda: pool.run(handle_signals=False))
+        progress = await learner_row(bus, lambda r: r["phase"] == "warm start", 90)
+        assert progress["progress_total"] in (None, 2)
+        await learner_row(bus, lambda r: r["phase"] == "running", 240)
+
+        announced = await latest_policy(bus)
+        assert announced is not None and announced.version == 1
+        payload = torch.load(learner.checkpoint, weights_only=True)
+        assert payload["extra"]["warm_started"] is True
+        assert payload["reference"]  # the warm-started adapter, frozen as the KL reference
+        assert not loop_settings.path("checkpoints", "warm_start.pt").exists()
+        pool.request_stop()
+        tg.cancel_scope.cancel()
+    await bus.close()

@@ -1,0 +1,89 @@
+"""Policy versions are unique and verified: real NATS, the real learner and rollout code."""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import msgspec
+import pytest
+
+from coevolve.services.learner.actor import LearnerActor
+from coevolve.services.rollout.actor import RolloutActor
+from coevolve.shared.bus import Bus
+from coevolve.shared.config import Settings
+from coevolve.shared.policy import export_weights, weights_digest
+from coevolve.shared.policy_sync import latest_policy, publish_policy
+from coevolve.shared.subjects import POLICY_UPDATES, stream_for
+
+pytestmark = pytest.mark.anyio
+
+
+async def connected(settings: Settings) -> Bus:
+    bus = await Bus.connect(settings.bus, "test")
+    await bus.ensure_streams()
+    return bus
+
+
+async def announcements(bus: Bus) -> int:
+    info = await bus.js.stream_info(stream_for(POLICY_UPDATES).name)
+    return int(info.state.messages)
+
+
+async def test_one_version_number_with_other_weights_is_a_new_announcement(
+    loop_settings: Settings,
+) -> None:
+    bus = await connected(loop_settings)
+    first = await publish_policy(bus, b"weights-a", version=3, step=3, base_model="m", kind="lora")
+    again = await publish_policy(bus, b"weights-a", version=3, step=3, base_model="m", kind="lora")
+    other = await publish_policy(bus, b"weights-b", version=3, step=3, base_model="m", kind="lora")
+    assert first.id == again.id  # a retried publish is de-duplicated ...
+    assert other.id != first.id  # ... other weights under the same number are not hidden
+    assert await announcements(bus) == 2
+    await bus.close()
+
+
+async def test_restarted_learner_never_reannounces_a_version_with_other_weights(
+    loop_settings: Settings,
+) -> None:
+    bus = await connected(loop_settings)
+    learner = LearnerActor(loop_settings)
+    learner._bus = bus
+    await learner.setup()
+    assert learner.learner is not None and learner.learner.version == 0
+    learner.learner.version = 2  # an older checkpoint, restored after v2 and v3 went out
+    await publish_policy(bus, b"other-v2", version=2, step=2, base_model="m", kind="lora")
+    await publish_policy(bus, b"other-v3", version=3, step=3, base_model="m", kind="lora")
+
+    await learner._announce_if_newer()
+
+    latest = await latest_policy(bus)
+    assert latest is not None and latest.version == 4
+    assert latest.sha256 == weights_digest(learner.learner.export_weights())
+    assert learner.learner.version == 4
+    assert learner.checkpoint.exists()  # written before the announcement
+    await learner._announce_if_newer()  # the same checkpoint again: nothing new
+    assert await announcements(bus) == 3
+    await bus.close()
+
+
+async def test_rollout_refuses_weights_whose_digest_differs(
+    loop_settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    bus = await connected(loop_settings)
+    rollout = RolloutActor(loop_settings)
+    rollout._bus = bus
+    rollout.engine = await anyio.to_thread.run_sync(rollout._load_engine)
+    blob = export_weights(rollout.engine.policy)
+    update = await publish_policy(bus, blob, version=1, step=1, base_model="m", kind="lora")
+    rollout._announced = msgspec.structs.replace(update, sha256="0" * 64)
+
+    with caplog.at_level(logging.ERROR):
+        await rollout._swap_if_newer()
+
+    assert rollout.engine.policy_version == 0
+    assert "refused policy v1" in caplog.text and "sha256" in caplog.text
+    rollout._announced = update  # the true announcement still loads
+    await rollout._swap_if_newer()
+    assert rollout.engine.policy_version == 1
+    await bus.close()
