@@ -4,6 +4,8 @@ Precedence (last wins): defaults in this module < ``coevolve.yaml`` (``--config`
 ``COEVOLVE_CONFIG``) < environment (``COEVOLVE_RUN_DIR``, ``NATS_URL``,
 ``OTEL_EXPORTER_OTLP_ENDPOINT``). Each service reads its own section with
 ``Settings.section(name, StructType)``, so a typo in a key is a clear error at start-up.
+``tool_rendering`` (``compact`` | ``full``) is how every prompt shows the agent its tools;
+``load_settings`` installs it for the whole process (``coevolve.shared.envs.rendering``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 import yaml
+
+from coevolve.shared.envs.rendering import (
+    DEFAULT_TOOL_RENDERING,
+    ToolRendering,
+    configure_tool_rendering,
+)
 
 DEFAULT_RUN_DIR = Path("runs/default")
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -48,6 +56,7 @@ class RuntimeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     run_dir: Path = DEFAULT_RUN_DIR
+    tool_rendering: ToolRendering = DEFAULT_TOOL_RENDERING
     bus: BusSettings = msgspec.field(default_factory=BusSettings)
     telemetry: TelemetrySettings = msgspec.field(default_factory=TelemetrySettings)
     runtime: RuntimeSettings = msgspec.field(default_factory=RuntimeSettings)
@@ -92,6 +101,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     except msgspec.ValidationError as exc:
         raise ConfigError(f"configuration: {exc}") from exc
     settings.run_dir = settings.run_dir.expanduser().resolve()
+    configure_tool_rendering(settings.tool_rendering)
     return settings
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coevolve.shared.envs.protocol import Environment
+from coevolve.shared.envs.rendering import configured_tool_rendering
 from coevolve.shared.messages import ChatMessage, Task, Timings, Trajectory, derived_id, new_id
 from coevolve.shared.policy.chat import decode_ids, encode_text, render_text
 from coevolve.shared.policy.engine import Engine, Generation, SamplingParams
@@ -331,6 +332,7 @@ def _finish(
         entropies=episode.entropies,
         finished=episode.finished,
         error=episode.error,
+        tool_rendering=configured_tool_rendering(),  # what render_text used
     )
 
 

@@ -5,7 +5,7 @@ with the project: ``ground_truth_player`` replays each entry's own answer (a che
 environment), and ``policy_player`` lets a policy act through ``coevolve.shared.episodes`` (a batch
 of entries at a time, so their generations share batched forward passes).
 A player that raises on one entry gives that entry 0 with the error recorded; the suite
-goes on.
+goes on. A report records the tool rendering its prompts used (``compact`` or ``full``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from tqdm import tqdm
 
 from coevolve.shared.envs.protocol import Environment
+from coevolve.shared.envs.rendering import configured_tool_rendering
 from coevolve.shared.messages import Task, Trajectory
 
 if TYPE_CHECKING:
@@ -57,6 +58,8 @@ class SuiteReport:
     entries: list[EntryResult] = field(default_factory=list)
     total_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    # how the prompts showed the tools (the process's configured rendering by default)
+    tool_rendering: str = field(default_factory=configured_tool_rendering)
 
     @property
     def n(self) -> int:
@@ -83,6 +86,7 @@ class SuiteReport:
             "suite": self.suite,
             "split": self.split,
             "policy": self.policy,
+            "tool_rendering": self.tool_rendering,
             "n": self.n,
             "accuracy": self.accuracy,
             "ci95_low": low,
@@ -99,7 +103,7 @@ class SuiteReport:
     def describe(self) -> str:
         low, high = self.ci95
         lines = [
-            f"{self.suite} [{self.split}] policy={self.policy}: "
+            f"{self.suite} [{self.split}] policy={self.policy} tools={self.tool_rendering}: "
             f"accuracy {self.accuracy:.3f} (95% CI {low:.3f}-{high:.3f}) over {self.n} entries, "
             f"{self.seconds_per_entry:.2f} s/entry"
         ]

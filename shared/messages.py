@@ -136,6 +136,8 @@ class Trajectory(Part):
     the policy generated, and ``logprobs[i]`` is the behaviour log-prob of token i
     (0.0 where the mask is 0), sampled at ``temperature``. ``entropies`` is the policy's
     mean token entropy per assistant turn, used by the uncertainty signal.
+    ``tool_rendering`` is how the prompt showed the tools (``compact`` or ``full``; None
+    when not recorded).
     """
 
     id: str
@@ -152,6 +154,7 @@ class Trajectory(Part):
     entropies: list[float] = msgspec.field(default_factory=list)
     finished: bool = True
     error: str | None = None
+    tool_rendering: Literal["compact", "full"] | None = None
 
 
 class InteractionStep(Part):

@@ -19,6 +19,7 @@ BENCHMARKS = {
     "memory": "one SFT step on a BFCL example: activations stored vs checkpointed",
     "dataloop": "coevolve up for N minutes: signals, explorations, verdicts, pool growth",
     "sampling": "share of uniform groups, uniform vs dynamic sampler, synthetic policy",
+    "prompts": "first-prompt tokens of BFCL entries and turns, full vs compact tool rendering",
 }
 
 

@@ -1,7 +1,10 @@
 """``coevolve eval``: score a policy (or the ground truth) on a BFCL multi-turn suite.
 
+Suites ``bfcl-multi-turn-*`` play whole entries, ``bfcl-turns-*`` one task per user turn.
 Prints a progress bar on stderr, then accuracy with a 95% Wilson interval and seconds per
-entry; ``--json`` puts one JSON object on the last line of stdout.
+task; ``--json`` puts one JSON object on the last line of stdout. The tools are rendered
+as the configuration says (``tool_rendering``, default ``compact``) unless
+``--tool-rendering`` names one; the report records which.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import msgspec
 import typer
 
+from coevolve.cli.options import ConfigOption, settings_from
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import SUITES, suite_tasks
 from coevolve.shared.envs.protocol import Environment
+from coevolve.shared.envs.rendering import TOOL_RENDERINGS, configure_tool_rendering
 from coevolve.shared.evaluation import (
     BatchPlayer,
     Player,
@@ -175,7 +180,10 @@ def build_player(
 def eval_command(
     suite: Annotated[
         str,
-        typer.Option("--suite", help="One of: " + ", ".join(SUITES)),
+        typer.Option(
+            "--suite",
+            help="One of: " + ", ".join(SUITES) + " (bfcl-turns-*: one task per user turn).",
+        ),
     ] = "bfcl-multi-turn-base",
     split: Annotated[
         str,
@@ -222,12 +230,28 @@ def eval_command(
         int,
         typer.Option("--batch-size", min=1, help="Entries generated together (policy only)."),
     ] = EVAL_BATCH_SIZE,
+    tool_rendering: Annotated[
+        str | None,
+        typer.Option(
+            "--tool-rendering",
+            help="compact | full: how prompts show the tools (default: the configuration's "
+            "tool_rendering, compact unless set; full is BFCL's own docs).",
+            show_default=False,
+        ),
+    ] = None,
+    config: ConfigOption = None,
 ) -> None:
     """Score a policy (or the ground truth) on a BFCL multi-turn suite."""
     if suite not in SUITES:
         raise typer.BadParameter(f"choose from {', '.join(SUITES)}", param_hint="--suite")
     if split not in SPLITS:
         raise typer.BadParameter(f"choose from {', '.join(SPLITS)}", param_hint="--split")
+    if tool_rendering is not None and tool_rendering not in TOOL_RENDERINGS:
+        raise typer.BadParameter(
+            f"choose from {', '.join(TOOL_RENDERINGS)}", param_hint="--tool-rendering"
+        )
+    configured = settings_from(config, None).tool_rendering  # installs it for this process
+    configure_tool_rendering(tool_rendering or configured)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tasks = suite_tasks(suite, split)
     if limit is not None:

@@ -56,6 +56,10 @@ log = logging.getLogger(__name__)
 class PoolStoreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     db_file: str = "pool.duckdb"
     seed_environments: list[str] = msgspec.field(default_factory=lambda: ["bfcl"])
+    # shares of per-turn tasks and whole entries in the seed pool (see seed_tasks_for)
+    seed_grains: dict[str, float] = msgspec.field(
+        default_factory=lambda: {"turns": 0.8, "entries": 0.2}
+    )
     mix: dict[str, float] = msgspec.field(
         default_factory=lambda: {"seed": 0.5, "explored": 0.25, "synthesized": 0.25}
     )
@@ -94,7 +98,7 @@ class PoolStoreActor(Actor):
 
     async def _seed(self, environment: str) -> None:
         assert self.store is not None
-        tasks = await anyio.to_thread.run_sync(seed_tasks_for, environment)
+        tasks = await anyio.to_thread.run_sync(seed_tasks_for, environment, self.config.seed_grains)
         added, _ = await self._db(self.store.add_tasks, tasks)
         log.info("seeded %d %s tasks from the train split", len(added), environment)
 
@@ -189,12 +193,21 @@ class PoolStoreActor(Actor):
                 await self.publish(ROLLOUT_JOBS, job)
 
 
-def seed_tasks_for(environment: str) -> list[Task]:
-    """The train split of an environment, as origin-"seed" tasks."""
-    if environment == "bfcl":
-        from coevolve.shared.envs.bfcl.tasks import seed_tasks
+def seed_tasks_for(environment: str, grains: dict[str, float] | None = None) -> list[Task]:
+    """The train split of an environment, as origin-"seed" tasks.
 
-        return seed_tasks()
+    For BFCL: per-turn tasks (``env_config["grain"] == "turn"``, ids ``<entry>#t<turn>``)
+    beside whole entries, in the shares ``grains`` gives (``turns`` / ``entries``, default
+    0.8 / 0.2; the pool holds them in that proportion, so uniform sampling within the
+    seed origin sees them in it).
+    """
+    if environment == "bfcl":
+        from coevolve.shared.envs.bfcl.tasks import seed_pool
+
+        try:
+            return seed_pool(grains)
+        except ValueError as exc:
+            raise ConfigError(f"services.pool_store.seed_grains: {exc}") from exc
     raise ConfigError(f"services.pool_store.seed_environments: no seed tasks for {environment!r}")
 
 

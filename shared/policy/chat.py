@@ -6,6 +6,11 @@ Two paths, chosen by probing the tokenizer's chat template once:
 - it does not (SmolLM2): a system prompt lists the tools' JSON schemas and the
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` convention.
 
+That is the ``full`` tool rendering. The ``compact`` one (the default; see
+``coevolve.shared.envs.rendering``) always uses the system prompt, with one line per
+function instead of its schema, whatever the template supports: a template's own tool
+rendering is its JSON. ``tool_rendering=None`` means the process's configured rendering.
+
 Likewise ``role="tool"`` messages pass through a template that knows that role; otherwise
 they become user messages starting with ``Observation:`` so the model sees them as input.
 Assistant messages are rendered from their text: the text the model generated already
@@ -22,6 +27,14 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from coevolve.shared.envs.rendering import (
+    ToolRendering,
+    check_tool_rendering,
+    compact_listing,
+    configured_tool_rendering,
+    function_of,
+    schema_only,
+)
 from coevolve.shared.messages import ChatMessage
 from coevolve.shared.toolcalls import format_tool_calls
 
@@ -74,12 +87,24 @@ def template_support(tokenizer: PreTrainedTokenizerBase) -> TemplateSupport:
     return support
 
 
-def tools_system_prompt(tools: list[dict[str, Any]]) -> str:
-    schemas = "\n".join(json.dumps(tool.get("function", tool)) for tool in tools)
+def tools_system_prompt(
+    tools: list[dict[str, Any]], tool_rendering: ToolRendering | None = None
+) -> str:
+    rendering = resolve_tool_rendering(tool_rendering)
+    if rendering == "compact":
+        listing = (
+            "You can call these functions to complete the user's task "
+            "(name(argument: type, optional?: type) - what it does):\n"
+            f"{compact_listing(tools)}\n"
+        )
+    else:
+        schemas = "\n".join(json.dumps(function_of(tool)) for tool in tools)
+        listing = (
+            "You can call functions to complete the user's task. The functions are listed as "
+            f"JSON schemas:\n<tools>\n{schemas}\n</tools>\n"
+        )
     return (
-        "You can call functions to complete the user's task. The functions are listed as "
-        "JSON schemas:\n<tools>\n"
-        f"{schemas}\n</tools>\n"
+        f"{listing}"
         "To call a function, answer with one block per call, exactly in this form:\n"
         '<tool_call>{"name": "function_name", "arguments": {"arg": "value"}}</tool_call>\n'
         f'Each result comes back in a message starting with "{OBSERVATION_PREFIX.strip()}". '
@@ -87,8 +112,30 @@ def tools_system_prompt(tools: list[dict[str, Any]]) -> str:
     )
 
 
+def resolve_tool_rendering(tool_rendering: str | None) -> ToolRendering:
+    """``tool_rendering``, or the process's configured one when it is None."""
+    if tool_rendering is None:
+        return configured_tool_rendering()
+    return check_tool_rendering(tool_rendering)
+
+
+def native_tools(
+    tools: list[dict[str, Any]] | None,
+    support: TemplateSupport,
+    tool_rendering: ToolRendering | None = None,
+) -> list[dict[str, Any]] | None:
+    """The tools to hand the template itself (only ``full`` rendering with a template that
+    renders them), without rendering hints; None when the system prompt lists them."""
+    if not tools or not support.tools or resolve_tool_rendering(tool_rendering) != "full":
+        return None
+    return [schema_only(tool) for tool in tools]
+
+
 def to_template_messages(
-    messages: list[ChatMessage], tools: list[dict[str, Any]] | None, support: TemplateSupport
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    support: TemplateSupport,
+    tool_rendering: ToolRendering | None = None,
 ) -> list[dict[str, Any]]:
     """Plain dicts for ``apply_chat_template``, adapted to what the template supports."""
     rendered: list[dict[str, Any]] = []
@@ -101,8 +148,8 @@ def to_template_messages(
             rendered.append({"role": "user", "content": OBSERVATION_PREFIX + content})
         else:
             rendered.append({"role": message.role, "content": content})
-    if tools and not support.tools:
-        prompt = tools_system_prompt(tools)
+    if tools and native_tools(tools, support, tool_rendering) is None:
+        prompt = tools_system_prompt(tools, tool_rendering)
         if rendered and rendered[0]["role"] == "system":
             rendered[0] = {"role": "system", "content": f"{rendered[0]['content']}\n\n{prompt}"}
         else:
@@ -116,12 +163,14 @@ def render_text(
     tools: list[dict[str, Any]] | None,
     *,
     add_generation_prompt: bool = True,
+    tool_rendering: ToolRendering | None = None,
 ) -> str:
     support = template_support(tokenizer)
-    native_tools: Any = tools if (tools and support.tools) else None
+    rendering = resolve_tool_rendering(tool_rendering)
+    template_tools: Any = native_tools(tools, support, rendering)
     text = tokenizer.apply_chat_template(
-        to_template_messages(messages, tools, support),
-        tools=native_tools,
+        to_template_messages(messages, tools, support, rendering),
+        tools=template_tools,
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
     )
@@ -150,7 +199,14 @@ def render_prompt_ids(
     tools: list[dict[str, Any]] | None,
     *,
     add_generation_prompt: bool = True,
+    tool_rendering: ToolRendering | None = None,
 ) -> list[int]:
     """Token ids of ``messages`` (with ``tools``), ending in the assistant prompt by default."""
-    text = render_text(tokenizer, messages, tools, add_generation_prompt=add_generation_prompt)
+    text = render_text(
+        tokenizer,
+        messages,
+        tools,
+        add_generation_prompt=add_generation_prompt,
+        tool_rendering=tool_rendering,
+    )
     return encode_text(tokenizer, text)

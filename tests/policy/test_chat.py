@@ -76,7 +76,7 @@ def test_smollm2_template_gets_tools_as_a_system_prompt(policy: LoadedPolicy) ->
     tokenizer = policy.tokenizer
     support = template_support(tokenizer)
     assert not support.tools and not support.tool_role
-    text = render_text(tokenizer, CONVERSATION, TOOLS)
+    text = render_text(tokenizer, CONVERSATION, TOOLS, tool_rendering="full")
     system = text.split("<|im_end|>")[0]
     assert system.startswith("<|im_start|>system\n")
     for tool in TOOLS:
@@ -90,7 +90,7 @@ def test_smollm2_template_gets_tools_as_a_system_prompt(policy: LoadedPolicy) ->
 
 def test_system_message_is_kept_and_tools_appended(policy: LoadedPolicy) -> None:
     messages = [ChatMessage(role="system", content="Be brief."), *CONVERSATION[:1]]
-    text = render_text(policy.tokenizer, messages, TOOLS)
+    text = render_text(policy.tokenizer, messages, TOOLS, tool_rendering="full")
     assert text.count("<|im_start|>system") == 1
     assert text.startswith("<|im_start|>system\nBe brief.\n\nYou can call functions")
 
@@ -131,7 +131,7 @@ def test_template_with_tools_support_gets_them_natively(
 ) -> None:
     support = template_support(tools_tokenizer)
     assert support.tools and support.tool_role
-    text = render_text(tools_tokenizer, CONVERSATION, TOOLS)
+    text = render_text(tools_tokenizer, CONVERSATION, TOOLS, tool_rendering="full")
     system = text.split("<|im_end|>")[0]
     assert system.startswith("<|im_start|>system\nTools:")
     assert all(json.dumps(tool) in system for tool in TOOLS)

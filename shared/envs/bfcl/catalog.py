@@ -22,6 +22,8 @@ from bfcl_eval.constants.executable_backend_config import (
     STATELESS_CLASSES,
 )
 
+from coevolve.shared.envs.rendering import COMPACT_HINTS_KEY
+
 DATA_DIR = Path(bfcl_eval.__file__).resolve().parent / "data"
 FUNC_DOC_DIR = DATA_DIR / "multi_turn_func_doc"
 
@@ -37,6 +39,9 @@ MULTI_TURN_CLASSES: tuple[str, ...] = (
     "TravelAPI",
     "VehicleControlAPI",
 )
+
+# BFCL opens every description with a sentence about the function's API class, then this.
+CLASS_BOILERPLATE_END = "Tool description:"
 
 # BFCL's doc types -> JSON Schema types.
 _JSON_SCHEMA_TYPES = {
@@ -74,8 +79,15 @@ class FunctionDoc:
         required: list[str] = self.parameters.get("required", [])
         return required
 
+    @property
+    def summary(self) -> str:
+        """The description without BFCL's per-class opening (what the function does)."""
+        _, marker, rest = self.description.partition(CLASS_BOILERPLATE_END)
+        return rest.strip() if marker else self.description.strip()
+
     def tool_schema(self) -> dict[str, Any]:
-        """OpenAI-style function schema (``{"type": "function", "function": {...}}``)."""
+        """OpenAI-style function schema (``{"type": "function", "function": {...}}``), with
+        the hints the compact rendering uses (its class, its summary) beside it."""
         return {
             "type": "function",
             "function": {
@@ -83,6 +95,7 @@ class FunctionDoc:
                 "description": self.description,
                 "parameters": to_json_schema(self.parameters),
             },
+            COMPACT_HINTS_KEY: {"group": self.class_name, "description": self.summary},
         }
 
 

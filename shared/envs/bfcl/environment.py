@@ -4,6 +4,13 @@ A user turn is answered by zero or more assistant messages with ``<tool_call>`` 
 an assistant message without any tool call ends the turn and the next user message comes
 back as an observation. The episode ends after the last turn or when a step budget runs
 out (then, as in BFCL, it counts as force-terminated and scores 0).
+
+A per-turn task (``env_config["grain"] == "turn"``, see ``tasks.py``) starts where the
+earlier turns' ground truth leaves the entry: ``reset`` replays those calls on the fresh
+instances and returns the conversation so far (each earlier user turn, an assistant message
+with its ground-truth calls, their observations, a closing reply) followed by the turn's
+own user message; the episode then covers that one turn. Turn numbers (``info["turn"]``,
+held-out functions of miss_func) stay those of the entry.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from coevolve.shared.envs.bfcl.instances import (
     public_state,
 )
 from coevolve.shared.envs.bfcl.scoring import EpisodeRecord, ScoreReport, score_episode
-from coevolve.shared.envs.bfcl.tasks import ENVIRONMENT_NAME
+from coevolve.shared.envs.bfcl.tasks import ENVIRONMENT_NAME, prior_ground_truth
 from coevolve.shared.envs.bfcl.validation import (
     CallLimits,
     CallValidationError,
@@ -34,7 +41,13 @@ from coevolve.shared.envs.bfcl.validation import (
 )
 from coevolve.shared.envs.protocol import ReplayResult, StepResult
 from coevolve.shared.messages import ChatMessage, Task, ToolCall
-from coevolve.shared.toolcalls import parse_tool_calls
+from coevolve.shared.toolcalls import format_tool_calls, parse_tool_calls
+
+# The assistant replies that close an earlier turn in a per-turn task's conversation: after
+# its ground-truth calls, and when its ground truth has no call (a function or a parameter
+# is missing, as in BFCL's miss_func / miss_param).
+PRIOR_TURN_DONE = "Done."
+PRIOR_TURN_UNABLE = "I cannot do that yet: a function or some information I need is missing."
 
 
 class EpisodeNotStartedError(RuntimeError):
@@ -63,6 +76,7 @@ class BfclEnvironment:
         self._functions: dict[str, FunctionDoc] = {}
         self._record: EpisodeRecord = []
         self._turn = 0
+        self._first_turn = 0
         self._steps = 0
         self._steps_in_turn = 0
         self._done = True
@@ -80,7 +94,8 @@ class BfclEnvironment:
 
     @property
     def turn(self) -> int:
-        return self._turn
+        """The current turn's index in the entry (per-turn tasks start at their turn)."""
+        return self._first_turn + self._turn
 
     @property
     def done(self) -> bool:
@@ -114,20 +129,31 @@ class BfclEnvironment:
         unknown = [name for name in involved if name not in all_class_names()]
         if unknown:
             raise ValueError(f"task {task.id}: unknown BFCL API classes {unknown}")
+        prior_turns = config.get("prior_turns") or []
+        prior_truth = prior_ground_truth(config)
+        if len(prior_truth) != len(prior_turns) or config.get("turn", len(prior_turns)) != len(
+            prior_turns
+        ):
+            raise ValueError(
+                f"task {task.id}: env_config.turn, prior_turns and prior_ground_truth disagree"
+            )
         self._task = task
         self._instances = create_instances(
             involved, task.initial_state, bool(config.get("long_context"))
         )
         self._record = [[]]
         self._turn = 0
+        self._first_turn = 0
         self._steps = 0
         self._steps_in_turn = 0
         self._done = False
         self._completed = False
         self._end_reason = ""
         self._report = None
+        conversation = self._replay_prior_turns(prior_turns, prior_truth)
+        self._first_turn = len(prior_turns)
         self._refresh_functions()
-        return [self._user_message(0)]
+        return [*conversation, self._user_message(0)]
 
     def tools(self) -> list[dict[str, Any]]:
         return [doc.tool_schema() for doc in self._functions.values()]
@@ -193,14 +219,14 @@ class BfclEnvironment:
         errors: list[str] = []
         for offset, calls in enumerate(ground_truth):
             if self._done:
-                errors.append(f"turn {self._turn + offset}: the task has no more turns")
+                errors.append(f"turn {self.turn + offset}: the task has no more turns")
                 break
             step_calls: list[ValidatedCall] = []
             for call in calls:
                 ok, text = self._execute_into(call, step_calls)
                 observations.append(text)
                 if not ok:
-                    errors.append(f"turn {self._turn}: {call.name}: {text}")
+                    errors.append(f"turn {self.turn}: {call.name}: {text}")
             if step_calls:
                 self._record[self._turn].append(step_calls)
             self._steps += 1
@@ -227,18 +253,41 @@ class BfclEnvironment:
 
     # ------------------------------------------------------------------ internals
 
+    def _replay_prior_turns(
+        self, texts: list[str], ground_truth: list[list[ToolCall]]
+    ) -> list[ChatMessage]:
+        """Run the earlier turns' ground truth (each turn with the functions it offered);
+        the conversation an agent that followed it would have had."""
+        messages: list[ChatMessage] = []
+        for turn, (text, calls) in enumerate(zip(texts, ground_truth, strict=True)):
+            self._first_turn = turn
+            self._refresh_functions()
+            messages.append(self._user_text_message(turn, text))
+            if not calls:
+                messages.append(ChatMessage(role="assistant", content=PRIOR_TURN_UNABLE))
+                continue
+            messages.append(
+                ChatMessage(role="assistant", content=format_tool_calls(calls), tool_calls=calls)
+            )
+            for call in calls:
+                _, observation = self._execute_into(call, [])
+                messages.append(ChatMessage(role="tool", content=self._clip(observation)))
+            messages.append(ChatMessage(role="assistant", content=PRIOR_TURN_DONE))
+        return messages
+
     def _refresh_functions(self) -> None:
         """Offer every function except those held out until a later turn (miss_func)."""
         missed: dict[str, list[str]] = self.task.env_config.get("missed_function", {})
-        hidden = [
-            name for turn, names in missed.items() if int(turn) > self._turn for name in names
-        ]
+        hidden = [name for turn, names in missed.items() if int(turn) > self.turn for name in names]
         self._functions = function_table(self.task.env_config["involved_classes"], hidden)
 
     def _user_message(self, turn: int) -> ChatMessage:
-        text = self.task.user_turns[turn]
+        """The user message of the task's ``turn`` (an index into ``task.user_turns``)."""
+        return self._user_text_message(self._first_turn + turn, self.task.user_turns[turn])
+
+    def _user_text_message(self, entry_turn: int, text: str) -> ChatMessage:
         missed = self.task.env_config.get("missed_function", {})
-        if not text.strip() and str(turn) in missed:
+        if not text.strip() and str(entry_turn) in missed:
             text = DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
         return ChatMessage(role="user", content=text)
 
@@ -263,7 +312,7 @@ class BfclEnvironment:
         # As in BFCL, a turn may take max_steps_per_turn tool steps; one more ends the episode.
         if self._steps_in_turn > self.max_steps_per_turn:
             self._done = True
-            self._end_reason = f"step budget: {self.max_steps_per_turn} steps in turn {self._turn}"
+            self._end_reason = f"step budget: {self.max_steps_per_turn} steps in turn {self.turn}"
         elif self._steps >= self.max_steps:
             self._done = True
             self._end_reason = f"step budget: {self.max_steps} steps in the episode"
@@ -294,7 +343,7 @@ class BfclEnvironment:
             "calls": [c.name for c in executed or []],
             "call_strings": [call_string(c.name, c.arguments) for c in executed or []],
             "errors": errors,
-            "turn": self._turn,
+            "turn": self.turn,
             "step": self._steps,
             "turn_ended": turn_ended,
             "end_reason": self._end_reason if self._done else "",

@@ -9,6 +9,11 @@ module performs the same turn loop with the episode's validated calls dispatched
 instances, and hands the instances and results to BFCL's ``state_checker`` and
 ``response_checker`` unchanged. As in BFCL's runner, an episode that did not reach the end
 of every turn (force-terminated) scores 0.
+
+A per-turn task is scored on its own turn only: both sides start from the instances reached
+by replaying the earlier turns' ground truth, whose results count as the model's earlier
+results (as in a whole entry whose earlier turns matched the ground truth); then the same
+checks run after the turn.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import is_empty_exe
 from coevolve.shared.envs.bfcl.calls import call_string
 from coevolve.shared.envs.bfcl.catalog import FunctionDoc
 from coevolve.shared.envs.bfcl.instances import create_instances, dispatch, function_table
+from coevolve.shared.envs.bfcl.tasks import prior_ground_truth
 from coevolve.shared.envs.bfcl.validation import (
     CallValidationError,
     ValidatedCall,
@@ -87,8 +93,13 @@ def score_episode(task: Task, record: EpisodeRecord, completed: bool) -> ScoreRe
     all_functions = function_table(involved)
 
     all_model_results: list[str] = []
-    for turn_index, truth_calls in enumerate(ground_truth):
-        steps = [step for step in record[turn_index] if step]
+    prior = prior_ground_truth(config)
+    for truth_calls in prior:
+        all_model_results.extend(_ground_truth_results(truth_calls, model_instances, all_functions))
+        _ground_truth_results(truth_calls, truth_instances, all_functions)
+    for offset, truth_calls in enumerate(ground_truth):
+        turn_index = len(prior) + offset
+        steps = [step for step in record[offset] if step]
         turn_results = [
             dispatch(model_instances, call).observation for step in steps for call in step
         ]

@@ -1,9 +1,19 @@
 """BFCL multi-turn entries as Tasks, the deterministic train/eval split, and the seed pool.
 
+Tasks come at two grains. A whole entry is one task (``multi_turn_base_7``). Each of its
+user turns is also a task of its own (``multi_turn_base_7#t3``): ``env_config["grain"]`` is
+``"turn"``, ``env_config["turn"]`` the turn's index in the entry, and
+``env_config["prior_turns"]`` / ``["prior_ground_truth"]`` the earlier user turns and their
+ground-truth calls, which the environment replays at reset to reach the turn's starting
+state and the conversation so far. ``user_turns`` and ``ground_truth`` hold that one turn.
+Turns whose ground truth is empty are not tasks: BFCL's checkers check nothing on such a
+turn, so every answer would score 1 (they stay in later turns' conversations).
+
 The split is by scenario number: ``multi_turn_base_7``, ``multi_turn_miss_func_7``,
 ``multi_turn_miss_param_7`` and ``multi_turn_long_context_7`` are variants of one scenario
-(same questions, same initial state), so all four fall on the same side. Which side is
-decided by a hash of the number, so the split never changes between runs or machines.
+(same questions, same initial state), so all four fall on the same side, and so do their
+turns. Which side is decided by a hash of the number, so the split never changes between
+runs or machines.
 """
 
 from __future__ import annotations
@@ -11,14 +21,17 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import random
+from collections.abc import Mapping
 from functools import cache
 from typing import Any, Literal
 
+import msgspec
 from bfcl_eval.constants.category_mapping import VERSION_PREFIX
 
 from coevolve.shared.envs.bfcl.calls import parse_call_string
 from coevolve.shared.envs.bfcl.catalog import DATA_DIR
-from coevolve.shared.messages import Task
+from coevolve.shared.messages import Task, ToolCall
 
 ENVIRONMENT_NAME = "bfcl"
 
@@ -29,13 +42,26 @@ MULTI_TURN_CATEGORIES: tuple[str, ...] = (
     "multi_turn_long_context",
 )
 
-# `coevolve eval --suite NAME` -> BFCL category.
-SUITES: dict[str, str] = {
+Grain = Literal["entry", "turn"]
+TURN_ID_SEPARATOR = "#t"
+
+# `coevolve eval --suite NAME` -> BFCL category; whole entries, then one task per turn.
+ENTRY_SUITES: dict[str, str] = {
     "bfcl-multi-turn-base": "multi_turn_base",
     "bfcl-multi-turn-miss-func": "multi_turn_miss_func",
     "bfcl-multi-turn-miss-param": "multi_turn_miss_param",
     "bfcl-multi-turn-long-context": "multi_turn_long_context",
 }
+TURN_SUITES: dict[str, str] = {
+    "bfcl-turns-base": "multi_turn_base",
+    "bfcl-turns-miss-func": "multi_turn_miss_func",
+    "bfcl-turns-miss-param": "multi_turn_miss_param",
+    "bfcl-turns-long-context": "multi_turn_long_context",
+}
+SUITES: dict[str, str] = {**ENTRY_SUITES, **TURN_SUITES}
+
+# The seed pool's default share of per-turn tasks and of whole entries.
+DEFAULT_SEED_GRAINS: dict[str, float] = {"turns": 0.8, "entries": 0.2}
 
 SPLIT_SALT = "coevolve-bfcl-split-v1"
 
@@ -63,9 +89,19 @@ def _raw_entries(category: str) -> tuple[tuple[dict[str, Any], dict[str, Any]], 
     return tuple((entry, answers[entry["id"]]) for entry in entries)
 
 
+def entry_id_of(task_id: str) -> str:
+    """``multi_turn_base_7#t3`` -> ``multi_turn_base_7`` (an entry's id is its own)."""
+    return task_id.split(TURN_ID_SEPARATOR, 1)[0]
+
+
+def turn_task_id(entry_id: str, turn: int) -> str:
+    return f"{entry_id}{TURN_ID_SEPARATOR}{turn}"
+
+
 def scenario_number(entry_id: str) -> int:
-    """``multi_turn_miss_func_12`` -> 12 (shared by the variants of one scenario)."""
-    return int(entry_id.rsplit("_", 1)[1])
+    """``multi_turn_miss_func_12`` (or its turn ``...#t2``) -> 12 (shared by the variants
+    of one scenario)."""
+    return int(entry_id_of(entry_id).rsplit("_", 1)[1])
 
 
 def split_of(entry_id: str) -> Split:
@@ -108,21 +144,117 @@ def load_tasks(category: str = "multi_turn_base") -> list[Task]:
     return [_task_from_entry(entry, answer, category) for entry, answer in _raw_entries(category)]
 
 
+def grain_of(task: Task) -> Grain:
+    return "turn" if task.env_config.get("grain") == "turn" else "entry"
+
+
+def turn_tasks(task: Task) -> list[Task]:
+    """One task per user turn of a whole-entry ``task`` whose ground truth is not empty."""
+    if grain_of(task) == "turn":
+        raise ValueError(f"task {task.id} is already one turn")
+    if len(task.ground_truth) != len(task.user_turns):
+        raise ValueError(
+            f"task {task.id}: {len(task.user_turns)} user turns but "
+            f"{len(task.ground_truth)} ground-truth turns"
+        )
+    entry_id = task.source_entry or task.id
+    prior_truth = [[msgspec.to_builtins(call) for call in calls] for calls in task.ground_truth]
+    tasks = []
+    for turn, (text, calls) in enumerate(zip(task.user_turns, task.ground_truth, strict=True)):
+        if not calls:
+            continue
+        env_config = {
+            **copy.deepcopy(task.env_config),
+            "grain": "turn",
+            "turn": turn,
+            "prior_turns": list(task.user_turns[:turn]),
+            "prior_ground_truth": copy.deepcopy(prior_truth[:turn]),
+        }
+        tasks.append(
+            msgspec.structs.replace(
+                task,
+                id=turn_task_id(task.id, turn),
+                user_turns=[text],
+                ground_truth=[list(calls)],
+                initial_state=copy.deepcopy(task.initial_state),
+                env_config=env_config,
+                source_entry=entry_id,
+                lineage=copy.deepcopy(task.lineage),
+            )
+        )
+    return tasks
+
+
+def prior_ground_truth(env_config: Mapping[str, Any]) -> list[list[ToolCall]]:
+    """The earlier turns' ground-truth calls of a per-turn task ([] for a whole entry)."""
+    raw = env_config.get("prior_ground_truth") or []
+    try:
+        return msgspec.convert(raw, list[list[ToolCall]])
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"env_config.prior_ground_truth: {exc}") from exc
+
+
+def load_turn_tasks(category: str = "multi_turn_base") -> list[Task]:
+    """Every checked user turn of every entry of one category as a task of its own."""
+    return [turn for task in load_tasks(category) for turn in turn_tasks(task)]
+
+
 def split_tasks(tasks: list[Task]) -> tuple[list[Task], list[Task]]:
-    """(train, eval), deterministic by scenario number."""
+    """(train, eval), deterministic by scenario number (a turn goes with its entry)."""
     train = [task for task in tasks if split_of(task.source_entry or task.id) == "train"]
     evaluation = [task for task in tasks if split_of(task.source_entry or task.id) == "eval"]
     return train, evaluation
 
 
 def seed_tasks() -> list[Task]:
-    """The train half of multi_turn_base: where the task pool and explorers start."""
+    """The train half of multi_turn_base (whole entries): where explorers start."""
     train, _ = split_tasks(load_tasks("multi_turn_base"))
     return train
 
 
+def seed_pool(grains: Mapping[str, float] | None = None) -> list[Task]:
+    """The train half of multi_turn_base as the task pool starts: whole entries and
+    per-turn tasks mixed by ``grains`` (shares of ``turns`` and ``entries``, default
+    0.8 / 0.2).
+
+    Everything of the grain that is short of its share is kept; the other grain is thinned
+    (a fixed choice, the same on every run) until the shares hold. Per-turn tasks are marked
+    ``env_config["grain"] == "turn"`` and ids ``...#tN``, so a sampler can weight them.
+    """
+    turns_share, entries_share = _grain_shares(grains or DEFAULT_SEED_GRAINS)
+    entries = seed_tasks()
+    turns = [turn for task in entries for turn in turn_tasks(task)]
+    if entries_share == 0.0:
+        return turns
+    if turns_share == 0.0:
+        return entries
+    wanted_turns = round(len(entries) * turns_share / entries_share)
+    if wanted_turns < len(turns):
+        turns = _fixed_subset(turns, wanted_turns)
+    else:
+        entries = _fixed_subset(entries, round(len(turns) * entries_share / turns_share))
+    return [*entries, *turns]
+
+
+def _grain_shares(grains: Mapping[str, float]) -> tuple[float, float]:
+    unknown = set(grains) - {"turns", "entries"}
+    if unknown:
+        raise ValueError(f"seed grains are 'turns' and 'entries', not {sorted(unknown)}")
+    turns, entries = float(grains.get("turns", 0.0)), float(grains.get("entries", 0.0))
+    if turns < 0 or entries < 0 or turns + entries <= 0:
+        raise ValueError(f"seed grain shares must be >= 0 and not all 0, got {dict(grains)}")
+    return turns / (turns + entries), entries / (turns + entries)
+
+
+def _fixed_subset(tasks: list[Task], size: int) -> list[Task]:
+    """``size`` of ``tasks`` chosen by a fixed seed, in their original order."""
+    keep = set(random.Random(SPLIT_SALT).sample(range(len(tasks)), max(0, size)))
+    return [task for index, task in enumerate(tasks) if index in keep]
+
+
 def suite_tasks(suite: str, split: str = "eval") -> list[Task]:
-    """The entries of an eval suite (``bfcl-multi-turn-base`` ...): ``all``, ``eval``, ``train``."""
+    """The tasks of an eval suite (``bfcl-multi-turn-base``: entries, ``bfcl-turns-base``:
+    one per turn): ``all``, ``eval``, ``train``."""
     if split not in ("all", "eval", "train"):
         raise ValueError(f"split must be 'all', 'eval' or 'train', not {split!r}")
     try:
@@ -131,7 +263,7 @@ def suite_tasks(suite: str, split: str = "eval") -> list[Task]:
         raise UnknownCategoryError(
             f"unknown suite {suite!r}; choose from {sorted(SUITES)}"
         ) from None
-    tasks = load_tasks(category)
+    tasks = load_turn_tasks(category) if suite in TURN_SUITES else load_tasks(category)
     if split == "all":
         return tasks
     train, evaluation = split_tasks(tasks)
