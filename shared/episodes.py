@@ -141,7 +141,7 @@ def run_groups(
         episodes = [episode for group in groups for episode in group]
         _run_until_done(engine, episodes, params, max_steps, on_step)
         return [
-            [_finish(episode, policy_version, prefix, params.temperature) for episode in group]
+            [_finish(episode, policy_version, prefix, params) for episode in group]
             for group, prefix in zip(groups, prefixes, strict=True)
         ]
     finally:
@@ -303,7 +303,7 @@ def _end(episode: _Episode, *, error: str | None, finished: bool = False) -> Non
 
 
 def _finish(
-    episode: _Episode, policy_version: int, id_prefix: str | None, temperature: float
+    episode: _Episode, policy_version: int, id_prefix: str | None, params: SamplingParams
 ) -> Trajectory:
     started = time.perf_counter()
     try:
@@ -322,7 +322,9 @@ def _finish(
         loss_mask=episode.loss_mask,
         reward=reward,
         policy_version=policy_version,
-        temperature=temperature,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=getattr(params, "top_k", None),  # engines without top-k do not truncate by it
         timings=Timings(
             generate_s=episode.generate_s,
             environment_s=episode.environment_s,

@@ -122,9 +122,7 @@ class LockstepLoop:
     on_new_tasks: Callable[[list[Task]], None] | None = None
 
     def __post_init__(self) -> None:
-        learner_config = self.learner_config or LearnerConfig(temperature=self.config.temperature)
-        if learner_config.temperature != self.config.temperature:
-            raise ValueError("the learner's temperature must equal the rollout's")
+        learner_config = self.learner_config or LearnerConfig()
         self.engine = TransformersEngine(self.policy)
         self.learner = GrpoLearner(self.policy, learner_config, log_dir=self.log_dir)
         self.iterations = 0

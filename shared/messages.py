@@ -149,6 +149,9 @@ class Trajectory(Part):
     reward: float
     policy_version: int
     temperature: float = 1.0
+    # nucleus / top-k truncation it was sampled with (1.0 / None: the full softmax)
+    top_p: float = 1.0
+    top_k: int | None = None
     timings: Timings = msgspec.field(default_factory=Timings)
     actions: list[str] = msgspec.field(default_factory=list)
     entropies: list[float] = msgspec.field(default_factory=list)

@@ -1,21 +1,40 @@
-"""GRPO, written out: group-relative advantages, the clipped surrogate, KL, staleness.
+"""GRPO, written out: group-relative advantages, the decoupled clipped surrogate, KL, staleness.
 
-The objective is the paper's (``seeds/000``):
+The objective is the paper's (``seeds/000``) with AReaL's decoupled PPO correction for
+off-policy data:
 
-    J(θ) = 1/Σ_k|τ_k| · Σ_k Σ_t min(r_kt·A_k, clip(r_kt, 1-ε_low, 1+ε_high)·A_k) - β·KL(π_θ‖π_ref)
+    J(θ) = 1/Σ_k|τ_k| · Σ_k Σ_t w_kt · min(r_kt·A_k, clip(r_kt, 1-ε_low, 1+ε_high)·A_k)
+           - β·KL(π_θ‖π_ref)
 
-with ``r_kt = π_θ(a_t|s_t) / π_behaviour(a_t|s_t)``. We minimise ``-J``.
+    r_kt = π_θ(a_t|s_t) / π_prox(a_t|s_t)          (the trust region)
+    w_kt = min(π_prox(a_t|s_t) / π_behav(a_t|s_t), w_max)   (off-policy correction, no gradient)
+
+``π_behav`` is the policy that sampled the trajectory (its log-probs come with it),
+``π_prox`` the learner's weights at the start of the step (recomputed without gradient).
+We minimise ``-J``.
 
 Choices worth knowing:
 
+* **Decoupled clip** (AReaL). Clipping against the behaviour policy, as plain PPO does,
+  zeroes the gradient of every token on which a stale policy and the current one disagree
+  by more than ε; clipping against the proximal policy keeps stale data useful, and the
+  behaviour-to-proximal weight corrects for where it was sampled. With one update per
+  step ``π_prox = π_θ``, so ``r = 1`` and the loss is the importance-weighted policy
+  gradient. Without ``proximal_logprobs`` ``grpo_loss`` falls back to plain PPO
+  (``π_prox = π_behav``, ``w = 1``).
+* **The weight is truncated at the cap, not masked**: a token whose ``π_prox/π_behav``
+  exceeds ``w_max`` is trained with weight ``w_max`` (as V-trace truncates its importance
+  weights), so no token weighs more than ``w_max`` (at the first update, where ``r = 1``,
+  no token's term exceeds ``w_max·|A|``) and none is silently dropped. The share of capped
+  tokens is reported.
 * **Token-level mean over the whole batch** (DAPO-style; also what the paper's
   ``1/Σ|τ_k|`` normaliser says): every generated token weighs the same, so long
   trajectories are not down-weighted as they are under a per-sequence mean. Under gradient
   accumulation the caller passes the batch's total token count as ``token_normalizer`` so
   the micro-batches add up to exactly that mean.
-* **The ratio is taken against the behaviour log-probs** recorded by the rollout engine, so
-  an asynchronous learner corrects for the (bounded) lag between the weights that sampled a
-  trajectory and the weights being trained.
+* **Log-probs are taken at each trajectory's sampling temperature** (``Trajectory.
+  temperature``), so policy, proximal, behaviour and reference log-probs all describe the
+  distribution that was sampled from. ``temperature`` may be a per-sequence tensor.
 * **KL uses the k3 estimator** ``exp(q - p) - (q - p) - 1`` with ``p`` the policy and ``q``
   the reference log-prob of the sampled token: unbiased for KL(π_θ‖π_ref), always >= 0.
 * **Asymmetric clipping** (``clip_eps_high`` >= ``clip_eps_low``, DAPO's "clip-higher") is
@@ -26,6 +45,7 @@ Choices worth knowing:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,7 +71,12 @@ def group_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
 
 @dataclass(frozen=True)
 class GrpoStats:
-    """Diagnostics of one loss evaluation, as means over the masked (generated) tokens."""
+    """Diagnostics of one loss evaluation, as means over the masked (generated) tokens.
+
+    ``ratio_mean`` and ``clip_fraction`` are about ``π_θ/π_prox``; ``behaviour_weight_mean``
+    is the mean applied (capped) ``π_prox/π_behav``, ``behaviour_weight_max`` its largest
+    value before the cap, ``behaviour_capped`` the share of tokens the cap truncated.
+    """
 
     loss: float
     policy_loss: float
@@ -60,6 +85,9 @@ class GrpoStats:
     ratio_mean: float
     entropy: float | None
     tokens: int
+    behaviour_weight_mean: float = 1.0
+    behaviour_weight_max: float = 1.0
+    behaviour_capped: float = 0.0
 
 
 def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
@@ -78,32 +106,48 @@ def grpo_loss(
     clip_eps_high: float = 0.2,
     kl_beta: float = 0.0,
     *,
+    proximal_logprobs: Tensor | None = None,
+    behaviour_weight_cap: float | None = None,
     entropies: Tensor | None = None,
     token_normalizer: float | None = None,
 ) -> tuple[Tensor, GrpoStats]:
     """The GRPO loss (``-J``) for a batch of sequences.
 
-    ``logprobs``, ``behaviour_logprobs``, ``ref_logprobs``, ``loss_mask`` and ``entropies``
-    are ``[B, T]`` and aligned (entry t is about token t); ``advantages`` is ``[B]`` (one
-    per trajectory) or ``[B, T]``. Only tokens with ``loss_mask == 1`` contribute, and they
-    are averaged over ``token_normalizer`` (default: their count in this batch).
-    ``ref_logprobs`` may be None only when ``kl_beta == 0``.
+    ``logprobs``, ``behaviour_logprobs``, ``proximal_logprobs``, ``ref_logprobs``,
+    ``loss_mask`` and ``entropies`` are ``[B, T]`` and aligned (entry t is about token t);
+    ``advantages`` is ``[B]`` (one per trajectory) or ``[B, T]``. Only tokens with
+    ``loss_mask == 1`` contribute, and they are averaged over ``token_normalizer``
+    (default: their count in this batch).
+
+    With ``proximal_logprobs`` the objective is the decoupled one: clip against them and
+    weight each token by ``min(π_prox/π_behav, behaviour_weight_cap)`` (None: no cap).
+    Without, it is plain PPO against the behaviour log-probs. ``ref_logprobs`` may be
+    None only when ``kl_beta == 0``.
     """
     if ref_logprobs is None and kl_beta != 0.0:
         raise ValueError("kl_beta > 0 needs reference log-probs")
+    if behaviour_weight_cap is not None and behaviour_weight_cap <= 0:
+        raise ValueError("behaviour_weight_cap must be > 0")
     mask = loss_mask.to(logprobs.dtype)
+    on = mask > 0
     if advantages.ndim == 1:
         advantages = advantages[:, None]
     advantages = advantages.to(logprobs.dtype).expand_as(logprobs)
+    zeros = torch.zeros_like(logprobs)
+    anchor = behaviour_logprobs if proximal_logprobs is None else proximal_logprobs.detach()
     # Masked positions are zeroed before exp() so padding can never produce inf * 0 = nan.
-    log_ratio = torch.where(mask > 0, logprobs - behaviour_logprobs, torch.zeros_like(logprobs))
+    log_ratio = torch.where(on, logprobs - anchor, zeros)
     ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages
-    policy_per_token = -torch.minimum(unclipped, clipped)
+    log_weight = torch.where(on, anchor.detach() - behaviour_logprobs, zeros).detach()
+    raw_weight = torch.exp(log_weight)
+    cap = math.inf if behaviour_weight_cap is None else behaviour_weight_cap
+    weight, capped = raw_weight.clamp(max=cap), raw_weight > cap
+    policy_per_token = -weight * torch.minimum(unclipped, clipped)
 
     if ref_logprobs is not None:
-        safe_ref = torch.where(mask > 0, ref_logprobs, logprobs.detach())
+        safe_ref = torch.where(on, ref_logprobs, logprobs.detach())
         kl_per_token = k3_kl(logprobs, safe_ref)
     else:
         kl_per_token = torch.zeros_like(logprobs)
@@ -115,17 +159,26 @@ def grpo_loss(
 
     with torch.no_grad():
         count = max(tokens, 1)
+
+        def mean(values: Tensor) -> float:
+            return float((values.to(mask.dtype) * mask).sum() / count)
+
         was_clipped = ((ratio < 1.0 - clip_eps_low) & (advantages < 0)) | (
             (ratio > 1.0 + clip_eps_high) & (advantages > 0)
         )
+        largest_log_weight = float(log_weight[on].max()) if tokens else 0.0
         stats = GrpoStats(
-            loss=float((loss_per_token * mask).sum() / count),
-            policy_loss=float((policy_per_token * mask).sum() / count),
-            kl=float((kl_per_token * mask).sum() / count),
-            clip_fraction=float((was_clipped.to(mask.dtype) * mask).sum() / count),
-            ratio_mean=float((ratio * mask).sum() / count),
-            entropy=None if entropies is None else float((entropies * mask).sum() / count),
+            loss=mean(loss_per_token),
+            policy_loss=mean(policy_per_token),
+            kl=mean(kl_per_token),
+            clip_fraction=mean(was_clipped),
+            ratio_mean=mean(ratio),
+            entropy=None if entropies is None else mean(entropies),
             tokens=tokens,
+            behaviour_weight_mean=mean(weight),
+            # in float64 and bounded, so a wildly stale token still reports a finite number
+            behaviour_weight_max=math.exp(min(largest_log_weight, 700.0)),
+            behaviour_capped=mean(capped),
         )
     return loss, stats
 
@@ -147,10 +200,19 @@ def filter_stale(
     return kept, len(groups) - len(kept)
 
 
+Temperature = float | Tensor
+"""One temperature, or one per sequence (a ``[B]`` tensor)."""
+
+
 def token_logprobs(
-    logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+    logits: Tensor, targets: Tensor, temperature: Temperature, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-prob of ``targets`` under ``logits / temperature`` (rows), and the entropy."""
+    """Log-prob of ``targets`` under ``logits / temperature`` (rows), and the entropy.
+
+    ``temperature`` is a number or one value per row of ``logits``.
+    """
+    if isinstance(temperature, Tensor):
+        temperature = temperature.to(logits.device, torch.float32)[:, None]
     scaled = logits.float() / temperature
     log_norm = torch.logsumexp(scaled, dim=-1)
     chosen = scaled.gather(-1, targets[:, None]).squeeze(-1) - log_norm
@@ -162,11 +224,23 @@ def token_logprobs(
     return chosen, entropy
 
 
+def entry_temperatures(temperature: Temperature, wanted: Tensor) -> Temperature:
+    """The temperature of each True entry of ``wanted`` ([B, T], row-major order)."""
+    if not isinstance(temperature, Tensor):
+        return temperature
+    return temperature.to(wanted.device)[:, None].expand(wanted.shape)[wanted]
+
+
+def check_temperature(temperature: Temperature) -> None:
+    if bool(torch.as_tensor(temperature).le(0).any()):
+        raise ValueError("temperature must be > 0 to score sampled tokens")
+
+
 def sequence_logprobs(
     model: nn.Module,
     token_ids: Tensor,
     attention_mask: Tensor,
-    temperature: float = 1.0,
+    temperature: Temperature = 1.0,
     *,
     positions: Tensor | None = None,
     with_entropy: bool = True,
@@ -174,14 +248,14 @@ def sequence_logprobs(
     """Log-prob of each token under ``model`` at ``temperature``, and the entropy there.
 
     Token t is scored with the logits at position t-1 (so entry 0 is always 0). The
-    temperature must be the one the rollout sampled with, or the ratio against the behaviour
-    log-probs is biased. ``positions`` (bool ``[B, T]``, e.g. the loss mask) restricts the
+    temperature must be the one the rollout sampled with (per sequence, a ``[B]`` tensor,
+    when they differ), or the ratio against the behaviour log-probs is biased.
+    ``positions`` (bool ``[B, T]``, e.g. the loss mask) restricts the
     vocabulary projection to the tokens that are needed; other entries are returned as 0.
     Entropy is computed without gradient (it is a diagnostic).
     Returns ``[B, T]`` tensors.
     """
-    if temperature <= 0:
-        raise ValueError("temperature must be > 0 to score sampled tokens")
+    check_temperature(temperature)
     wanted = torch.ones_like(token_ids, dtype=torch.bool) if positions is None else positions.bool()
     wanted = wanted.clone()
     wanted[:, 0] = False
@@ -196,7 +270,9 @@ def sequence_logprobs(
         use_cache=False,
     )
     # output.logits: [N, V], the rows of `predictors` in order, i.e. the tokens of `wanted`
-    chosen, entropy = token_logprobs(output.logits, token_ids[wanted], temperature, with_entropy)
+    chosen, entropy = token_logprobs(
+        output.logits, token_ids[wanted], entry_temperatures(temperature, wanted), with_entropy
+    )
     logprobs = torch.zeros(token_ids.shape, dtype=torch.float32, device=token_ids.device)
     logprobs = logprobs.masked_scatter(wanted, chosen)
     entropies = None
@@ -227,7 +303,8 @@ class SharedPrefix:
     that collect their gradients over all micro-batches, and ``backward()`` then sends the
     sum through the prompt's own graph once.
 
-    With ``requires_grad=False`` (the reference policy, or evaluation) no graph is kept.
+    With ``requires_grad=False`` (the reference or proximal policy, evaluation) no graph
+    is kept. ``temperature`` is the default for ``logprobs``, which may be given others.
     """
 
     def __init__(
@@ -265,13 +342,18 @@ class SharedPrefix:
         positions: Tensor,
         *,
         with_entropy: bool = True,
+        temperature: Temperature | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Like ``sequence_logprobs`` for ``prompt + continuation`` rows, continuation part.
 
         ``continuation_ids``/``attention_mask``/``positions`` are ``[B, S]`` (right-padded);
         entry j of the result is the log-prob of continuation token j (token 0 is scored
-        by the prompt's last logits).
+        by the prompt's last logits). ``temperature`` (one, or ``[B]``) defaults to the
+        prefix's own.
         """
+        if temperature is None:
+            temperature = self.temperature
+        check_temperature(temperature)
         batch, length = continuation_ids.shape
         wanted = positions.bool()
         predictors = torch.zeros_like(wanted)
@@ -290,13 +372,13 @@ class SharedPrefix:
             logits_to_keep=predictors,
         )
         later, later_entropy = token_logprobs(
-            output.logits, continuation_ids[:, 1:][wanted[:, 1:]], self.temperature, with_entropy
+            output.logits,
+            continuation_ids[:, 1:][wanted[:, 1:]],
+            entry_temperatures(temperature, wanted[:, 1:]),
+            with_entropy,
         )
         first, first_entropy = token_logprobs(
-            self.last_logits.expand(batch, -1),
-            continuation_ids[:, 0],
-            self.temperature,
-            with_entropy,
+            self.last_logits.expand(batch, -1), continuation_ids[:, 0], temperature, with_entropy
         )
         logprobs = join_first(wanted, first, later)
         entropies = None

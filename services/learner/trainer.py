@@ -1,9 +1,20 @@
 """The GRPO learner: turns batches of rollout groups into optimizer steps.
 
 One ``step`` takes the groups gathered since the last one, drops those older than the
-staleness bound, computes group-relative advantages, runs the policy (and the reference,
-for the KL term) over the trajectories in micro-batches with gradient accumulation, clips
-the gradient norm and applies one AdamW update. Each step makes a new policy version.
+staleness bound, refuses trajectories it cannot score exactly (malformed ones, and those
+sampled from a truncated distribution: ``top_p < 1``, ``top_k`` or greedy, counted apart),
+and computes group-relative advantages. Every trajectory is scored at the temperature it
+was sampled at. The loss is the decoupled PPO objective of ``grpo``: clipped against the
+proximal policy (the weights at the start of the step), weighted by the capped
+proximal-to-behaviour ratio, so data sampled by older weights still carries gradient.
+
+By default a step is one AdamW update over the whole batch; the proximal log-probs are
+then the detached values of the same forward pass (no extra compute). With ``ppo_epochs``
+or ``mini_batches`` above 1 the proximal log-probs are computed first in a no-grad pass,
+then the batch is split into ``mini_batches`` parts (whole groups) and each part gets its
+own update, ``ppo_epochs`` times over. Each part runs the policy (and the reference, for
+the KL term) in micro-batches with gradient accumulation and clips the gradient norm.
+Each step makes one new policy version, however many updates it made.
 
 The reference policy is the base model: with LoRA (the default) it is the same network
 with its adapters switched off, so it costs no memory; under full fine-tuning a frozen copy
@@ -20,7 +31,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import torch
@@ -45,6 +56,7 @@ from coevolve.services.learner.memory import (
 )
 from coevolve.shared.messages import RolloutGroup, Trajectory
 from coevolve.shared.policy import LoadedPolicy, export_weights
+from coevolve.shared.policy.adapters import freeze_trained_as_reference
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +73,12 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_grad_norm: float = 1.0
     micro_batch_size: int = 2
     max_staleness: int = 4
-    # must equal the rollout's sampling temperature, or the ratios are biased
-    temperature: float = 1.0
+    # decoupled PPO: each token's weight π_prox/π_behaviour is truncated at this (None: no cap)
+    behaviour_weight_cap: float | None = 5.0
+    # optimizer updates per step: ppo_epochs passes over the batch, each split in
+    # mini_batches parts of whole groups (1 and 1: one update, no extra forward pass)
+    ppo_epochs: int = 1
+    mini_batches: int = 1
     advantage_eps: float = 1e-6
     # a group whose rewards are all equal has zero advantage: skip its compute (DAPO)
     drop_uniform_groups: bool = True
@@ -77,6 +93,16 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # how many groups the learner service gathers for one step
     groups_per_step: int = 4
 
+    def __post_init__(self) -> None:
+        if self.ppo_epochs < 1 or self.mini_batches < 1:
+            raise ValueError("ppo_epochs and mini_batches must be at least 1")
+        if self.behaviour_weight_cap is not None and self.behaviour_weight_cap <= 0:
+            raise ValueError("behaviour_weight_cap must be > 0 (or null for no cap)")
+
+    @property
+    def updates_per_step(self) -> int:
+        return self.ppo_epochs * self.mini_batches
+
 
 @dataclass(frozen=True)
 class StepMetrics:
@@ -85,10 +111,15 @@ class StepMetrics:
     ``trained`` is False when nothing was left to train on (or the update was skipped for
     a non-finite gradient); ``version`` is the policy version after the step.
     ``dropped_stale``: groups beyond the staleness bound; ``uniform_groups``: groups with
-    equal rewards (no signal, skipped); ``malformed``: trajectories refused.
-    ``loss``..``entropy`` are means over the trained (generated) tokens; ``trained_tokens``
-    counts those, ``tokens`` every token run through the policy (a shared prompt once), and
-    ``tokens_per_s`` is ``tokens`` over the step's wall time.
+    equal rewards (no signal, skipped); ``malformed``: trajectories refused as broken;
+    ``refused_truncated``: trajectories refused because they were sampled from a truncated
+    distribution (``top_p < 1``, ``top_k``, greedy) the learner does not score.
+    ``updates``: optimizer updates applied. ``loss``..``entropy`` and the behaviour-weight
+    statistics are means over the trained (generated) tokens of every update (see
+    ``GrpoStats``; ``behaviour_weight_max`` is a max); ``trained_tokens`` counts those
+    tokens once, ``tokens`` every token run through the policy (a shared prompt once per
+    pass, the proximal pass included), and ``tokens_per_s`` is ``tokens`` over the step's
+    wall time; ``grad_norm`` is the mean over the updates, before clipping.
     """
 
     step: int
@@ -99,6 +130,8 @@ class StepMetrics:
     dropped_stale: int
     uniform_groups: int
     malformed: int
+    refused_truncated: int
+    updates: int
     reward_mean: float
     reward_std: float
     staleness_mean: float
@@ -108,6 +141,9 @@ class StepMetrics:
     kl: float
     clip_fraction: float
     ratio_mean: float
+    behaviour_weight_mean: float
+    behaviour_weight_max: float
+    behaviour_capped: float
     entropy: float
     grad_norm: float
     trained_tokens: int
@@ -121,19 +157,49 @@ class StepMetrics:
 
 @dataclass
 class Sample:
+    """One trajectory as trained: ``proximal_logprobs`` are filled in by the no-grad pass
+    before several updates (None: the detached log-probs of the update's own pass)."""
+
     token_ids: list[int]
     behaviour_logprobs: list[float]
     loss_mask: list[int]
     advantage: float
+    temperature: float = 1.0
+    proximal_logprobs: list[float] | None = None
 
     def after(self, start: int) -> Sample:
         """The part from token ``start`` on (what follows a shared prompt)."""
+        proximal = self.proximal_logprobs
         return Sample(
             self.token_ids[start:],
             self.behaviour_logprobs[start:],
             self.loss_mask[start:],
             self.advantage,
+            self.temperature,
+            None if proximal is None else proximal[start:],
         )
+
+
+@dataclass(frozen=True)
+class SampleBatch:
+    """What ``build_samples`` kept (per group) and what it refused, counted by reason."""
+
+    groups: list[list[Sample]]
+    uniform: int
+    malformed: int
+    truncated: int
+
+
+class PaddedBatch(NamedTuple):
+    """A right-padded micro-batch, ``[B, T]`` unless said otherwise."""
+
+    ids: Tensor
+    attention: Tensor
+    loss_mask: Tensor
+    behaviour: Tensor
+    advantages: Tensor  # [B]
+    temperatures: Tensor  # [B]
+    proximal: Tensor | None  # when every sample has them
 
 
 def malformed_reason(trajectory: Trajectory) -> str | None:
@@ -149,29 +215,55 @@ def malformed_reason(trajectory: Trajectory) -> str | None:
     return None
 
 
-def pad_batch(
-    samples: Sequence[Sample], pad_id: int, device: torch.device
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Right-pad a micro-batch: ids, attention mask, loss mask, behaviour log-probs, adv."""
+def truncation(trajectory: Trajectory) -> str | None:
+    """How the trajectory's sampling distribution was truncated, if it was.
+
+    The behaviour log-probs of a truncated distribution are not those of the full softmax
+    the learner scores, so the ratios would be biased; such trajectories are refused.
+    """
+    if trajectory.temperature <= 0:
+        return "greedy decoding (temperature 0)"
+    if trajectory.top_p < 1.0:
+        return f"top_p={trajectory.top_p}"
+    if trajectory.top_k is not None and trajectory.top_k > 0:
+        return f"top_k={trajectory.top_k}"
+    return None
+
+
+def pad_batch(samples: Sequence[Sample], pad_id: int, device: torch.device) -> PaddedBatch:
+    """Right-pad a micro-batch (see ``PaddedBatch``)."""
     length = max(len(s.token_ids) for s in samples)
-    ids = torch.full((len(samples), length), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(samples), length), dtype=torch.long)
-    mask = torch.zeros((len(samples), length), dtype=torch.bool)
-    behaviour = torch.zeros((len(samples), length), dtype=torch.float32)
+    shape = (len(samples), length)
+    ids = torch.full(shape, pad_id, dtype=torch.long)
+    attention = torch.zeros(shape, dtype=torch.long)
+    mask = torch.zeros(shape, dtype=torch.bool)
+    behaviour = torch.zeros(shape, dtype=torch.float32)
+    with_proximal = all(s.proximal_logprobs is not None for s in samples)
+    proximal = torch.zeros(shape, dtype=torch.float32) if with_proximal else None
     for row, sample in enumerate(samples):
         n = len(sample.token_ids)
         ids[row, :n] = torch.tensor(sample.token_ids)
         attention[row, :n] = 1
         mask[row, :n] = torch.tensor(sample.loss_mask, dtype=torch.bool)
         behaviour[row, :n] = torch.tensor(sample.behaviour_logprobs)
+        if proximal is not None and sample.proximal_logprobs is not None:
+            proximal[row, :n] = torch.tensor(sample.proximal_logprobs)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    return (
+    temperatures = torch.tensor([s.temperature for s in samples], dtype=torch.float32)
+    return PaddedBatch(
         ids.to(device),
         attention.to(device),
         mask.to(device),
         behaviour.to(device),
         advantages.to(device),
+        temperatures.to(device),
+        None if proximal is None else proximal.to(device),
     )
+
+
+def split_groups(grouped: Sequence[list[Sample]], parts: int) -> list[list[list[Sample]]]:
+    """Whole groups dealt round-robin into at most ``parts`` non-empty mini-batches."""
+    return [list(grouped[i::parts]) for i in range(min(parts, len(grouped)))]
 
 
 class GrpoLearner:
@@ -188,6 +280,8 @@ class GrpoLearner:
         self.device = torch.device(policy.device)
         self.step_count = 0
         self.version = 0
+        # the SFT warm start finished and its policy is the KL reference (``freeze_reference``)
+        self.warm_started = False
         # Dropout stays off: with it the ratio on on-policy data would not be 1 and the
         # clip would fire on noise. Gradients flow in eval mode all the same.
         self.model.eval()
@@ -206,53 +300,55 @@ class GrpoLearner:
         pad_id = policy.tokenizer.pad_token_id
         self.pad_id = int(pad_id if pad_id is not None else policy.tokenizer.eos_token_id or 0)
         self.writer = SummaryWriter(str(log_dir)) if log_dir is not None else None
+        self.warned_truncated = False
 
     # ------------------------------------------------------------------ training
 
     def step(self, groups: Sequence[RolloutGroup]) -> StepMetrics:
-        """One optimizer step on ``groups``; returns its metrics (and logs them)."""
+        """The updates of one batch of ``groups``; returns its metrics (and logs them)."""
         started = time.perf_counter()
         kept, dropped = filter_stale(groups, self.version, self.config.max_staleness)
-        grouped, uniform, malformed = self.build_samples(kept)
-        samples = [sample for group in grouped for sample in group]
+        batch = self.build_samples(kept)
+        samples = [sample for group in batch.groups for sample in group]
         rewards = torch.tensor([r for g in kept for r in g.rewards()], dtype=torch.float32)
         staleness = [self.version - group_version(g) for g in kept]
 
         stats: list[GrpoStats] = []
         tokens = 0
-        grad_norm = 0.0
-        trained = False
+        grad_norms: list[float] = []
         if samples:
-            stats, tokens = self.accumulate_gradients(grouped)
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(self.trainable, self.config.max_grad_norm)
-            )
-            if math.isfinite(grad_norm):
-                self.optimizer.step()
-                self.step_count += 1
-                self.version += 1
-                trained = True
-            else:
-                # One overflowing ratio must not wipe the weights: skip this update.
-                log.warning("non-finite gradient norm (%s); update skipped", grad_norm)
-            self.optimizer.zero_grad(set_to_none=True)
+            if self.config.updates_per_step > 1:
+                tokens += self.fill_proximal_logprobs(batch.groups)
+            for _ in range(self.config.ppo_epochs):
+                for part in split_groups(batch.groups, self.config.mini_batches):
+                    part_stats, part_tokens = self.accumulate_gradients(part)
+                    stats.extend(part_stats)
+                    tokens += part_tokens
+                    grad_norms.append(self.apply_update())
+        updates = sum(math.isfinite(norm) for norm in grad_norms)
+        if updates:
+            self.step_count += 1
+            self.version += 1
         duration = time.perf_counter() - started
 
         metrics = StepMetrics(
             step=self.step_count,
             version=self.version,
-            trained=trained,
+            trained=updates > 0,
             groups=len(kept),
             trajectories=len(samples),
             dropped_stale=dropped,
-            uniform_groups=uniform,
-            malformed=malformed,
+            uniform_groups=batch.uniform,
+            malformed=batch.malformed,
+            refused_truncated=batch.truncated,
+            updates=updates,
             reward_mean=float(rewards.mean()) if len(rewards) else 0.0,
             reward_std=float(rewards.std(correction=0)) if len(rewards) else 0.0,
             staleness_mean=sum(staleness) / len(staleness) if staleness else 0.0,
             staleness_max=max(staleness, default=0),
             **token_weighted_means(stats),
-            grad_norm=grad_norm,
+            grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else 0.0,
+            trained_tokens=sum(sum(s.loss_mask) for s in samples),
             tokens=tokens,
             tokens_per_s=tokens / duration if duration > 0 else 0.0,
             duration_s=duration,
@@ -260,10 +356,21 @@ class GrpoLearner:
         self.log_metrics(metrics)
         return metrics
 
-    def build_samples(self, groups: Sequence[RolloutGroup]) -> tuple[list[list[Sample]], int, int]:
-        """Samples with their advantages, per group; also the uniform and malformed counts."""
+    def apply_update(self) -> float:
+        """Clip the accumulated gradient and step the optimizer; returns the norm before
+        clipping. A non-finite norm skips the update (one overflow must not wipe weights)."""
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, self.config.max_grad_norm))
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            log.warning("non-finite gradient norm (%s); update skipped", grad_norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def build_samples(self, groups: Sequence[RolloutGroup]) -> SampleBatch:
+        """Samples with their advantages, per group, and the refusals by reason."""
         grouped: list[list[Sample]] = []
-        uniform = malformed = 0
+        uniform = malformed = truncated = 0
         for group in groups:
             advantages = group_advantages(
                 torch.tensor(group.rewards(), dtype=torch.float32), self.config.advantage_eps
@@ -274,11 +381,10 @@ class GrpoLearner:
             samples: list[Sample] = []
             for trajectory, advantage in zip(group.trajectories, advantages.tolist(), strict=True):
                 reason = malformed_reason(trajectory)
-                if reason is None and trajectory.temperature != self.config.temperature:
-                    reason = (
-                        f"sampled at temperature {trajectory.temperature}, the learner scores "
-                        f"at {self.config.temperature}: the ratio would be biased"
-                    )
+                if reason is None and (how := truncation(trajectory)) is not None:
+                    self.refuse_truncated(trajectory, how)
+                    truncated += 1
+                    continue
                 sample = self.to_sample(trajectory, advantage)
                 if reason is None and not any(sample.loss_mask):
                     reason = "cut before its first generated token"
@@ -289,7 +395,22 @@ class GrpoLearner:
                 samples.append(sample)
             if samples:
                 grouped.append(samples)
-        return grouped, uniform, malformed
+        return SampleBatch(grouped, uniform, malformed, truncated)
+
+    def refuse_truncated(self, trajectory: Trajectory, how: str) -> None:
+        """Say loudly, once per learner, why such trajectories are refused; then quietly."""
+        if self.warned_truncated:
+            log.debug("refusing trajectory %s sampled with %s", trajectory.id, how)
+            return
+        self.warned_truncated = True
+        log.error(
+            "refusing trajectory %s: sampled with %s, a truncated distribution whose "
+            "behaviour log-probs the learner cannot reproduce; every such trajectory is "
+            "refused (counted as refused_truncated). Sample with top_p 1.0, no top_k and "
+            "temperature > 0 (services.rollout) for the learner to train.",
+            trajectory.id,
+            how,
+        )
 
     def to_sample(self, trajectory: Trajectory, advantage: float) -> Sample:
         limit = self.config.max_tokens or len(trajectory.token_ids)
@@ -298,6 +419,69 @@ class GrpoLearner:
             behaviour_logprobs=trajectory.logprobs[:limit],
             loss_mask=trajectory.loss_mask[:limit],
             advantage=advantage,
+            temperature=trajectory.temperature,
+        )
+
+    def group_layout(self, group: Sequence[Sample]) -> tuple[int, bool]:
+        """The length of the group's prompt to run once (0: none) and whether the group is
+        over the activation budget (then: one trajectory at a time, checkpointed)."""
+        prompt_length = 0
+        if self.config.share_prompt and len(group) > 1:
+            prompt_length = shared_prompt_length(
+                [s.token_ids for s in group], [s.loss_mask for s in group]
+            )
+        if prompt_length < self.config.min_shared_prompt:
+            prompt_length = 0
+        if over_budget(self.held_tokens(group, prompt_length), self.config.activation_tokens):
+            return 0, True
+        return prompt_length, False
+
+    @torch.no_grad()
+    def fill_proximal_logprobs(self, grouped: Sequence[Sequence[Sample]]) -> int:
+        """Score every sample under the current weights (no gradient), before the first
+        update, into ``Sample.proximal_logprobs``; returns the tokens processed."""
+        tokens = 0
+        for group in grouped:
+            prompt_length, over = self.group_layout(group)
+            size = 1 if over else max(1, self.config.micro_batch_size)
+            prompt: SharedPrefix | None = None
+            if prompt_length:
+                prompt_ids = torch.tensor(group[0].token_ids[:prompt_length], device=self.device)
+                prompt = SharedPrefix(
+                    self.model, prompt_ids, group[0].temperature, requires_grad=False
+                )
+                tokens += prompt_length
+            for start in range(0, len(group), size):
+                chunk = group[start : start + size]
+                padded = pad_batch(
+                    [s.after(prompt_length) for s in chunk], self.pad_id, self.device
+                )
+                tokens += int(padded.attention.sum())
+                logprobs = self.policy_logprobs(padded, prompt, with_entropy=False)[0].cpu()
+                for row, sample in enumerate(chunk):
+                    tail = logprobs[row, : len(sample.token_ids) - prompt_length].tolist()
+                    sample.proximal_logprobs = [0.0] * prompt_length + tail
+        return tokens
+
+    def policy_logprobs(
+        self, padded: PaddedBatch, prompt: SharedPrefix | None, *, with_entropy: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
+        """The policy's log-probs of a micro-batch, each row at its sampling temperature."""
+        if prompt is not None:
+            return prompt.logprobs(
+                padded.ids,
+                padded.attention,
+                padded.loss_mask,
+                with_entropy=with_entropy,
+                temperature=padded.temperatures,
+            )
+        return sequence_logprobs(
+            self.model,
+            padded.ids,
+            padded.attention,
+            padded.temperatures,
+            positions=padded.loss_mask,
+            with_entropy=with_entropy,
         )
 
     def accumulate_gradients(
@@ -312,14 +496,8 @@ class GrpoLearner:
         stats: list[GrpoStats] = []
         tokens = 0
         for group in grouped:
-            prompt_length = 0
-            if self.config.share_prompt and len(group) > 1:
-                prompt_length = shared_prompt_length(
-                    [s.token_ids for s in group], [s.loss_mask for s in group]
-                )
-            if prompt_length < self.config.min_shared_prompt:
-                prompt_length = 0
-            if over_budget(self.held_tokens(group, prompt_length), self.config.activation_tokens):
+            prompt_length, over = self.group_layout(group)
+            if over:
                 with activation_checkpointing(self.model):
                     group_stats, group_tokens = self.accumulate_group(
                         group, 0, trained_tokens, micro_batch_size=1
@@ -350,13 +528,12 @@ class GrpoLearner:
         tokens = 0
         if prompt_length:
             prompt = torch.tensor(group[0].token_ids[:prompt_length], device=self.device)
-            policy_prompt = SharedPrefix(
-                self.model, prompt, self.config.temperature, requires_grad=True
-            )
+            temperature = group[0].temperature  # a default: each micro-batch passes its own
+            policy_prompt = SharedPrefix(self.model, prompt, temperature, requires_grad=True)
             if self.config.kl_beta > 0:
                 with self.reference_model() as reference_net:
                     reference_prompt = SharedPrefix(
-                        reference_net, prompt, self.config.temperature, requires_grad=False
+                        reference_net, prompt, temperature, requires_grad=False
                     )
             tokens += prompt_length
         ordered = sorted(
@@ -366,24 +543,29 @@ class GrpoLearner:
         stats: list[GrpoStats] = []
         for start in range(0, len(ordered), size):
             chunk = ordered[start : start + size]
-            ids, attention, mask, behaviour, advantages = pad_batch(chunk, self.pad_id, self.device)
-            tokens += int(attention.sum())
-            if policy_prompt is not None:
-                logprobs, entropies = policy_prompt.logprobs(ids, attention, mask)
-            else:
-                logprobs, entropies = sequence_logprobs(
-                    self.model, ids, attention, self.config.temperature, positions=mask
-                )
-            reference = self.reference_logprobs(ids, attention, mask, reference_prompt)
+            padded = pad_batch(chunk, self.pad_id, self.device)
+            tokens += int(padded.attention.sum())
+            logprobs, entropies = self.policy_logprobs(padded, policy_prompt)
+            reference = self.reference_logprobs(
+                padded.ids,
+                padded.attention,
+                padded.loss_mask,
+                reference_prompt,
+                padded.temperatures,
+            )
+            # one update per step: the proximal policy is the current one, this very pass
+            proximal = padded.proximal if padded.proximal is not None else logprobs.detach()
             loss, chunk_stats = grpo_loss(
                 logprobs,
-                behaviour,
+                padded.behaviour,
                 reference,
-                advantages,
-                mask,
+                padded.advantages,
+                padded.loss_mask,
                 self.config.clip_eps_low,
                 self.config.clip_eps_high,
                 self.config.kl_beta,
+                proximal_logprobs=proximal,
+                behaviour_weight_cap=self.config.behaviour_weight_cap,
                 entropies=entropies,
                 token_normalizer=trained_tokens,
             )
@@ -394,19 +576,26 @@ class GrpoLearner:
         return stats, tokens
 
     def reference_logprobs(
-        self, ids: Tensor, attention: Tensor, mask: Tensor, prompt: SharedPrefix | None
+        self,
+        ids: Tensor,
+        attention: Tensor,
+        mask: Tensor,
+        prompt: SharedPrefix | None,
+        temperature: Tensor,
     ) -> Tensor | None:
         if self.config.kl_beta == 0:
             return None
         with torch.no_grad(), self.reference_model() as reference:
             if prompt is not None:
-                logprobs, _ = prompt.logprobs(ids, attention, mask, with_entropy=False)
+                logprobs, _ = prompt.logprobs(
+                    ids, attention, mask, with_entropy=False, temperature=temperature
+                )
             else:
                 logprobs, _ = sequence_logprobs(
                     reference,
                     ids,
                     attention,
-                    self.config.temperature,
+                    temperature,
                     positions=mask,
                     with_entropy=False,
                 )
@@ -418,18 +607,37 @@ class GrpoLearner:
         reference: AbstractContextManager[nn.Module] = self.policy.reference()
         return reference
 
+    def freeze_reference(self) -> None:
+        """Make the policy as it stands (after the warm start) the KL reference.
+
+        LoRA: its adapter becomes the frozen reference adapter and GRPO trains a fresh one
+        (``adapters``); full fine-tuning: a frozen copy of the current weights.
+        """
+        if self.policy.finetune == "lora":
+            freeze_trained_as_reference(self.model)
+        elif self.frozen_reference is not None:
+            self.frozen_reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.optimizer.state.clear()
+        self.warm_started = True
+
     # ------------------------------------------------------------------ outputs
 
     def log_metrics(self, metrics: StepMetrics) -> None:
         log.info(
-            "step %d v%d reward %.3f kl %.4f clip %.3f tokens/s %.0f dropped %d",
+            "step %d v%d reward %.3f kl %.4f clip %.3f behaviour weight %.3f (max %.3g, "
+            "capped %.3f) tokens/s %.0f dropped %d refused %d+%d",
             metrics.step,
             metrics.version,
             metrics.reward_mean,
             metrics.kl,
             metrics.clip_fraction,
+            metrics.behaviour_weight_mean,
+            metrics.behaviour_weight_max,
+            metrics.behaviour_capped,
             metrics.tokens_per_s,
             metrics.dropped_stale,
+            metrics.malformed,
+            metrics.refused_truncated,
         )
         if self.writer is None:
             return
@@ -448,35 +656,49 @@ class GrpoLearner:
             self.optimizer,
             self.step_count,
             self.version,
-            extra={"model": self.policy.name, "config": msgspec.to_builtins(self.config)},
+            extra={
+                "model": self.policy.name,
+                "config": msgspec.to_builtins(self.config),
+                "warm_started": self.warm_started,
+            },
         )
 
     def restore_checkpoint(self, path: Path) -> None:
         state = load_checkpoint(path, self.model, self.optimizer)
         self.step_count = state.step
         self.version = state.version
+        self.warm_started = bool(state.extra.get("warm_started", False))
+        if self.warm_started and self.policy.finetune != "lora" and self.config.kl_beta > 0:
+            # the frozen copy is not in the checkpoint: the closest reference is the policy
+            log.warning("full fine-tuning resumed: the KL reference restarts from these weights")
+            self.frozen_reference = copy.deepcopy(self.model).eval().requires_grad_(False)
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
 
 
+MEAN_STATISTICS = (
+    "loss",
+    "policy_loss",
+    "kl",
+    "clip_fraction",
+    "ratio_mean",
+    "behaviour_weight_mean",
+    "behaviour_capped",
+    "entropy",
+)
+
+
 def token_weighted_means(stats: Sequence[GrpoStats]) -> dict[str, Any]:
-    """Micro-batch statistics combined into means over all trained tokens."""
+    """Micro-batch statistics combined into means over all trained tokens (and the
+    largest behaviour weight)."""
     total = sum(s.tokens for s in stats)
     if total == 0:
-        zero = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
-        return {**zero, "ratio_mean": 0.0, "entropy": 0.0, "trained_tokens": 0}
+        return {name: 0.0 for name in MEAN_STATISTICS} | {"behaviour_weight_max": 0.0}
 
     def mean(name: str) -> float:
         return sum(float(getattr(s, name) or 0.0) * s.tokens for s in stats) / total
 
-    return {
-        "loss": mean("loss"),
-        "policy_loss": mean("policy_loss"),
-        "kl": mean("kl"),
-        "clip_fraction": mean("clip_fraction"),
-        "ratio_mean": mean("ratio_mean"),
-        "entropy": mean("entropy"),
-        "trained_tokens": total,
-    }
+    means = {name: mean(name) for name in MEAN_STATISTICS}
+    return means | {"behaviour_weight_max": max(s.behaviour_weight_max for s in stats if s.tokens)}

@@ -15,7 +15,7 @@ from coevolve.services.learner import checkpoint
 from coevolve.services.learner.checkpoint import load_checkpoint, save_checkpoint
 from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig
 
-from .conftest import TEMPERATURE, GroupFactory, PolicyFactory
+from .conftest import GroupFactory, PolicyFactory
 
 
 def small_model_and_optimizer(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -31,7 +31,7 @@ def small_model_and_optimizer(seed: int) -> tuple[nn.Module, torch.optim.Optimiz
 def test_restored_learner_has_same_counters_optimizer_and_next_loss(
     policy_factory: PolicyFactory, make_group: GroupFactory, tmp_path: Path
 ) -> None:
-    settings = LearnerConfig(temperature=TEMPERATURE, micro_batch_size=8, lr=1e-3)
+    settings = LearnerConfig(micro_batch_size=8, lr=1e-3)
     first = make_group([1.0, 0.0, 1.0, 0.0])
     second = make_group([0.0, 1.0, 0.0, 1.0], version=1, offset=4)
 

@@ -20,7 +20,7 @@ from .conftest import SAMPLES, TEMPERATURE, GroupFactory, PolicyFactory
 
 
 def config(**overrides: Any) -> LearnerConfig:
-    settings = {"temperature": TEMPERATURE, "micro_batch_size": 8, "min_shared_prompt": 1}
+    settings = {"micro_batch_size": 8, "min_shared_prompt": 1}
     return LearnerConfig(**{**settings, **overrides})
 
 
@@ -40,7 +40,7 @@ def test_learner_logprobs_match_the_engines_behaviour_logprobs(
 ) -> None:
     group = make_group([1.0] * SAMPLES)
     samples = [Sample(t.token_ids, t.logprobs, t.loss_mask, 0.0) for t in group.trajectories]
-    ids, attention, mask, behaviour, _ = pad_batch(samples, pad_id=0, device=torch.device("cpu"))
+    ids, attention, mask, behaviour, *_ = pad_batch(samples, pad_id=0, device=torch.device("cpu"))
     with torch.no_grad():
         logprobs, entropies = sequence_logprobs(
             policy.model, ids, attention, TEMPERATURE, positions=mask
@@ -158,8 +158,7 @@ def accumulated_gradient(
     """The flat gradient and summed loss of ``groups`` under the learner's config with
     ``overrides``; the gradient is cleared afterwards."""
     learner.config = msgspec.structs.replace(learner.config, **overrides)
-    grouped, _, _ = learner.build_samples(groups)
-    stats, _ = learner.accumulate_gradients(grouped)
+    stats, _ = learner.accumulate_gradients(learner.build_samples(groups).groups)
     flat = torch.cat([p.grad.flatten() for p in learner.trainable if p.grad is not None])
     learner.optimizer.zero_grad(set_to_none=True)
     return flat, sum(s.loss * s.tokens for s in stats)
@@ -198,7 +197,7 @@ def test_exported_weights_give_a_rollout_policy_identical_logits(
 def test_an_overflowing_ratio_skips_the_update_instead_of_corrupting_weights(
     policy: LoadedPolicy, make_group: GroupFactory
 ) -> None:
-    learner = GrpoLearner(policy, config())
+    learner = GrpoLearner(policy, config(behaviour_weight_cap=None))  # uncapped: it overflows
     group = make_group([1.0, 0.0])
     loser = group.trajectories[1]  # negative advantage: -r*A grows without bound
     loser.logprobs = [-500.0 if m else 0.0 for m in loser.loss_mask]
