@@ -58,6 +58,7 @@ from coevolve.shared.subjects import (
     heartbeat_subject,
     metrics_subject,
 )
+from coevolve.shared.supervisor import mark_ready
 from coevolve.shared.telemetry import extract, make_tracer_provider
 
 log = logging.getLogger(__name__)
@@ -253,6 +254,7 @@ class ActorRunner:
                 (r, await bus.nc.subscribe(r.subject, queue=name)) for r in self.actor.responders()
             ]
         self.phase = "running"
+        mark_ready()  # a supervisor resets this service's restart back-off
         log.info("%s %s started", name, self.instance)
         for consumer, pull in pulls:
             tg.start_soon(self._consume, bus, consumer, pull, tg)

@@ -3,23 +3,46 @@
 Each child runs in its own process group, so stopping it also stops anything it spawned;
 its stdout and stderr go to its log file. ``stop()`` sends SIGTERM to every group, waits
 up to ``stop_timeout_s`` and SIGKILLs what is left: no process outlives the supervisor.
+
+Crash budget: a child that exits ``max_crashes`` times within ``crash_window_s`` is held
+back (not restarted again) and the reason is reported. The back-off between restarts
+doubles on every exit and resets only once the child said it was ready (it creates the
+file named by ``COEVOLVE_READY_FILE``; the actor runtime does once it is "running"), not
+after some uptime: a service that dies at the end of a long start-up keeps backing off.
+With ``state_path`` the supervisor writes every child's state there as JSON (read by
+``coevolve status``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, Literal
 
 log = logging.getLogger(__name__)
+
+READY_FILE_ENV = "COEVOLVE_READY_FILE"
+
+ChildState = Literal["starting", "running", "backing_off", "held_back", "stopped"]
+
+
+def mark_ready() -> None:
+    """Tell a supervisor that this process is ready (no-op when not supervised)."""
+    path = os.environ.get(READY_FILE_ENV)
+    if path:
+        with contextlib.suppress(OSError):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).touch()
 
 
 @dataclass
@@ -28,6 +51,8 @@ class ChildSpec:
     argv: list[str]
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
+    # created by the child once ready; None: the child never says (back-off never resets)
+    ready_file: Path | None = None
 
 
 @dataclass
@@ -39,6 +64,18 @@ class Child:
     started_at: float = 0.0
     next_start_at: float = 0.0
     backoff_s: float = 1.0
+    ready: bool = False
+    crashes: deque[float] = field(default_factory=deque)
+    last_exit_code: int | None = None
+    held_back_reason: str | None = None
+
+    @property
+    def state(self) -> ChildState:
+        if self.held_back_reason is not None:
+            return "held_back"
+        if self.process is not None and self.process.poll() is None:
+            return "running" if self.ready else "starting"
+        return "backing_off" if self.next_start_at else "stopped"
 
 
 class Supervisor:
@@ -46,15 +83,23 @@ class Supervisor:
         self,
         specs: list[ChildSpec],
         *,
+        min_backoff_s: float = 1.0,
         max_backoff_s: float = 30.0,
-        healthy_after_s: float = 60.0,
+        max_crashes: int = 5,
+        crash_window_s: float = 600.0,
         stop_timeout_s: float = 8.0,
+        state_path: Path | None = None,
         on_event: Callable[[str], None] | None = None,
     ) -> None:
-        self.children = [Child(spec) for spec in specs]
+        if max_crashes < 1 or crash_window_s <= 0:
+            raise ValueError("max_crashes must be >= 1 and crash_window_s > 0")
+        self.children = [Child(spec, backoff_s=min_backoff_s) for spec in specs]
+        self.min_backoff_s = min_backoff_s
         self.max_backoff_s = max_backoff_s
-        self.healthy_after_s = healthy_after_s
+        self.max_crashes = max_crashes
+        self.crash_window_s = crash_window_s
         self.stop_timeout_s = stop_timeout_s
+        self.state_path = state_path
         self.on_event = on_event or log.info
         self._stop = threading.Event()
 
@@ -66,11 +111,14 @@ class Supervisor:
         try:
             for child in self.children:
                 self._start(child)
+            self._write_state()
             while not self._stop.wait(poll_s):
-                for child in self.children:
-                    self._tend(child)
+                changed = [self._tend(child) for child in self.children]
+                if any(changed):
+                    self._write_state()
         finally:
             self.stop()
+            self._write_state()
 
     def pids(self) -> dict[str, int]:
         return {
@@ -79,41 +127,111 @@ class Supervisor:
             if c.process is not None and c.process.poll() is None
         }
 
+    def held_back(self) -> dict[str, str]:
+        """Children that are no longer restarted, with the reason."""
+        return {
+            c.spec.name: c.held_back_reason for c in self.children if c.held_back_reason is not None
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every child's state, as written to ``state_path``."""
+        return {
+            "pid": os.getpid(),
+            "at": time.time(),
+            "max_crashes": self.max_crashes,
+            "crash_window_s": self.crash_window_s,
+            "children": {
+                c.spec.name: {
+                    "state": c.state,
+                    "pid": c.process.pid if c.process is not None else None,
+                    "restarts": c.restarts,
+                    "crashes_in_window": len(c.crashes),
+                    "backoff_s": c.backoff_s,
+                    "last_exit_code": c.last_exit_code,
+                    "held_back_reason": c.held_back_reason,
+                    "log": str(c.spec.log_path),
+                }
+                for c in self.children
+            },
+        }
+
+    def _write_state(self) -> None:
+        if self.state_path is None:
+            return
+        try:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            partial = self.state_path.with_suffix(".tmp")
+            partial.write_text(json.dumps(self.snapshot()))
+            partial.replace(self.state_path)  # readers never see half a file
+        except OSError as exc:
+            log.warning("could not write supervisor state to %s: %s", self.state_path, exc)
+
     def _start(self, child: Child) -> None:
         child.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         if child.log_file is None:
             child.log_file = child.spec.log_path.open("ab")
+        env = {**os.environ, **child.spec.env}
+        if child.spec.ready_file is not None:
+            child.spec.ready_file.parent.mkdir(parents=True, exist_ok=True)
+            child.spec.ready_file.unlink(missing_ok=True)
+            env[READY_FILE_ENV] = str(child.spec.ready_file)
+        child.ready = False
         child.process = subprocess.Popen(
             child.spec.argv,
             stdout=child.log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **child.spec.env},
+            env=env,
             start_new_session=True,
         )
         child.started_at = time.monotonic()
+        child.next_start_at = 0.0
         self.on_event(f"started {child.spec.name} (pid {child.process.pid})")
 
-    def _tend(self, child: Child) -> None:
+    def _tend(self, child: Child) -> bool:
+        """One look at ``child``; True when its state changed."""
+        if child.held_back_reason is not None:
+            return False
         now = time.monotonic()
         process = child.process
         if process is not None and process.poll() is None:
-            if now - child.started_at > self.healthy_after_s:
-                child.backoff_s = 1.0
-            return
+            ready_file = child.spec.ready_file
+            if not child.ready and ready_file is not None and ready_file.exists():
+                child.ready = True
+                child.backoff_s = self.min_backoff_s
+                return True
+            return False
         if process is not None:
-            code = process.returncode
-            child.process = None
-            child.next_start_at = now + child.backoff_s
-            self.on_event(
-                f"{child.spec.name} exited with {code}; restarting in {child.backoff_s:.0f} s "
-                f"(log: {child.spec.log_path})"
-            )
-            child.backoff_s = min(child.backoff_s * 2, self.max_backoff_s)
-            return
+            self._on_exit(child, process.returncode, now)
+            return True
         if now >= child.next_start_at:
             child.restarts += 1
             self._start(child)
+            return True
+        return False
+
+    def _on_exit(self, child: Child, code: int, now: float) -> None:
+        child.process = None
+        child.last_exit_code = code
+        child.crashes.append(now)
+        while child.crashes and now - child.crashes[0] > self.crash_window_s:
+            child.crashes.popleft()
+        name, log_path = child.spec.name, child.spec.log_path
+        if len(child.crashes) >= self.max_crashes:
+            child.held_back_reason = (
+                f"exited {len(child.crashes)} times within {self.crash_window_s:.0f} s "
+                f"(last exit code {code}); not restarted again"
+            )
+            child.next_start_at = 0.0
+            self.on_event(f"{name} held back: {child.held_back_reason} (log: {log_path})")
+            return
+        child.next_start_at = now + child.backoff_s
+        self.on_event(
+            f"{name} exited with {code}; restarting in {child.backoff_s:.3g} s "
+            f"({len(child.crashes)}/{self.max_crashes} exits within "
+            f"{self.crash_window_s:.0f} s; log: {log_path})"
+        )
+        child.backoff_s = min(child.backoff_s * 2, self.max_backoff_s)
 
     def stop(self) -> None:
         running = [c for c in self.children if c.process is not None and c.process.poll() is None]
@@ -131,6 +249,7 @@ class Supervisor:
             _signal_group(child, signal.SIGKILL)
             if child.process is not None:
                 child.process.wait()
+            child.next_start_at = 0.0
             if child.log_file is not None:
                 child.log_file.close()
                 child.log_file = None
@@ -141,3 +260,12 @@ def _signal_group(child: Child, sig: signal.Signals) -> None:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.process.pid, sig)
+
+
+def read_state(path: Path) -> dict[str, Any] | None:
+    """What a supervisor last wrote to ``path`` (None when there is nothing readable)."""
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None

@@ -13,7 +13,7 @@ from nats.js.errors import NotFoundError
 
 from coevolve.cli.events import progress_text
 from coevolve.cli.options import ConfigOption, JsonOption, RunDirOption, settings_from
-from coevolve.cli.up import recorded_nats_url
+from coevolve.cli.up import recorded_nats_url, supervised_services
 from coevolve.shared.bus import Bus, BusError
 from coevolve.shared.messages import DecodeError, Heartbeat, decode
 from coevolve.shared.subjects import CONSUMERS, HEARTBEAT_BUCKET, SERVICES, STREAMS
@@ -127,6 +127,13 @@ def status(
         typer.echo(f"error: {exc} (is `coevolve up` running? set NATS_URL)", err=True)
         raise typer.Exit(1) from exc
     report["nats_url"] = url
+    supervised = supervised_services(settings.run_dir)
+    report["supervisor"] = supervised
+    report["held_back"] = {
+        name: child.get("held_back_reason")
+        for name, child in supervised.items()
+        if child.get("state") == "held_back"
+    }
     if json_output:
         typer.echo(json.dumps(report))
         return
@@ -135,6 +142,8 @@ def status(
         typer.echo(line)
     if report["missing"]:
         typer.echo(f"not running: {', '.join(report['missing'])}")
+    for name, reason in report["held_back"].items():
+        typer.echo(f"held back by the supervisor: {name}: {reason}")
     typer.echo(f"\n{'stream':<28}{'messages':>10}{'bytes':>14}")
     for s in report["streams"]:
         typer.echo(f"{s['stream']:<28}{s['messages']:>10}{s['bytes']:>14}")

@@ -18,9 +18,11 @@ from coevolve.cli.options import ConfigOption, RunDirOption, settings_from
 from coevolve.shared.config import Settings
 from coevolve.shared.nats_server import NatsServer, NatsServerError
 from coevolve.shared.subjects import SERVICES
-from coevolve.shared.supervisor import ChildSpec, Supervisor
+from coevolve.shared.supervisor import ChildSpec, Supervisor, read_state
 
 UP_FILE = "up.json"
+# the supervisor's view of every service (state, exits, held back and why): `status` reads it
+SUPERVISOR_FILE = "supervisor.json"
 
 
 def parse_scale(values: list[str]) -> dict[str, int]:
@@ -64,6 +66,17 @@ def up(
     max_signals: Annotated[
         int, typer.Option(help="Lockstep: signals explored per synthesis, at most.", min=1)
     ] = DEFAULT_MAX_SIGNALS,
+    max_crashes: Annotated[
+        int,
+        typer.Option(
+            help="A service that exits this many times within --crash-window-s is held "
+            "back (not restarted again); `up` and `status` say which and why.",
+            min=1,
+        ),
+    ] = 5,
+    crash_window_s: Annotated[
+        float, typer.Option(help="The window of --max-crashes, in seconds.", min=1.0)
+    ] = 600.0,
     quiet: Annotated[
         bool,
         typer.Option(
@@ -76,9 +89,11 @@ def up(
 
     Starts a NATS server with JetStream (its store under RUN_DIR/nats) unless NATS_URL
     points at one, then every service as a supervised child process: a crashed service
-    is restarted with back-off; logs go to RUN_DIR/logs. Unless --quiet, prints one line
-    per notable event: a service's phase and progress, a new policy version, a signal, a
-    verdict, a task added, a dead letter, a restart. Ctrl-C or SIGTERM stops everything
+    is restarted with back-off (reset once it is running again) and held back after
+    --max-crashes exits within --crash-window-s; logs go to RUN_DIR/logs. Unless --quiet,
+    prints one line per notable event: a service's phase and progress, a new policy
+    version, a signal, a verdict, a task added, a dead letter, a restart, a service held
+    back. Ctrl-C or SIGTERM stops everything
     within about 10 s and leaves no process behind.
     """
     settings = settings_from(config, run_dir)
@@ -109,6 +124,7 @@ def up(
             name=f"{name}-{i}" if count > 1 else name,
             argv=[*base, name, *extra],
             log_path=run / "logs" / (f"{name}-{i}.log" if count > 1 else f"{name}.log"),
+            ready_file=run / "ready" / (f"{name}-{i}" if count > 1 else name),
             env={
                 "NATS_URL": nats_url,
                 "HF_HUB_OFFLINE": "1",
@@ -124,6 +140,9 @@ def up(
     watcher = None if quiet else EventWatcherThread(nats_url, EventTracker(printer))
     supervisor = Supervisor(
         specs,
+        max_crashes=max_crashes,
+        crash_window_s=crash_window_s,
+        state_path=run / SUPERVISOR_FILE,
         on_event=(lambda line: typer.echo(f"[up] {line}", err=True))
         if quiet
         else (lambda line: printer.line("up", line)),
@@ -154,6 +173,7 @@ def up(
         if server is not None:
             server.stop()
         up_file.unlink(missing_ok=True)
+        (run / SUPERVISOR_FILE).unlink(missing_ok=True)
         typer.echo("[up] stopped", err=True)
 
 
@@ -190,3 +210,11 @@ def recorded_nats_url(run_dir: Path) -> str | None:
     except (OSError, ValueError, KeyError):
         return None
     return str(url)
+
+
+def supervised_services(run_dir: Path) -> dict[str, dict[str, object]]:
+    """The supervisor's state of each service of a `coevolve up` on ``run_dir`` (empty
+    when none runs there)."""
+    state = read_state(run_dir / SUPERVISOR_FILE)
+    children = state.get("children") if state else None
+    return dict(children) if isinstance(children, dict) else {}

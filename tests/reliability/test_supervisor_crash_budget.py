@@ -1,0 +1,176 @@
+"""The supervisor's crash budget and back-off, on real child processes (small scripts)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from coevolve.cli import app
+from coevolve.cli.up import SUPERVISOR_FILE, supervised_services
+from coevolve.shared.nats_server import NatsServer
+from coevolve.shared.supervisor import ChildSpec, Supervisor, read_state
+
+# exits at once with code 3: a crash loop
+CRASH_AT_ONCE = "import sys; sys.exit(3)"
+# a long start-up that dies before it is ready (an OOM kill during a warm start)
+DIE_DURING_STARTUP = "import time, sys; time.sleep(0.3); sys.exit(1)"
+# says it is ready, then dies after the same time: its back-off resets every time
+READY_THEN_DIE = (
+    "import os, pathlib, time, sys; pathlib.Path(os.environ['COEVOLVE_READY_FILE']).touch(); "
+    "time.sleep(0.3); sys.exit(1)"
+)
+HEALTHY = (
+    "import os, pathlib, time; pathlib.Path(os.environ['COEVOLVE_READY_FILE']).touch(); "
+    "time.sleep(600)"
+)
+
+
+@dataclass
+class Events:
+    lines: list[tuple[float, str]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, line: str) -> None:
+        with self._lock:
+            self.lines.append((time.monotonic(), line))
+
+    def starts(self, name: str) -> list[float]:
+        with self._lock:
+            return [at for at, line in self.lines if line.startswith(f"started {name} ")]
+
+    def matching(self, text: str) -> list[str]:
+        with self._lock:
+            return [line for _, line in self.lines if text in line]
+
+
+def spec(tmp_path: Path, name: str, code: str) -> ChildSpec:
+    return ChildSpec(
+        name=name,
+        argv=[sys.executable, "-c", code],
+        log_path=tmp_path / "logs" / f"{name}.log",
+        ready_file=tmp_path / "ready" / name,
+    )
+
+
+@contextmanager
+def supervising(supervisor: Supervisor) -> Iterator[Supervisor]:
+    thread = threading.Thread(target=supervisor.run, kwargs={"poll_s": 0.02}, daemon=True)
+    thread.start()
+    try:
+        yield supervisor
+    finally:
+        supervisor.request_stop()
+        thread.join(20)
+        assert not thread.is_alive()
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_crash_loop_is_held_back_and_reported_while_a_healthy_child_runs_on(
+    tmp_path: Path,
+) -> None:
+    events = Events()
+    state_path = tmp_path / "supervisor.json"
+    supervisor = Supervisor(
+        [spec(tmp_path, "looper", CRASH_AT_ONCE), spec(tmp_path, "steady", HEALTHY)],
+        min_backoff_s=0.05,
+        max_crashes=3,
+        crash_window_s=60.0,
+        state_path=state_path,
+        on_event=events,
+    )
+    with supervising(supervisor):
+        wait_for(lambda: "looper" in supervisor.held_back())
+        steady_pid = supervisor.pids()["steady"]
+        time.sleep(1.0)  # more than the back-off: a restart would have happened by now
+        assert len(events.starts("looper")) == 3
+        assert "looper" not in supervisor.pids()
+        reason = supervisor.held_back()["looper"]
+        assert "exited 3 times within 60 s" in reason and "exit code 3" in reason
+        [line] = events.matching("looper held back")
+        assert reason in line and "looper.log" in line
+
+        state = read_state(state_path)
+        assert state is not None
+        assert state["children"]["looper"]["state"] == "held_back"
+        assert state["children"]["looper"]["held_back_reason"] == reason
+        assert state["children"]["steady"]["state"] == "running"
+        # the healthy child was never touched
+        assert supervisor.pids()["steady"] == steady_pid and alive(steady_pid)
+        assert len(events.starts("steady")) == 1
+        assert supervisor.held_back() == {"looper": reason}
+    assert not alive(steady_pid)
+
+
+def test_a_child_that_dies_during_start_up_keeps_backing_off(tmp_path: Path) -> None:
+    """Dying after 0.3 s of start-up, never ready: the gap between starts keeps growing.
+    The same child that said it was ready restarts after the minimum back-off each time."""
+    events = Events()
+    supervisor = Supervisor(
+        [spec(tmp_path, "slow", DIE_DURING_STARTUP), spec(tmp_path, "ready", READY_THEN_DIE)],
+        min_backoff_s=0.1,
+        max_backoff_s=60.0,
+        max_crashes=100,
+        on_event=events,
+    )
+    with supervising(supervisor):
+        wait_for(lambda: len(events.starts("slow")) >= 5, timeout_s=20)
+    slow = events.starts("slow")
+    gaps = [later - earlier for earlier, later in itertools.pairwise(slow)][:4]
+    # start-up 0.3 s + back-off 0.1, 0.2, 0.4, 0.8 s
+    assert all(later > earlier + 0.05 for earlier, later in itertools.pairwise(gaps))
+    assert gaps[-1] > 0.3 + 0.8 - 0.05
+    ready = events.starts("ready")
+    ready_gaps = [later - earlier for earlier, later in itertools.pairwise(ready)]
+    assert len(ready_gaps) >= 4
+    assert max(ready_gaps) < 0.8  # reset to the minimum (0.1 s) every time
+    assert supervisor.held_back() == {}
+
+
+def test_status_names_the_held_back_service_and_why(
+    tmp_path: Path, nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "run"
+    supervisor = Supervisor(
+        [spec(tmp_path, "learner", CRASH_AT_ONCE), spec(tmp_path, "judge", HEALTHY)],
+        min_backoff_s=0.05,
+        max_crashes=2,
+        state_path=run_dir / SUPERVISOR_FILE,
+    )
+    monkeypatch.setenv("NATS_URL", nats_server.url)
+    with supervising(supervisor):
+        wait_for(lambda: "learner" in supervisor.held_back())
+        wait_for(lambda: "judge" in supervised_services(run_dir))
+        as_json = CliRunner().invoke(app, ["status", "--json", "--run-dir", str(run_dir)])
+        as_text = CliRunner().invoke(app, ["status", "--run-dir", str(run_dir)])
+    assert as_json.exit_code == 0, as_json.output
+    report = json.loads(as_json.output.strip().splitlines()[-1])
+    reason = supervisor.held_back()["learner"]
+    assert report["held_back"] == {"learner": reason}
+    assert report["supervisor"]["judge"]["state"] == "running"
+    assert as_text.exit_code == 0, as_text.output
+    assert f"held back by the supervisor: learner: {reason}" in as_text.output
