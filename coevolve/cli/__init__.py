@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import typer
 
-from coevolve.cli import bench, data_cmds, eval_cmd, explore_cmd, serve, status, up
+from coevolve.cli import (
+    bench,
+    data_cmds,
+    eval_cmd,
+    experiment,
+    explore_cmd,
+    report,
+    serve,
+    status,
+    up,
+)
 
 app = typer.Typer(
     name="coevolve",
@@ -23,6 +33,8 @@ app.command("bench")(bench.bench)
 app.command("eval")(eval_cmd.eval_command)
 app.command("signals")(data_cmds.signals)
 app.command("explore")(explore_cmd.explore)
+app.command("report")(report.report)
+app.add_typer(experiment.experiment_app, name="experiment")
 app.add_typer(data_cmds.tasks_app, name="tasks")
 
 

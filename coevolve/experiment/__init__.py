@@ -1,0 +1,1 @@
+"""The synthesis ablation experiment: run its arms, aggregate their results."""

@@ -1,0 +1,439 @@
+"""The synthesis ablation: none vs random vs coevolve, each a real ``coevolve up`` run.
+
+Layout of the experiment directory (everything resumable; a finished arm x seed has a
+``result.json`` and is skipped):
+
+    experiment.json            the spec (arms, seeds, minutes, eval settings)
+    warm/run/                  one warm start: policy v1, learner checkpoint, seed pool
+    warm/eval-v1.json          held-out success of v1 (minute 0 of every arm)
+    <arm>-s<seed>/run/         the arm's run directory (``coevolve report`` works on it)
+    <arm>-s<seed>/marks/       the policy file that was current at each minute mark
+    <arm>-s<seed>/result.json  marks, held-out success at each, the run's summary
+
+Arms: ``none`` runs without explorers (``--scale explorer=0``): GRPO on the seed pool
+only. ``coevolve`` runs the defaults (signal-guided synthesis). ``random`` turns the
+signal detectors off (``signal_monitor.detectors.kinds: []``) and sends seed-mode
+exploration requests paced by :class:`Pacer` to add as many tasks as the coevolve arm
+of the same seed did by the same minute. Every arm starts from a copy of the same warm
+start (learner checkpoint, ``policies/v1``, pool file), so they differ only from there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import yaml
+
+from coevolve.bench.dataloop import (
+    kill_leftovers,
+    share_model_cache,
+    stop_process_group,
+    wait_for_nats_url,
+)
+from coevolve.cli.explore_cmd import choose_tasks, publish_requests
+from coevolve.report.run_data import load_run, policy_files
+from coevolve.report.run_report import summarize_run
+from coevolve.shared.bus import Bus
+from coevolve.shared.config import BusSettings
+from coevolve.shared.messages import DecodeError, Exploration, TaskAdded, decode
+from coevolve.shared.nats_server import free_port
+from coevolve.shared.subjects import EXPLORATIONS, TASK_ADDED
+
+ARMS = ("none", "random", "coevolve")
+# coevolve first: random is paced on its curve
+RUN_ORDER = ("coevolve", "random", "none")
+EVAL_SUITE = "bfcl-turns-base"
+EVAL_SPLIT = "eval"
+WARM_START_TIMEOUT_S = 3 * 3600.0
+# what an arm copies from the warm start (besides the pool file)
+WARM_FILES = (
+    "checkpoints/learner.pt",
+    "checkpoints/learner.groups.json",
+    "policies/v1.safetensors",
+)
+# what says the warm start is done: v1 is announced only after its checkpoint is written
+WARM_DONE_FILES = ("checkpoints/learner.pt", "policies/v1.safetensors")
+TICK_S = 10.0
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    arms: tuple[str, ...]
+    seeds: tuple[int, ...]
+    minutes: float
+    eval_tasks: int = 40
+    eval_every_minutes: float = 10.0
+
+    def marks(self) -> list[float]:
+        """Minute marks at which the current policy is kept for evaluation (0 excluded:
+        minute 0 is the shared warm start)."""
+        count = math.floor(self.minutes / self.eval_every_minutes + 1e-9)
+        marks = [round(self.eval_every_minutes * i, 3) for i in range(1, count + 1)]
+        if not marks or marks[-1] < self.minutes:
+            marks.append(self.minutes)
+        return marks
+
+    def plan(self) -> list[tuple[str, int]]:
+        """Every arm x seed in the order they run: per seed, coevolve before random."""
+        return [(arm, seed) for seed in self.seeds for arm in RUN_ORDER if arm in self.arms]
+
+
+def arm_dir(out: Path, arm: str, seed: int) -> Path:
+    return out / f"{arm}-s{seed}"
+
+
+def result_path(out: Path, arm: str, seed: int) -> Path:
+    return arm_dir(out, arm, seed) / "result.json"
+
+
+def pending(spec: ExperimentSpec, out: Path) -> list[tuple[str, int]]:
+    """The arm x seed pairs without a result file yet (finished ones are skipped)."""
+    return [(arm, seed) for arm, seed in spec.plan() if not result_path(out, arm, seed).exists()]
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Atomically: a crash leaves the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(json.dumps(value, indent=1, sort_keys=True))
+    partial.replace(path)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+# ---------------------------------------------------------------------- pacing
+
+
+@dataclass
+class Pacer:
+    """When the random arm sends its next unguided exploration request.
+
+    Rule: every tick, ``target`` = tasks the coevolve arm of this seed had added by
+    ``minute + lead_minutes``; ``shortfall`` = target - tasks this arm has added. While
+    the shortfall exceeds the requests in flight (sent, not yet answered by an
+    exploration, younger than ``in_flight_minutes``) and fewer than ``max_in_flight`` are
+    in flight, send one more. The lead covers the minutes from request to pool.
+    """
+
+    reference_minutes: Sequence[float]
+    lead_minutes: float = 2.0
+    in_flight_minutes: float = 5.0
+    max_in_flight: int = 2
+    added: int = 0
+    sent: int = 0
+    _in_flight: deque[float] = field(default_factory=deque)
+
+    def target(self, minute: float) -> int:
+        return sum(1 for m in self.reference_minutes if m <= minute + self.lead_minutes)
+
+    def answered(self) -> None:
+        if self._in_flight:
+            self._in_flight.popleft()
+
+    def requests_due(self, minute: float) -> int:
+        while self._in_flight and self._in_flight[0] < minute - self.in_flight_minutes:
+            self._in_flight.popleft()
+        shortfall = self.target(minute) - self.added
+        due = 0
+        while shortfall > len(self._in_flight) and len(self._in_flight) < self.max_in_flight:
+            self._in_flight.append(minute)
+            due += 1
+        self.sent += due
+        return due
+
+
+# ---------------------------------------------------------------------- processes
+
+
+def start_up(
+    run_dir: Path,
+    nats_port: int,
+    log_path: Path,
+    config: Path | None = None,
+    scale: Sequence[str] = (),
+) -> subprocess.Popen[bytes]:
+    """``coevolve up`` in its own process group, with an optional config and scale."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    for inherited in ("NATS_URL", "COEVOLVE_CONFIG", "COEVOLVE_RUN_DIR"):
+        env.pop(inherited, None)
+    argv = [sys.executable, "-m", "coevolve", "up", "--quiet"]
+    argv += ["--run-dir", str(run_dir), "--nats-port", str(nats_port)]
+    if config is not None:
+        argv += ["--config", str(config)]
+    for value in scale:
+        argv += ["--scale", value]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+
+
+def stop_up(process: subprocess.Popen[bytes], run_dir: Path) -> None:
+    stop_process_group(process)
+    kill_leftovers(str(run_dir.resolve()))
+
+
+def arm_settings(arm: str, seed: int) -> tuple[dict[str, Any], list[str]]:
+    """(config file contents, --scale values) of an arm."""
+    detectors: dict[str, Any] = {"reservoir_seed": seed}
+    scale: list[str] = []
+    if arm == "none":
+        scale.append("explorer=0")
+    elif arm == "random":
+        detectors["kinds"] = []
+    elif arm != "coevolve":
+        raise ValueError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
+    return {"services": {"signal_monitor": {"detectors": detectors}}}, scale
+
+
+# ---------------------------------------------------------------------- warm start
+
+
+def warm_run_dir(out: Path) -> Path:
+    return out / "warm" / "run"
+
+
+def warm_start(out: Path, base_run_dir: Path, log: Callable[[str], None] = print) -> Path:
+    """Run ``up`` until the learner has written policy v1 and its checkpoint; once."""
+    run = warm_run_dir(out)
+    done = out / "warm" / "done.json"
+    if done.exists():
+        return run
+    share_model_cache(run, base_run_dir)
+    process = start_up(run, free_port(), out / "warm" / "up.log")
+    started = time.monotonic()
+    try:
+        wait_for_nats_url(run, process)
+        log(f"[experiment] warm start in {run}")
+        while not all((run / name).exists() for name in WARM_DONE_FILES):
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"coevolve up exited with {process.returncode} (see {out / 'warm' / 'up.log'})"
+                )
+            if time.monotonic() - started > WARM_START_TIMEOUT_S:
+                raise TimeoutError("no policy v1 within the warm-start timeout")
+            time.sleep(5)
+        time.sleep(5)  # the groups file follows the checkpoint
+    finally:
+        stop_up(process, run)
+    write_json(done, {"seconds": round(time.monotonic() - started, 1)})
+    log(f"[experiment] warm start done in {time.monotonic() - started:.0f} s")
+    return run
+
+
+def prepare_arm(out: Path, arm: str, seed: int, base_run_dir: Path) -> Path:
+    """A fresh run directory holding copies of the warm start's checkpoint, v1 and pool."""
+    run = arm_dir(out, arm, seed) / "run"
+    if run.exists():
+        shutil.rmtree(run)  # an arm interrupted mid-run starts over
+    warm = warm_run_dir(out)
+    for name in (*WARM_FILES, "pool.duckdb", "pool.duckdb.wal"):
+        if (warm / name).exists():
+            (run / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(warm / name, run / name)
+    share_model_cache(run, base_run_dir)
+    return run
+
+
+# ---------------------------------------------------------------------- one arm
+
+
+@dataclass
+class ArmLive:
+    """What the controller saw during an arm: policy at each mark, tasks added."""
+
+    mark_versions: dict[float, int] = field(default_factory=dict)
+    added_minutes: list[float] = field(default_factory=list)
+    requests_sent: int = 0
+
+
+async def control_arm(
+    url: str,
+    run: Path,
+    marks_dir: Path,
+    spec: ExperimentSpec,
+    started: float,
+    pacer: Pacer | None,
+    seed: int,
+) -> ArmLive:
+    """Until ``spec.minutes``: keep the policy file current at each mark, count tasks
+    added, and (random arm) send the paced exploration requests."""
+    live = ArmLive()
+    bus = await Bus.connect(BusSettings(url=url, connect_timeout_s=10.0), name="experiment")
+    rng = random.Random(seed)
+    try:
+        await bus.ensure_streams()
+        added = await bus.nc.subscribe(TASK_ADDED)
+        explorations = await bus.nc.subscribe(EXPLORATIONS)
+
+        def minute() -> float:
+            return (time.monotonic() - started) / 60.0
+
+        async def count_added() -> None:
+            async for message in added.messages:
+                with contextlib.suppress(DecodeError):
+                    if decode(message.data, TaskAdded).origin != "seed":
+                        live.added_minutes.append(round(minute(), 3))
+                        if pacer is not None:
+                            pacer.added += 1
+
+        async def count_explorations() -> None:
+            async for message in explorations.messages:
+                with contextlib.suppress(DecodeError):
+                    if decode(message.data, Exploration).mode == "unguided" and pacer:
+                        pacer.answered()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(count_added)
+            tg.start_soon(count_explorations)
+            marks = list(spec.marks())
+            while marks:
+                now = minute()
+                while marks and now >= marks[0]:
+                    live.mark_versions[marks[0]] = keep_current_policy(run, marks_dir, marks[0])
+                    marks.pop(0)
+                if pacer is not None and marks:
+                    due = pacer.requests_due(now)
+                    if due:
+                        tasks = choose_tasks(due, seed=rng.randrange(1 << 30))
+                        await publish_requests(bus, tasks, rounds=1)
+                        live.requests_sent += due
+                if marks:
+                    await anyio.sleep(min(TICK_S, max(0.5, (marks[0] - minute()) * 60)))
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.move_on_after(5, shield=True):
+            await bus.close(timeout=3.0)
+    return live
+
+
+def keep_current_policy(run: Path, marks_dir: Path, mark: float) -> int:
+    """Copy the newest ``policies/v<N>`` to ``marks_dir`` and return N (0: none yet)."""
+    files = policy_files(run)
+    if not files:
+        return 0
+    version = max(files)
+    marks_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(
+        run / "policies" / f"v{version}.safetensors", marks_dir / f"v{version}.safetensors"
+    )
+    return version
+
+
+def evaluate(weights: Path, run: Path, tasks: int, cache: Path) -> dict[str, Any]:
+    """Held-out per-turn BFCL success of ``weights`` (``coevolve eval`` in a subprocess),
+    cached in ``cache``."""
+    if cache.exists():
+        return dict(read_json(cache))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    argv = [sys.executable, "-m", "coevolve", "eval", "--suite", EVAL_SUITE, "--split", EVAL_SPLIT]
+    argv += ["--policy", str(weights), "--limit", str(tasks), "--json", "--run-dir", str(run)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"coevolve eval failed ({done.returncode}): {done.stderr[-2000:]}")
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    kept = {
+        key: report[key]
+        for key in ("suite", "split", "n", "accuracy", "ci95_low", "ci95_high", "total_seconds")
+    }
+    kept["scores"] = {e["entry_id"]: e["score"] for e in report.get("entries", [])}
+    write_json(cache, kept)
+    return kept
+
+
+def run_arm(
+    spec: ExperimentSpec,
+    out: Path,
+    arm: str,
+    seed: int,
+    base_run_dir: Path,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """One arm x seed, start to result file."""
+    directory = arm_dir(out, arm, seed)
+    run = prepare_arm(out, arm, seed, base_run_dir)
+    settings, scale = arm_settings(arm, seed)
+    config = directory / "coevolve.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    pacer = None
+    if arm == "random":
+        reference = result_path(out, "coevolve", seed)
+        curve = read_json(reference)["added_minutes"] if reference.exists() else []
+        pacer = Pacer(curve)
+    log(f"[experiment] {arm} seed {seed}: {spec.minutes:g} min in {run}")
+    process = start_up(run, free_port(), directory / "up.log", config, scale)
+    started = time.monotonic()
+    wall_started = time.time()
+    try:
+        url = wait_for_nats_url(run, process)
+        live = anyio.run(control_arm, url, run, directory / "marks", spec, started, pacer, seed)
+    finally:
+        stop_up(process, run)
+    result: dict[str, Any] = {
+        "arm": arm,
+        "seed": seed,
+        "minutes": spec.minutes,
+        "started_at": wall_started,
+        "requests_sent": live.requests_sent,
+        "added_minutes": live.added_minutes,
+        "marks": [],
+    }
+    for mark, version in sorted(live.mark_versions.items()):
+        weights = directory / "marks" / f"v{version}.safetensors"
+        score = None
+        if version > 0:
+            log(f"[experiment] {arm} seed {seed}: evaluating v{version} (minute {mark:g})")
+            score = evaluate(weights, run, spec.eval_tasks, directory / "eval" / f"v{version}.json")
+        result["marks"].append({"minute": mark, "policy_version": version, "eval": score})
+    result["summary"] = asdict(summarize_run(load_run(run)))
+    write_json(result_path(out, arm, seed), result)
+    return result
+
+
+def run_experiment(
+    spec: ExperimentSpec,
+    out: Path,
+    base_run_dir: Path,
+    log: Callable[[str], None] = print,
+) -> list[tuple[str, int]]:
+    """Warm start once, evaluate v1 once, then every pending arm x seed; returns those run."""
+    # absolute: the run directory in every command line is what finds leftover processes
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    spec_file = out / "experiment.json"
+    if spec_file.exists() and read_json(spec_file)["minutes"] != spec.minutes:
+        raise ValueError(f"{out} holds an experiment of {read_json(spec_file)['minutes']} min")
+    write_json(spec_file, asdict(spec))
+    todo = pending(spec, out)
+    if not todo:
+        log("[experiment] every arm x seed is finished")
+        return []
+    warm = warm_start(out, base_run_dir, log)
+    evaluate(
+        warm / "policies" / "v1.safetensors", warm, spec.eval_tasks, out / "warm" / "eval-v1.json"
+    )
+    for arm, seed in todo:
+        run_arm(spec, out, arm, seed, base_run_dir, log)
+    return todo

@@ -1,0 +1,1 @@
+"""Reports of runs and experiments: data loading, plots, statistics."""

@@ -1,0 +1,121 @@
+"""Small matplotlib helpers shared by the run and the experiment reports (Agg backend)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+Series = tuple[Sequence[float], Sequence[float]]
+
+DPI = 90
+PANEL_SIZE = (5.2, 3.0)
+
+
+def panels(count: int, columns: int = 2) -> tuple[plt.Figure, list[Axes]]:
+    rows = (count + columns - 1) // columns
+    width, height = PANEL_SIZE
+    cols = min(columns, count)
+    figure, grid = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    axes = [ax for row in grid for ax in row]
+    for extra in axes[count:]:
+        extra.set_visible(False)
+    return figure, axes[:count]
+
+
+def save(figure: plt.Figure, path: Path) -> Path:
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=DPI)
+    plt.close(figure)
+    return path
+
+
+def empty_note(ax: Axes, text: str = "none yet") -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="grey")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def lines(
+    ax: Axes,
+    series: Mapping[str, Series],
+    *,
+    title: str,
+    xlabel: str = "minutes since start",
+    ylabel: str = "",
+    step: bool = False,
+    marker: str | None = None,
+    legend: bool = False,
+) -> None:
+    """One line per named series; "none yet" when every series is empty. A legend is
+    drawn for several series, or for one when ``legend``."""
+    ax.set_title(title, fontsize=10)
+    drawn = False
+    for name, (xs, ys) in series.items():
+        if len(xs) == 0:
+            continue
+        drawn = True
+        if step:
+            ax.step(xs, ys, where="post", label=name)
+        else:
+            ax.plot(xs, ys, label=name, marker=marker, markersize=3)
+    if not drawn:
+        empty_note(ax)
+        return
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.set_ylabel(ylabel, fontsize=9)
+    ax.grid(alpha=0.3)
+    if legend or len(series) > 1:
+        ax.legend(fontsize=8)
+
+
+def band(
+    ax: Axes,
+    name: str,
+    xs: Sequence[float],
+    centre: Sequence[float],
+    low: Sequence[float],
+    high: Sequence[float],
+) -> None:
+    """A line with a shaded interval around it."""
+    (line,) = ax.plot(xs, centre, marker="o", markersize=3, label=name)
+    ax.fill_between(xs, low, high, alpha=0.2, color=line.get_color())
+
+
+def bars(ax: Axes, values: Mapping[str, float], *, title: str, xlabel: str = "") -> None:
+    """Horizontal bars, largest on top; "none yet" when there are none."""
+    ax.set_title(title, fontsize=10)
+    if not values:
+        empty_note(ax)
+        return
+    ordered = sorted(values.items(), key=lambda kv: kv[1])
+    labels = [shorten(k) for k, _ in ordered]
+    ax.barh(labels, [v for _, v in ordered], color="tab:blue")
+    ax.tick_params(axis="y", labelsize=8)
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.grid(alpha=0.3, axis="x")
+
+
+def cumulative(times: Sequence[float], start: float = 0.0, end: float | None = None) -> Series:
+    """A step curve counting events: (x, running count) from zero at ``start``, held
+    flat until ``end`` when given."""
+    ordered = sorted(times)
+    xs = [start, *ordered]
+    ys = [0.0, *(float(i + 1) for i in range(len(ordered)))]
+    if end is not None and end > xs[-1]:
+        xs.append(end)
+        ys.append(ys[-1])
+    return xs, ys
+
+
+def shorten(text: str, width: int = 48) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"

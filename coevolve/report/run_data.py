@@ -1,0 +1,287 @@
+"""Everything a report shows about one run, read from its directory and nothing else.
+
+Sources, each optional (a missing one leaves its part empty):
+
+- ``pool.duckdb``: tasks (origin, created_at), verdicts (accepted, reasons, signal kind)
+  and rollout results (scores, policy versions). A file still held by a running
+  pool-store is copied (with its WAL) to a temporary directory and read there.
+- ``tensorboard/learner``: the learner's ``learner/<name>`` scalars.
+- ``traces/*.jsonl``: finished spans; their durations per service give the time per
+  stage, and the explorer's spans for ``coevolve.signals.<kind>`` give signals over time
+  (the signals stream is a work queue, so its messages are gone once handled).
+- ``signal_monitor/state.json``: signals emitted and suppressed per kind, in total.
+- ``policies/v<N>.safetensors``, ``up.json`` (when ``up`` started) and ``logs/*.log``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import tempfile
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+POOL_FILE = "pool.duckdb"
+LEARNER_TENSORBOARD = "tensorboard/learner"
+SIGNAL_STATE = "signal_monitor/state.json"
+SIGNAL_SUBJECT_PREFIX = "coevolve.signals."
+
+
+@dataclass(frozen=True)
+class Scalar:
+    wall_time: float
+    step: int
+    value: float
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    created_at: float
+    origin: str
+
+
+@dataclass(frozen=True)
+class VerdictRow:
+    created_at: float
+    accepted: bool
+    reasons: list[str]
+    signal_kind: str | None
+    origin: str
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """One recorded rollout group: when, at which policy version, its score range."""
+
+    recorded_at: float
+    policy_version: int
+    mean_score: float
+    uniform: bool
+
+
+@dataclass(frozen=True)
+class SpanRow:
+    service: str
+    name: str
+    start_s: float
+    seconds: float
+
+
+@dataclass
+class RunData:
+    run_dir: Path
+    started_at: float | None = None
+    pool_error: str | None = None
+    tasks: list[TaskRow] = field(default_factory=list)
+    verdicts: list[VerdictRow] = field(default_factory=list)
+    groups: list[GroupRow] = field(default_factory=list)
+    scalars: dict[str, list[Scalar]] = field(default_factory=dict)
+    spans: list[SpanRow] = field(default_factory=list)
+    signal_totals: dict[str, int] = field(default_factory=dict)
+    signals_suppressed: dict[str, int] = field(default_factory=dict)
+    policy_files: dict[int, float] = field(default_factory=dict)
+    log_problems: dict[str, Counter[str]] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ derived
+
+    @property
+    def origin(self) -> float:
+        """Time zero of the plots: when ``up`` started, else the earliest event seen."""
+        if self.started_at is not None:
+            return self.started_at
+        times = [t.created_at for t in self.tasks if t.created_at > 0]
+        times += [v.created_at for v in self.verdicts]
+        times += [g.recorded_at for g in self.groups]
+        times += [s.start_s for s in self.spans]
+        times += [points[0].wall_time for points in self.scalars.values() if points]
+        times += list(self.policy_files.values())
+        return min(times) if times else 0.0
+
+    def minutes(self, at: float) -> float:
+        return max(0.0, (at - self.origin) / 60.0)
+
+    def signal_events(self) -> list[tuple[float, str]]:
+        """(time, kind) of each signal the explorer received, oldest first."""
+        events = [
+            (span.start_s, span.name.rsplit(SIGNAL_SUBJECT_PREFIX, 1)[1])
+            for span in self.spans
+            if span.service == "explorer" and SIGNAL_SUBJECT_PREFIX in span.name
+        ]
+        return sorted(events)
+
+    def signals_by_kind(self) -> dict[str, int]:
+        """Emitted per kind: the monitor's own totals, else what the explorer received."""
+        if self.signal_totals:
+            return dict(self.signal_totals)
+        return dict(Counter(kind for _, kind in self.signal_events()))
+
+    def policy_versions(self) -> list[int]:
+        return sorted(self.policy_files)
+
+    def learner_steps(self) -> int:
+        points = self.scalars.get("learner/groups", [])
+        return max((p.step for p in points), default=0)
+
+    def duration_s(self) -> float:
+        """From time zero to the last event seen."""
+        times = [t.created_at for t in self.tasks if t.created_at > 0]
+        times += [v.created_at for v in self.verdicts]
+        times += [g.recorded_at for g in self.groups]
+        times += [s.start_s + s.seconds for s in self.spans]
+        times += [p.wall_time for points in self.scalars.values() for p in points]
+        times += list(self.policy_files.values())
+        return max(0.0, max(times, default=self.origin) - self.origin)
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def load_run(run_dir: Path) -> RunData:
+    """Read every source there is under ``run_dir``; missing ones stay empty."""
+    data = RunData(run_dir=run_dir, started_at=_up_started_at(run_dir))
+    _load_pool(data)
+    data.scalars = read_scalars(run_dir / LEARNER_TENSORBOARD)
+    data.spans = read_spans(run_dir / "traces")
+    data.signal_totals, data.signals_suppressed = _signal_state(run_dir / SIGNAL_STATE)
+    data.policy_files = policy_files(run_dir)
+    data.log_problems = log_problems(run_dir / "logs")
+    return data
+
+
+def _up_started_at(run_dir: Path) -> float | None:
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        return float(json.loads((run_dir / "up.json").read_text())["at"])
+    return None
+
+
+@contextlib.contextmanager
+def readable_pool(path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A read-only connection to ``path``; to a copy of it when a writer holds its lock."""
+    with contextlib.ExitStack() as stack:
+        try:
+            connection = duckdb.connect(str(path), read_only=True)
+        except duckdb.Error:
+            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="coevolve-")))
+            copy = scratch / path.name
+            shutil.copy2(path, copy)
+            wal = path.with_name(path.name + ".wal")
+            if wal.exists():
+                shutil.copy2(wal, copy.with_name(copy.name + ".wal"))
+            connection = duckdb.connect(str(copy), read_only=True)
+        stack.callback(connection.close)
+        yield connection
+
+
+def _load_pool(data: RunData) -> None:
+    path = data.run_dir / POOL_FILE
+    if not path.exists():
+        data.pool_error = f"no {POOL_FILE}"
+        return
+    try:
+        with readable_pool(path) as db:
+            data.tasks = [
+                TaskRow(float(at), str(origin))
+                for at, origin in db.execute(
+                    "SELECT created_at, origin FROM tasks ORDER BY created_at"
+                ).fetchall()
+            ]
+            data.verdicts = [
+                VerdictRow(float(at), bool(ok), json.loads(reasons), kind, str(origin))
+                for at, ok, reasons, kind, origin in db.execute(
+                    "SELECT created_at, accepted, reasons, signal_kind, origin FROM verdicts "
+                    "ORDER BY created_at"
+                ).fetchall()
+            ]
+            data.groups = [
+                GroupRow(float(at), int(version), float(mean), bool(uniform))
+                for at, version, mean, uniform in db.execute(
+                    "SELECT max(recorded_at), max(policy_version), avg(score), "
+                    "min(score) = max(score) FROM rollout_results GROUP BY group_id "
+                    "ORDER BY 1"
+                ).fetchall()
+            ]
+    except (duckdb.Error, OSError) as exc:
+        data.pool_error = f"{type(exc).__name__}: {exc}"
+
+
+def read_scalars(directory: Path) -> dict[str, list[Scalar]]:
+    """Every scalar series in the event files under ``directory``, by tag."""
+    if not directory.is_dir() or not any(directory.glob("events.out.tfevents.*")):
+        return {}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    series: dict[str, list[Scalar]] = {}
+    for tag in accumulator.Tags().get("scalars", []):
+        series[tag] = [
+            Scalar(event.wall_time, int(event.step), float(event.value))
+            for event in accumulator.Scalars(tag)
+        ]
+    return series
+
+
+def read_spans(directory: Path) -> list[SpanRow]:
+    """Finished spans from every ``*.jsonl`` trace file (unreadable lines are skipped)."""
+    spans: list[SpanRow] = []
+    for file in sorted(directory.glob("*.jsonl")) if directory.is_dir() else []:
+        with file.open() as lines:
+            for line in lines:
+                try:
+                    record = json.loads(line)
+                    start, end = int(record["start_ns"]), int(record["end_ns"])
+                    spans.append(
+                        SpanRow(
+                            str(record.get("service") or file.name.split("-", 1)[0]),
+                            str(record["name"]),
+                            start / 1e9,
+                            max(0.0, (end - start) / 1e9),
+                        )
+                    )
+                except (ValueError, KeyError, TypeError):
+                    continue
+    spans.sort(key=lambda span: span.start_s)
+    return spans
+
+
+def _signal_state(path: Path) -> tuple[dict[str, int], dict[str, int]]:
+    try:
+        state: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}, {}
+    emitted = {str(k): int(v) for k, v in (state.get("emitted") or {}).items()}
+    suppressed = {str(k): int(v) for k, v in (state.get("suppressed") or {}).items()}
+    return emitted, suppressed
+
+
+def policy_files(run_dir: Path) -> dict[int, float]:
+    """Policy version -> modification time of ``policies/v<N>.safetensors``."""
+    files: dict[int, float] = {}
+    directory = run_dir / "policies"
+    for file in directory.glob("v*.safetensors") if directory.is_dir() else []:
+        number = file.stem.removeprefix("v")
+        if number.isdigit():
+            files[int(number)] = file.stat().st_mtime
+    return files
+
+
+def log_problems(directory: Path) -> dict[str, Counter[str]]:
+    """Per log file: how many WARNING, ERROR and Traceback lines it holds."""
+    problems: dict[str, Counter[str]] = defaultdict(Counter)
+    for file in sorted(directory.glob("*.log")) if directory.is_dir() else []:
+        counts = problems[file.stem]
+        with file.open(errors="replace") as lines:
+            for line in lines:
+                if " WARNING " in line:
+                    counts["warnings"] += 1
+                elif " ERROR " in line or " CRITICAL " in line:
+                    counts["errors"] += 1
+                elif line.startswith("Traceback"):
+                    counts["tracebacks"] += 1
+    return dict(problems)

@@ -1,0 +1,444 @@
+"""``coevolve report RUN_DIR``: one run as Markdown with PNG plots.
+
+The summary table comes first (is the loop alive, is it learning), then one section per
+part of the loop: learning (reward, KL, staleness, uniform groups), signals, pool growth,
+verdicts, and the time each stage took. A part with no data says "none yet".
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coevolve.report import plots
+from coevolve.report.run_data import RunData, Scalar, load_run
+
+REPORT_FILE = "report.md"
+LEARNING_PANELS = (
+    ("learner/reward_mean", "reward (mean per step)"),
+    ("learner/kl", "KL to the reference"),
+    ("learner/staleness_mean", "staleness (policy versions behind)"),
+    ("uniform_share", "uniform-group share (no gradient)"),
+)
+TOP_REASONS = 8
+NONE_YET = "none yet"
+
+
+@dataclass
+class RunSummary:
+    """The headline numbers of a run (also what the experiment report compares)."""
+
+    minutes: float
+    policy_versions: int
+    latest_policy: int | None
+    learner_steps: int
+    groups_trained: int
+    groups_recorded: int
+    uniform_share: float | None
+    signals_by_kind: dict[str, int]
+    candidates: int
+    accepted: int
+    pool_by_origin: dict[str, int]
+    reward_first: float | None
+    reward_last: float | None
+    first_minutes: dict[str, float | None] = field(default_factory=dict)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    top_reasons: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def signals(self) -> int:
+        return sum(self.signals_by_kind.values())
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.candidates if self.candidates else None
+
+    @property
+    def pool_growth(self) -> int:
+        return sum(n for origin, n in self.pool_by_origin.items() if origin != "seed")
+
+
+def summarize_run(data: RunData) -> RunSummary:
+    versions = data.policy_versions()
+    trained = data.scalars.get("learner/groups", [])
+    rewards = _trained_points(data, "learner/reward_mean")
+    uniform = [g.uniform for g in data.groups]
+    signal_times = [t for t, _ in data.signal_events()]
+    accepted = [v for v in data.verdicts if v.accepted]
+    grown = [t.created_at for t in data.tasks if t.origin != "seed" and t.created_at > 0]
+    trained_at = [p.wall_time for p in data.scalars.get("learner/trained", []) if p.value > 0]
+    first = {
+        "policy v1 (warm start)": data.policy_files.get(1),
+        "first rollout group": min((g.recorded_at for g in data.groups), default=None),
+        "first GRPO step": min(trained_at, default=None),
+        "first signal": min(signal_times, default=None),
+        "first verdict": data.verdicts[0].created_at if data.verdicts else None,
+        "first accepted task": accepted[0].created_at if accepted else None,
+        "first task added": min(grown, default=None),
+    }
+    reasons = Counter(r for v in data.verdicts if not v.accepted for r in v.reasons)
+    return RunSummary(
+        minutes=data.duration_s() / 60.0,
+        policy_versions=len(versions),
+        latest_policy=versions[-1] if versions else None,
+        learner_steps=data.learner_steps(),
+        groups_trained=int(sum(p.value for p in trained)),
+        groups_recorded=len(data.groups),
+        uniform_share=sum(uniform) / len(uniform) if uniform else None,
+        signals_by_kind=data.signals_by_kind(),
+        candidates=len(data.verdicts),
+        accepted=len(accepted),
+        pool_by_origin=dict(Counter(t.origin for t in data.tasks)),
+        reward_first=rewards[0].value if rewards else None,
+        reward_last=rewards[-1].value if rewards else None,
+        first_minutes={k: None if v is None else data.minutes(v) for k, v in first.items()},
+        stage_seconds=stage_seconds(data),
+        top_reasons=reasons.most_common(TOP_REASONS),
+    )
+
+
+def _trained_points(data: RunData, tag: str) -> list[Scalar]:
+    """The points of ``tag`` at steps that trained (a step with no usable group logs 0s)."""
+    trained = {p.step for p in data.scalars.get("learner/trained", []) if p.value > 0}
+    points = data.scalars.get(tag, [])
+    return [p for p in points if p.step in trained] if trained else points
+
+
+def stage_seconds(data: RunData) -> dict[str, float]:
+    """Seconds per stage: summed span durations per ``service: span``, and the learner's
+    training steps (their ``duration_s`` scalars). Inner spans (``explorer explore``) are
+    part of the handler span that contains them."""
+    totals: dict[str, float] = defaultdict(float)
+    for span in data.spans:
+        name = span.name.removeprefix(f"{span.service} ")
+        totals[f"{span.service}: {name}"] += span.seconds
+    steps = data.scalars.get("learner/duration_s", [])
+    if steps:
+        totals["learner: training steps"] += sum(p.value for p in steps)
+    ordered = sorted(totals.items(), key=lambda kv: -kv[1])
+    return {k: round(v, 1) for k, v in ordered}
+
+
+# ---------------------------------------------------------------------- plots
+
+
+def plot_learning(data: RunData, path: Path) -> Path:
+    figure, axes = plots.panels(len(LEARNING_PANELS))
+    for ax, (tag, title) in zip(axes, LEARNING_PANELS, strict=True):
+        if tag == "uniform_share":
+            series = _uniform_share_series(data)
+        else:
+            points = _trained_points(data, tag)
+            series = {
+                "learner": ([data.minutes(p.wall_time) for p in points], [p.value for p in points])
+            }
+        if tag == "learner/reward_mean" and data.groups:
+            series["rollout groups (mean score)"] = _rolling_group_scores(data)
+        plots.lines(ax, series, title=title, marker=".")
+    return plots.save(figure, path)
+
+
+def _uniform_share_series(data: RunData) -> dict[str, plots.Series]:
+    groups = data.scalars.get("learner/groups", [])
+    uniform = {p.step: p.value for p in data.scalars.get("learner/uniform_groups", [])}
+    xs, ys = [], []
+    for point in groups:
+        seen = point.value + uniform.get(point.step, 0.0)
+        if seen > 0 and point.step in uniform:
+            xs.append(data.minutes(point.wall_time))
+            ys.append(uniform[point.step] / seen)
+    series: dict[str, plots.Series] = {"learner (per step)": (xs, ys)}
+    if data.groups:
+        running = 0
+        pool_x, pool_y = [], []
+        for index, group in enumerate(data.groups, start=1):
+            running += group.uniform
+            pool_x.append(data.minutes(group.recorded_at))
+            pool_y.append(running / index)
+        series["pool (all groups so far)"] = (pool_x, pool_y)
+    return series
+
+
+def _rolling_group_scores(data: RunData, window: int = 20) -> plots.Series:
+    xs, ys = [], []
+    scores: list[float] = []
+    for group in data.groups:
+        scores.append(group.mean_score)
+        recent = scores[-window:]
+        xs.append(data.minutes(group.recorded_at))
+        ys.append(sum(recent) / len(recent))
+    return xs, ys
+
+
+def plot_signals(data: RunData, path: Path) -> Path:
+    figure, (over_time, totals) = plots.panels(2)
+    end = data.minutes(data.origin + data.duration_s())
+    by_kind: dict[str, list[float]] = {}
+    for at, kind in data.signal_events():
+        by_kind.setdefault(kind, []).append(data.minutes(at))
+    plots.lines(
+        over_time,
+        {kind: plots.cumulative(times, end=end) for kind, times in sorted(by_kind.items())},
+        title="signals received by the explorer (cumulative)",
+        ylabel="signals",
+        step=True,
+        legend=True,
+    )
+    plots.bars(
+        totals,
+        {k: float(v) for k, v in data.signals_by_kind().items()},
+        title="signals by kind (total)",
+    )
+    return plots.save(figure, path)
+
+
+def plot_pool(data: RunData, path: Path) -> Path:
+    figure, (size, growth) = plots.panels(2)
+    end = data.minutes(data.origin + data.duration_s())
+    times = [data.minutes(t.created_at) for t in data.tasks]
+    plots.lines(
+        size,
+        {"all origins": plots.cumulative(times, end=end)} if times else {},
+        title="pool size",
+        ylabel="tasks",
+        step=True,
+    )
+    by_origin: dict[str, list[float]] = {}
+    for task in data.tasks:
+        if task.origin != "seed":
+            by_origin.setdefault(task.origin, []).append(data.minutes(task.created_at))
+    plots.lines(
+        growth,
+        {o: plots.cumulative(t, end=end) for o, t in sorted(by_origin.items())},
+        title="tasks added by origin (cumulative)",
+        ylabel="tasks",
+        step=True,
+        legend=True,
+    )
+    return plots.save(figure, path)
+
+
+def plot_verdicts(data: RunData, summary: RunSummary, path: Path) -> Path:
+    figure, (over_time, reasons) = plots.panels(2)
+    accepted = [data.minutes(v.created_at) for v in data.verdicts if v.accepted]
+    rejected = [data.minutes(v.created_at) for v in data.verdicts if not v.accepted]
+    end = data.minutes(data.origin + data.duration_s())
+    series = {
+        "accepted": plots.cumulative(accepted, end=end),
+        "rejected": plots.cumulative(rejected, end=end),
+    }
+    if not data.verdicts:
+        series = {}
+    plots.lines(over_time, series, title="verdicts (cumulative)", ylabel="candidates", step=True)
+    plots.bars(
+        reasons,
+        {reason: float(n) for reason, n in summary.top_reasons},
+        title="top rejection reasons",
+        xlabel="rejections",
+    )
+    return plots.save(figure, path)
+
+
+def plot_stages(summary: RunSummary, path: Path, top: int = 14) -> Path:
+    figure, (ax,) = plots.panels(1, columns=1)
+    figure.set_size_inches(9, 4)
+    chosen = dict(list(summary.stage_seconds.items())[:top])
+    plots.bars(
+        ax,
+        {k: v / 60.0 for k, v in chosen.items()},
+        title="time per stage",
+        xlabel="minutes (summed over spans)",
+    )
+    return plots.save(figure, path)
+
+
+# ---------------------------------------------------------------------- markdown
+
+
+def fmt(value: float | int | None, digits: int = 3) -> str:
+    if value is None:
+        return NONE_YET
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
+
+
+def fmt_minutes(value: float | None) -> str:
+    return NONE_YET if value is None else f"{value:.1f} min"
+
+
+def summary_rows(summary: RunSummary) -> list[tuple[str, str]]:
+    pool = summary.pool_by_origin
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(summary.signals_by_kind.items()))
+    rows = [
+        ("run length (first to last event)", fmt_minutes(summary.minutes)),
+        (
+            "policy versions",
+            f"{summary.policy_versions} (latest v{summary.latest_policy})"
+            if summary.latest_policy is not None
+            else NONE_YET,
+        ),
+        ("learner steps", str(summary.learner_steps)),
+        ("groups trained / recorded", f"{summary.groups_trained} / {summary.groups_recorded}"),
+        ("uniform-group share (pool)", fmt(summary.uniform_share)),
+        (
+            "reward, first -> last trained step",
+            f"{fmt(summary.reward_first)} -> {fmt(summary.reward_last)}"
+            if summary.reward_first is not None
+            else NONE_YET,
+        ),
+        ("signals", f"{summary.signals}" + (f" ({kinds})" if kinds else "")),
+        ("candidates judged", str(summary.candidates)),
+        (
+            "accepted",
+            f"{summary.accepted} (rate {fmt(summary.acceptance_rate)})"
+            if summary.candidates
+            else NONE_YET,
+        ),
+        (
+            "pool",
+            ", ".join(f"{k} {v}" for k, v in sorted(pool.items())) if pool else NONE_YET,
+        ),
+        ("pool growth (explored + synthesized)", str(summary.pool_growth)),
+    ]
+    rows += [(name, fmt_minutes(at)) for name, at in summary.first_minutes.items()]
+    return rows
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def health_lines(summary: RunSummary) -> list[str]:
+    """Two plain sentences: is the loop alive, is the policy learning."""
+    alive = summary.learner_steps > 0 and summary.groups_recorded > 0
+    synthesizing = summary.candidates > 0
+    loop = "alive" if alive else "not training yet"
+    data = (
+        f"the data loop has judged {summary.candidates} candidates ({summary.accepted} accepted)"
+        if synthesizing
+        else "the data loop has judged no candidate yet"
+    )
+    if summary.reward_first is None or summary.reward_last is None:
+        trend = "no trained step yet, so no reward trend"
+    else:
+        change = summary.reward_last - summary.reward_first
+        trend = f"reward moved {change:+.3f} from the first to the last trained step"
+    return [f"- **Loop**: {loop}; {data}.", f"- **Learning**: {trend}."]
+
+
+def render_run_report(run_dir: Path, out: Path | None = None) -> Path:
+    """Write ``report.md`` and its PNGs to ``out`` (default ``RUN_DIR/report``)."""
+    out = out or run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    data = load_run(run_dir)
+    summary = summarize_run(data)
+    plot_learning(data, out / "learning.png")
+    plot_signals(data, out / "signals.png")
+    plot_pool(data, out / "pool.png")
+    plot_verdicts(data, summary, out / "verdicts.png")
+    plot_stages(summary, out / "stages.png")
+    (out / REPORT_FILE).write_text(run_markdown(data, summary))
+    return out / REPORT_FILE
+
+
+def run_markdown(data: RunData, summary: RunSummary) -> str:
+    parts = [
+        f"# Run report: `{data.run_dir.name if data.run_dir.name != 'run' else data.run_dir}`",
+        "",
+        *health_lines(summary),
+        "",
+        table(("", "value"), summary_rows(summary)),
+        "",
+        "Times are minutes since `coevolve up` started (or since the first event seen).",
+    ]
+    if data.pool_error:
+        parts += ["", f"Pool file: {data.pool_error}."]
+    parts += [
+        "",
+        "## Learning",
+        "",
+        "![learning](learning.png)",
+        "",
+        "Reward, KL and staleness are the learner's TensorBoard scalars at steps that "
+        "trained; the uniform-group share is the fraction of groups whose rewards were all "
+        "equal (no GRPO gradient).",
+        "",
+        "## Signals",
+        "",
+        "![signals](signals.png)",
+        "",
+        _signal_table(data),
+        "",
+        "## Pool growth",
+        "",
+        "![pool](pool.png)",
+        "",
+        "## Verdicts",
+        "",
+        "![verdicts](verdicts.png)",
+        "",
+        _verdict_text(summary),
+        "",
+        "## Time per stage",
+        "",
+        "![stages](stages.png)",
+        "",
+        _stage_table(summary),
+        "",
+        "## Log problems",
+        "",
+        _log_table(data),
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def _signal_table(data: RunData) -> str:
+    emitted = data.signals_by_kind()
+    if not emitted:
+        return f"Signals: {NONE_YET}."
+    received = Counter(kind for _, kind in data.signal_events())
+    rows = [
+        (kind, str(n), str(received.get(kind, 0)), str(data.signals_suppressed.get(kind, 0)))
+        for kind, n in sorted(emitted.items())
+    ]
+    return table(("kind", "emitted", "received by the explorer", "suppressed"), rows)
+
+
+def _verdict_text(summary: RunSummary) -> str:
+    if not summary.candidates:
+        return f"Verdicts: {NONE_YET}."
+    head = (
+        f"{summary.accepted} of {summary.candidates} candidates accepted "
+        f"(acceptance rate {summary.acceptance_rate:.3f})."
+    )
+    if not summary.top_reasons:
+        return head
+    return (
+        head
+        + "\n\n"
+        + table(("rejection reason", "count"), [(r, str(n)) for r, n in summary.top_reasons])
+    )
+
+
+def _stage_table(summary: RunSummary) -> str:
+    if not summary.stage_seconds:
+        return f"Stage times: {NONE_YET} (no trace spans)."
+    rows = [(stage, f"{seconds:.1f}") for stage, seconds in summary.stage_seconds.items()]
+    return table(("service: stage", "seconds (sum)"), rows)
+
+
+def _log_table(data: RunData) -> str:
+    rows = [
+        (service, str(c["warnings"]), str(c["errors"]), str(c["tracebacks"]))
+        for service, c in sorted(data.log_problems.items())
+        if sum(c.values())
+    ]
+    if not rows:
+        return "No warnings or errors in the service logs." if data.log_problems else "No logs."
+    return table(("log", "warnings", "errors", "tracebacks"), rows)

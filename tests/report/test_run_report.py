@@ -1,0 +1,89 @@
+"""``coevolve report``: a synthetic run directory, written with the real writers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from coevolve.cli import app
+from coevolve.report.run_data import load_run
+from coevolve.report.run_report import render_run_report, summarize_run
+from tests.report.conftest import SyntheticRun
+
+PLOTS = ("learning.png", "signals.png", "pool.png", "verdicts.png", "stages.png")
+
+
+def test_summary_counts_what_the_run_wrote(synthetic_run: SyntheticRun) -> None:
+    summary = summarize_run(load_run(synthetic_run.run_dir))
+
+    assert summary.policy_versions == 3 and summary.latest_policy == 3
+    assert summary.learner_steps == 3
+    assert summary.groups_trained == 6
+    assert summary.groups_recorded == 3
+    assert summary.uniform_share == 2 / 3
+    assert summary.signals_by_kind == {"boundary": 4, "rare": 2}
+    assert summary.candidates == 4 and summary.accepted == 2
+    assert summary.acceptance_rate == 0.5
+    assert summary.pool_by_origin == {"seed": 5, "synthesized": 2}
+    assert summary.pool_growth == 2
+    assert (summary.reward_first, summary.reward_last) == (0.125, 0.5)
+    assert summary.top_reasons == [("ground truth fails", 2), ("duplicate of a pool task", 1)]
+    assert summary.first_minutes["first signal"] == 1.5
+    assert summary.first_minutes["first accepted task"] == 100 / 60
+    assert summary.first_minutes["first GRPO step"] == 1.0
+    assert summary.stage_seconds["learner: training steps"] == 60.0
+    assert summary.stage_seconds["explorer: process coevolve.signals.boundary"] == 40.0
+    assert summary.stage_seconds["judge: process coevolve.candidates"] == 4.5
+
+
+def test_report_renders_plots_and_numbers(synthetic_run: SyntheticRun, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    report = render_run_report(synthetic_run.run_dir, out)
+
+    for name in PLOTS:
+        assert (out / name).stat().st_size > 5_000, name
+        assert f"]({name})" in report.read_text()
+    text = report.read_text()
+    assert "| learner steps | 3 |" in text
+    assert "| policy versions | 3 (latest v3) |" in text
+    assert "| signals | 6 (boundary 4, rare 2) |" in text
+    assert "| accepted | 2 (rate 0.5) |" in text
+    assert "| pool | seed 5, synthesized 2 |" in text
+    assert "| reward, first -> last trained step | 0.125 -> 0.5 |" in text
+    assert "| first signal | 1.5 min |" in text
+    assert "2 of 4 candidates accepted" in text
+    assert "| ground truth fails | 2 |" in text
+    assert "| rare | 2 | 1 | 3 |" in text  # emitted, received, suppressed
+    assert "| judge | 1 | 0 | 0 |" in text
+    assert "reward moved +0.375" in text
+
+
+def test_a_run_with_nothing_but_a_seeded_pool_still_renders(pool_only_run: Path) -> None:
+    report = render_run_report(pool_only_run)
+
+    text = report.read_text()
+    assert report.parent == pool_only_run / "report"
+    assert "Verdicts: none yet." in text
+    assert "Signals: none yet." in text
+    assert "| pool | seed 4 |" in text
+    assert "| first GRPO step | none yet |" in text
+    assert "not training yet" in text
+    for name in PLOTS:
+        assert (report.parent / name).exists()
+
+
+def test_an_empty_directory_renders_and_names_the_missing_pool(tmp_path: Path) -> None:
+    text = render_run_report(tmp_path).read_text()
+
+    assert "Pool file: no pool.duckdb." in text
+    assert "| learner steps | 0 |" in text
+
+
+def test_cli_writes_the_report_where_asked(synthetic_run: SyntheticRun, tmp_path: Path) -> None:
+    out = tmp_path / "elsewhere"
+    result = CliRunner().invoke(app, ["report", str(synthetic_run.run_dir), "--out", str(out)])
+
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == str(out / "report.md")
+    assert (out / "learning.png").exists()
