@@ -7,9 +7,10 @@ from typing import Annotated
 
 import typer
 
-from coevolve.experiment.ablation import ARMS, ExperimentSpec, run_experiment
-from coevolve.experiment.aggregate import render_experiment_report
+from coevolve.experiment import ARMS
 
+# the experiment's modules are imported by the commands: they pull in matplotlib and the
+# bench helpers (which import this CLI package: a cycle at import time)
 experiment_app = typer.Typer(
     help="The synthesis ablation: does signal-guided synthesis beat random synthesis at "
     "equal volume? See docs/experiment.md.",
@@ -60,6 +61,9 @@ def ablation(
     held-out split after the run stops. Each writes OUT/<arm>-s<seed>/result.json;
     re-running the same command skips those, so an interrupted experiment resumes.
     """
+    from coevolve.experiment.ablation import ExperimentSpec, run_experiment
+    from coevolve.experiment.aggregate import render_experiment_report
+
     spec = ExperimentSpec(_parse_arms(arms), tuple(range(seeds)), minutes, eval_tasks, eval_every)
     run_experiment(spec, out, base_run_dir, log=typer.echo)
     typer.echo(str(render_experiment_report(out)))
@@ -76,4 +80,6 @@ def report(
     ] = None,
 ) -> None:
     """Aggregate whatever arm x seed results exist into Markdown + PNGs."""
+    from coevolve.experiment.aggregate import render_experiment_report
+
     typer.echo(str(render_experiment_report(out, report_dir)))

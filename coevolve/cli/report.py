@@ -7,8 +7,6 @@ from typing import Annotated
 
 import typer
 
-from coevolve.report.run_report import render_run_report
-
 
 def report(
     run_dir: Annotated[
@@ -34,5 +32,7 @@ def report(
     logs. Works on a finished run or a live one (a pool file held by a running pool-store
     is read from a copy). Parts with no data yet say "none yet".
     """
+    from coevolve.report.run_report import render_run_report  # matplotlib: only when used
+
     path = render_run_report(run_dir, out)
     typer.echo(str(path))

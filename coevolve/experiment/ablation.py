@@ -45,6 +45,7 @@ from coevolve.bench.dataloop import (
     wait_for_nats_url,
 )
 from coevolve.cli.explore_cmd import choose_tasks, publish_requests
+from coevolve.experiment import ARMS
 from coevolve.report.run_data import load_run, policy_files
 from coevolve.report.run_report import summarize_run
 from coevolve.shared.bus import Bus
@@ -53,7 +54,6 @@ from coevolve.shared.messages import DecodeError, Exploration, TaskAdded, decode
 from coevolve.shared.nats_server import free_port
 from coevolve.shared.subjects import EXPLORATIONS, TASK_ADDED
 
-ARMS = ("none", "random", "coevolve")
 # coevolve first: random is paced on its curve
 RUN_ORDER = ("coevolve", "random", "none")
 EVAL_SUITE = "bfcl-turns-base"
@@ -244,10 +244,13 @@ def warm_start(out: Path, base_run_dir: Path, log: Callable[[str], None] = print
 
 
 def prepare_arm(out: Path, arm: str, seed: int, base_run_dir: Path) -> Path:
-    """A fresh run directory holding copies of the warm start's checkpoint, v1 and pool."""
-    run = arm_dir(out, arm, seed) / "run"
-    if run.exists():
-        shutil.rmtree(run)  # an arm interrupted mid-run starts over
+    """A fresh arm directory whose run holds copies of the warm start's checkpoint, v1
+    and pool. An arm interrupted before its result file starts over: its run, kept
+    policies and cached scores are removed (a new run's v3 is not the old run's v3)."""
+    directory = arm_dir(out, arm, seed)
+    if directory.exists():
+        shutil.rmtree(directory)
+    run = directory / "run"
     warm = warm_run_dir(out)
     for name in (*WARM_FILES, "pool.duckdb", "pool.duckdb.wal"):
         if (warm / name).exists():
@@ -402,11 +405,19 @@ def run_arm(
     }
     for mark, version in sorted(live.mark_versions.items()):
         weights = directory / "marks" / f"v{version}.safetensors"
-        score = None
+        score, error = None, None
         if version > 0:
             log(f"[experiment] {arm} seed {seed}: evaluating v{version} (minute {mark:g})")
-            score = evaluate(weights, run, spec.eval_tasks, directory / "eval" / f"v{version}.json")
-        result["marks"].append({"minute": mark, "policy_version": version, "eval": score})
+            cache = directory / "eval" / f"v{version}.json"
+            try:
+                score = evaluate(weights, run, spec.eval_tasks, cache)
+            except (RuntimeError, ValueError, KeyError) as exc:  # recorded, not fatal
+                error = str(exc)
+                log(f"[experiment] {arm} seed {seed}: evaluation of v{version} failed: {exc}")
+        mark_record: dict[str, Any] = {"minute": mark, "policy_version": version, "eval": score}
+        if error is not None:
+            mark_record["eval_error"] = error
+        result["marks"].append(mark_record)
     result["summary"] = asdict(summarize_run(load_run(run)))
     write_json(result_path(out, arm, seed), result)
     return result

@@ -12,16 +12,21 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from coevolve.experiment.ablation import ARMS
+from coevolve.experiment import ARMS
 from coevolve.report import plots
 from coevolve.report.run_report import table
 from coevolve.report.stats import Interval, mean_interval, paired_bootstrap_interval
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
 REPORT_FILE = "report.md"
 COMPARISONS = (("coevolve", "random"), ("random", "none"))
 ARM_ORDER = {arm: index for index, arm in enumerate(ARMS)}
+ARM_COLORS = {"none": "tab:grey", "random": "tab:orange", "coevolve": "tab:green"}
+SEED_STYLES = ("-", "--", ":", "-.")
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,8 @@ def paired_intervals(scores: list[MarkScore], first: str, second: str) -> dict[f
 
 def plot_success(intervals: dict[str, dict[float, Interval]], path: Path) -> Path:
     figure, (ax,) = plots.panels(1, columns=1)
-    ax.set_title("held-out per-turn BFCL success (mean, 95% interval across seeds)", fontsize=10)
+    figure.set_size_inches(8, 4)
+    ax.set_title("held-out per-turn BFCL success (mean and 95% interval across seeds)", fontsize=10)
     if not intervals:
         plots.empty_note(ax)
     for arm in sorted(intervals, key=lambda a: ARM_ORDER.get(a, 99)):
@@ -123,14 +129,17 @@ def plot_success(intervals: dict[str, dict[float, Interval]], path: Path) -> Pat
             arm,
             xs,
             [points[x].mean for x in xs],
-            [points[x].low for x in xs],
-            [points[x].high for x in xs],
+            [max(0.0, points[x].low) for x in xs],  # a success rate lies in [0, 1]
+            [min(1.0, points[x].high) for x in xs],
+            color=ARM_COLORS.get(arm),
+            offset=0.004 * _span(intervals) * (ARM_ORDER.get(arm, 1) - 1),
         )
     if intervals:
+        _minutes_axis(ax, intervals)
         ax.set_xlabel("minutes since the warm start", fontsize=9)
         ax.set_ylabel("success", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left")
     return plots.save(figure, path)
 
 
@@ -140,7 +149,7 @@ def plot_differences(differences: dict[str, dict[float, Interval]], path: Path) 
     drawn = {name: points for name, points in differences.items() if points}
     if not drawn:
         plots.empty_note(ax)
-    for name, points in drawn.items():
+    for index, (name, points) in enumerate(drawn.items()):
         xs = list(points)
         plots.band(
             ax,
@@ -149,23 +158,37 @@ def plot_differences(differences: dict[str, dict[float, Interval]], path: Path) 
             [points[x].mean for x in xs],
             [points[x].low for x in xs],
             [points[x].high for x in xs],
+            offset=0.004 * _span(drawn) * index,
         )
     if drawn:
+        _minutes_axis(ax, drawn)
         ax.axhline(0.0, color="black", linewidth=0.8)
         ax.set_xlabel("minutes since the warm start", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left")
     return plots.save(figure, path)
 
 
 def plot_data_loop(results: list[dict[str, Any]], path: Path) -> Path:
     figure, (growth, signals) = plots.panels(2)
-    series = {
-        f"{r['arm']} s{r['seed']}": plots.cumulative(r.get("added_minutes", [])) for r in results
-    }
-    plots.lines(
-        growth, series, title="tasks added to the pool (cumulative)", ylabel="tasks", step=True
-    )
+    growth.set_title("tasks added to the pool (cumulative)", fontsize=10)
+    if not results:
+        plots.empty_note(growth)
+    for result in results:
+        xs, ys = plots.cumulative(result.get("added_minutes", []), end=result.get("minutes"))
+        growth.step(
+            xs,
+            ys,
+            where="post",
+            color=ARM_COLORS.get(result["arm"]),
+            linestyle=SEED_STYLES[result["seed"] % len(SEED_STYLES)],
+            label=f"{result['arm']} s{result['seed']}",
+        )
+    if results:
+        growth.set_xlabel("minutes since start", fontsize=9)
+        growth.set_ylabel("tasks", fontsize=9)
+        growth.grid(alpha=0.3)
+        growth.legend(fontsize=7)
     kinds: dict[str, float] = defaultdict(float)
     for result in results:
         for kind, count in result["summary"]["signals_by_kind"].items():
@@ -191,6 +214,19 @@ def plot_stages(results: list[dict[str, Any]], path: Path, top: int = 6) -> Path
             values[key] = values.get(key, 0.0) + seconds / 60.0 / _seeds(results, arm)
     plots.bars(ax, values, title="time per stage (mean minutes per seed)", xlabel="minutes")
     return plots.save(figure, path)
+
+
+def _span(series: dict[str, dict[float, Interval]]) -> float:
+    """The width of the x axis (minutes), at least 1."""
+    minutes = [m for points in series.values() for m in points]
+    return max(1.0, max(minutes, default=0.0) - min(minutes, default=0.0))
+
+
+def _minutes_axis(ax: Axes, series: dict[str, dict[float, Interval]]) -> None:
+    """From minute 0 to the last mark, with a margin (one mark alone is not zoomed into)."""
+    span = _span(series)
+    last = max((m for points in series.values() for m in points), default=0.0)
+    ax.set_xlim(-0.05 * span, last + 0.1 * span)
 
 
 def _seeds(results: list[dict[str, Any]], arm: str) -> int:

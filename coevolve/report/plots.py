@@ -85,10 +85,17 @@ def band(
     centre: Sequence[float],
     low: Sequence[float],
     high: Sequence[float],
+    color: str | None = None,
+    offset: float = 0.0,
 ) -> None:
-    """A line with a shaded interval around it."""
-    (line,) = ax.plot(xs, centre, marker="o", markersize=3, label=name)
-    ax.fill_between(xs, low, high, alpha=0.2, color=line.get_color())
+    """A line with error bars and a light band for its interval; ``offset`` shifts the
+    points sideways so several series at the same x stay apart."""
+    shifted = [x + offset for x in xs]
+    (line,) = ax.plot(shifted, centre, marker="o", markersize=4, label=name, color=color)
+    below = [c - lo for c, lo in zip(centre, low, strict=True)]
+    above = [hi - c for c, hi in zip(centre, high, strict=True)]
+    ax.errorbar(shifted, centre, yerr=[below, above], fmt="none", capsize=4, color=line.get_color())
+    ax.fill_between(shifted, low, high, alpha=0.12, color=line.get_color())
 
 
 def bars(ax: Axes, values: Mapping[str, float], *, title: str, xlabel: str = "") -> None:

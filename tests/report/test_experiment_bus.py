@@ -1,0 +1,63 @@
+"""The arm controller on a real NATS server: marks, counted tasks, paced requests."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+
+from coevolve.experiment.ablation import ArmLive, ExperimentSpec, Pacer, control_arm
+from coevolve.shared.bus import Bus
+from coevolve.shared.config import BusSettings
+from coevolve.shared.messages import ExplorationRequest, TaskAdded, decode, encode
+from coevolve.shared.nats_server import NatsServer
+from coevolve.shared.subjects import EXPLORATION_REQUESTS, TASK_ADDED
+
+
+async def drive(url: str, run: Path, spec: ExperimentSpec, pacer: Pacer) -> tuple[ArmLive, int]:
+    requests: list[ExplorationRequest] = []
+    result: list[ArmLive] = []
+    bus = await Bus.connect(BusSettings(url=url), name="test")
+    try:
+        subscription = await bus.nc.subscribe(EXPLORATION_REQUESTS)
+
+        async def collect() -> None:
+            async for message in subscription.messages:
+                requests.append(decode(message.data, ExplorationRequest))
+
+        async def control() -> None:
+            started = time.monotonic()
+            result.append(await control_arm(url, run, run / "marks", spec, started, pacer, 3))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(collect)
+            tg.start_soon(control)
+            await anyio.sleep(1.0)
+            for origin in ("seed", "synthesized"):
+                await bus.nc.publish(TASK_ADDED, encode(TaskAdded(task_id="t", origin=origin)))
+            while not result:
+                await anyio.sleep(0.1)
+            tg.cancel_scope.cancel()
+    finally:
+        await bus.close()
+    return result[0], len(requests)
+
+
+def test_controller_keeps_policies_counts_tasks_and_paces(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    (run / "policies").mkdir(parents=True)
+    for version in (1, 2):
+        (run / "policies" / f"v{version}.safetensors").write_bytes(f"v{version}".encode())
+    spec = ExperimentSpec(("random", "coevolve"), (3,), minutes=0.05)
+    pacer = Pacer([0.0, 0.0, 0.0], lead_minutes=0.0, max_in_flight=2)
+
+    live, requests = anyio.run(drive, nats_server.url, run, spec, pacer)
+
+    assert live.mark_versions == {0.05: 2}
+    assert (run / "marks" / "v2.safetensors").read_bytes() == b"v2"
+    assert len(live.added_minutes) == 1  # the seed task is not growth
+    assert pacer.added == 1
+    assert live.requests_sent == requests == 2  # three due, at most two in flight
