@@ -49,6 +49,17 @@ def ablation(
         float, typer.Option(help="Minutes between the policies kept for evaluation.", min=0.1)
     ] = 10.0,
     out: Annotated[Path, typer.Option(help="The experiment directory (resumable).")] = DEFAULT_OUT,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="YAML configuration every run starts from (the warm start too); each arm "
+            "lays its own settings over it.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
     base_run_dir: Annotated[
         Path, typer.Option(help="A run directory whose converted model cache (models/) is reused.")
     ] = Path("runs/default"),
@@ -64,7 +75,14 @@ def ablation(
     from coevolve.experiment.ablation import ExperimentSpec, run_experiment
     from coevolve.experiment.aggregate import render_experiment_report
 
-    spec = ExperimentSpec(_parse_arms(arms), tuple(range(seeds)), minutes, eval_tasks, eval_every)
+    spec = ExperimentSpec(
+        _parse_arms(arms),
+        tuple(range(seeds)),
+        minutes,
+        eval_tasks,
+        eval_every,
+        str(config.resolve()) if config else None,
+    )
     run_experiment(spec, out, base_run_dir, log=typer.echo)
     typer.echo(str(render_experiment_report(out)))
 

@@ -77,6 +77,16 @@ class ExperimentSpec:
     minutes: float
     eval_tasks: int = 40
     eval_every_minutes: float = 10.0
+    # a coevolve.yaml every run starts from (warm start included); arms add their part
+    base_config: str | None = None
+
+    def base_settings(self) -> dict[str, Any]:
+        if self.base_config is None:
+            return {}
+        loaded = yaml.safe_load(Path(self.base_config).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{self.base_config} must hold a mapping")
+        return loaded
 
     def marks(self) -> list[float]:
         """Minute marks at which the current policy is kept for evaluation (0 excluded:
@@ -195,8 +205,21 @@ def stop_up(process: subprocess.Popen[bytes], run_dir: Path) -> None:
     kill_leftovers(str(run_dir.resolve()))
 
 
-def arm_settings(arm: str, seed: int) -> tuple[dict[str, Any], list[str]]:
-    """(config file contents, --scale values) of an arm."""
+def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra`` laid over it, mappings merged key by key."""
+    result = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = merged(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
+def arm_settings(
+    arm: str, seed: int, base: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """(config file contents, --scale values) of an arm, over the ``base`` settings."""
     detectors: dict[str, Any] = {"reservoir_seed": seed}
     scale: list[str] = []
     if arm == "none":
@@ -205,7 +228,8 @@ def arm_settings(arm: str, seed: int) -> tuple[dict[str, Any], list[str]]:
         detectors["kinds"] = []
     elif arm != "coevolve":
         raise ValueError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
-    return {"services": {"signal_monitor": {"detectors": detectors}}}, scale
+    own = {"services": {"signal_monitor": {"detectors": detectors}}}
+    return merged(base or {}, own), scale
 
 
 # ---------------------------------------------------------------------- warm start
@@ -215,14 +239,19 @@ def warm_run_dir(out: Path) -> Path:
     return out / "warm" / "run"
 
 
-def warm_start(out: Path, base_run_dir: Path, log: Callable[[str], None] = print) -> Path:
+def warm_start(
+    out: Path,
+    base_run_dir: Path,
+    log: Callable[[str], None] = print,
+    config: Path | None = None,
+) -> Path:
     """Run ``up`` until the learner has written policy v1 and its checkpoint; once."""
     run = warm_run_dir(out)
     done = out / "warm" / "done.json"
     if done.exists():
         return run
     share_model_cache(run, base_run_dir)
-    process = start_up(run, free_port(), out / "warm" / "up.log")
+    process = start_up(run, free_port(), out / "warm" / "up.log", config)
     started = time.monotonic()
     try:
         wait_for_nats_url(run, process)
@@ -377,7 +406,7 @@ def run_arm(
     """One arm x seed, start to result file."""
     directory = arm_dir(out, arm, seed)
     run = prepare_arm(out, arm, seed, base_run_dir)
-    settings, scale = arm_settings(arm, seed)
+    settings, scale = arm_settings(arm, seed, spec.base_settings())
     config = directory / "coevolve.yaml"
     config.write_text(yaml.safe_dump(settings))
     pacer = None
@@ -441,7 +470,8 @@ def run_experiment(
     if not todo:
         log("[experiment] every arm x seed is finished")
         return []
-    warm = warm_start(out, base_run_dir, log)
+    config = Path(spec.base_config) if spec.base_config else None
+    warm = warm_start(out, base_run_dir, log, config)
     evaluate(
         warm / "policies" / "v1.safetensors", warm, spec.eval_tasks, out / "warm" / "eval-v1.json"
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -188,3 +189,21 @@ def test_arms_differ_only_in_synthesis() -> None:
         {"services": {"signal_monitor": {"detectors": {"reservoir_seed": 1}}}},
         [],
     )
+
+
+def test_arms_lay_their_settings_over_the_base_configuration() -> None:
+    base: dict[str, Any] = {
+        "services": {
+            "learner": {"grpo": {"lr": 1e-5}},
+            "signal_monitor": {"detectors": {"threshold": 0.3, "kinds": ["rare"]}},
+        }
+    }
+    config, _ = arm_settings("random", 2, base)
+
+    assert config["services"]["learner"] == {"grpo": {"lr": 1e-5}}
+    assert config["services"]["signal_monitor"]["detectors"] == {
+        "threshold": 0.3,
+        "kinds": [],
+        "reservoir_seed": 2,
+    }
+    assert base["services"]["signal_monitor"]["detectors"]["kinds"] == ["rare"]  # untouched
