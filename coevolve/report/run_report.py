@@ -100,10 +100,15 @@ def summarize_run(data: RunData) -> RunSummary:
 
 
 def _trained_points(data: RunData, tag: str) -> list[Scalar]:
-    """The points of ``tag`` at steps that trained (a step with no usable group logs 0s)."""
-    trained = {p.step for p in data.scalars.get("learner/trained", []) if p.value > 0}
+    """The points of ``tag`` from learner steps that trained. A step without an update
+    logs too (its zeros are not rewards), under the same step number as the last update,
+    so points pair with ``learner/trained`` by position: every step logs every tag."""
+    trained = data.scalars.get("learner/trained", [])
     points = data.scalars.get(tag, [])
-    return [p for p in points if p.step in trained] if trained else points
+    if len(trained) == len(points):
+        return [p for p, t in zip(points, trained, strict=True) if t.value > 0]
+    steps = {t.step for t in trained if t.value > 0}
+    return [p for p in points if p.step in steps] if steps else points
 
 
 def stage_seconds(data: RunData) -> dict[str, float]:
@@ -142,13 +147,13 @@ def plot_learning(data: RunData, path: Path) -> Path:
 
 def _uniform_share_series(data: RunData) -> dict[str, plots.Series]:
     groups = data.scalars.get("learner/groups", [])
-    uniform = {p.step: p.value for p in data.scalars.get("learner/uniform_groups", [])}
+    uniform = data.scalars.get("learner/uniform_groups", [])
     xs, ys = [], []
-    for point in groups:
-        seen = point.value + uniform.get(point.step, 0.0)
-        if seen > 0 and point.step in uniform:
-            xs.append(data.minutes(point.wall_time))
-            ys.append(uniform[point.step] / seen)
+    if len(groups) == len(uniform):  # one point of each per learner step
+        for seen, flat in zip(groups, uniform, strict=True):
+            if seen.value > 0:
+                xs.append(data.minutes(seen.wall_time))
+                ys.append(flat.value / seen.value)
     series: dict[str, plots.Series] = {"learner (per step)": (xs, ys)}
     if data.groups:
         running = 0
@@ -281,7 +286,10 @@ def summary_rows(summary: RunSummary) -> list[tuple[str, str]]:
             else NONE_YET,
         ),
         ("learner steps", str(summary.learner_steps)),
-        ("groups trained / recorded", f"{summary.groups_trained} / {summary.groups_recorded}"),
+        (
+            "groups seen by the learner / recorded in the pool",
+            f"{summary.groups_trained} / {summary.groups_recorded}",
+        ),
         ("uniform-group share (pool)", fmt(summary.uniform_share)),
         (
             "reward, first -> last trained step",

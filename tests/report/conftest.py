@@ -111,6 +111,17 @@ def synthetic_run(tmp_path: Path) -> SyntheticRun:
             ("duration_s", 20.0),
         ):
             writer.add_scalar(f"learner/{tag}", value, step, walltime=at)
+    # a step whose groups were all uniform: no update, logged under the last step number
+    for tag, value in (
+        ("reward_mean", 0.0),
+        ("kl", 0.0),
+        ("staleness_mean", 0.0),
+        ("groups", 2.0),
+        ("uniform_groups", 2.0),
+        ("trained", 0.0),
+        ("duration_s", 1.0),
+    ):
+        writer.add_scalar(f"learner/{tag}", value, 3, walltime=T0 + 200.0)
     writer.close()
     traces = run / "traces"
     traces.mkdir()

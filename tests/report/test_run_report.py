@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from coevolve.cli import app
 from coevolve.report.run_data import load_run
-from coevolve.report.run_report import render_run_report, summarize_run
+from coevolve.report.run_report import _uniform_share_series, render_run_report, summarize_run
 from tests.report.conftest import SyntheticRun
 
 PLOTS = ("learning.png", "signals.png", "pool.png", "verdicts.png", "stages.png")
@@ -19,7 +19,7 @@ def test_summary_counts_what_the_run_wrote(synthetic_run: SyntheticRun) -> None:
 
     assert summary.policy_versions == 3 and summary.latest_policy == 3
     assert summary.learner_steps == 3
-    assert summary.groups_trained == 6
+    assert summary.groups_trained == 8  # the step without an update saw 2
     assert summary.groups_recorded == 3
     assert summary.uniform_share == 2 / 3
     assert summary.signals_by_kind == {"boundary": 4, "rare": 2}
@@ -32,7 +32,7 @@ def test_summary_counts_what_the_run_wrote(synthetic_run: SyntheticRun) -> None:
     assert summary.first_minutes["first signal"] == 1.5
     assert summary.first_minutes["first accepted task"] == 100 / 60
     assert summary.first_minutes["first GRPO step"] == 1.0
-    assert summary.stage_seconds["learner: training steps"] == 60.0
+    assert summary.stage_seconds["learner: training steps"] == 61.0
     assert summary.stage_seconds["explorer: process coevolve.signals.boundary"] == 40.0
     assert summary.stage_seconds["judge: process coevolve.candidates"] == 4.5
 
@@ -87,3 +87,12 @@ def test_cli_writes_the_report_where_asked(synthetic_run: SyntheticRun, tmp_path
     assert result.exit_code == 0, result.output
     assert result.output.strip() == str(out / "report.md")
     assert (out / "learning.png").exists()
+
+
+def test_uniform_share_per_learner_step_and_over_the_pool(synthetic_run: SyntheticRun) -> None:
+    series = _uniform_share_series(load_run(synthetic_run.run_dir))
+
+    minutes, shares = series["learner (per step)"]
+    assert list(shares) == [0.0, 0.5, 0.0, 1.0]
+    assert list(minutes) == [1.0, 2.0, 3.0, 200 / 60]
+    assert list(series["pool (all groups so far)"][1]) == [0.0, 0.5, 2 / 3]
