@@ -19,7 +19,7 @@ import contextlib
 import json
 import shutil
 import tempfile
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,7 +86,7 @@ class RunData:
     signal_totals: dict[str, int] = field(default_factory=dict)
     signals_suppressed: dict[str, int] = field(default_factory=dict)
     policy_files: dict[int, float] = field(default_factory=dict)
-    log_problems: dict[str, Counter[str]] = field(default_factory=dict)
+    log_problems: dict[str, LogProblems] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ derived
 
@@ -271,17 +271,33 @@ def policy_files(run_dir: Path) -> dict[int, float]:
     return files
 
 
-def log_problems(directory: Path) -> dict[str, Counter[str]]:
-    """Per log file: how many WARNING, ERROR and Traceback lines it holds."""
-    problems: dict[str, Counter[str]] = defaultdict(Counter)
+@dataclass
+class LogProblems:
+    """Counts of WARNING / ERROR (or CRITICAL) / Traceback lines, and the first error."""
+
+    warnings: int = 0
+    errors: int = 0
+    tracebacks: int = 0
+    first_error: str = ""
+
+    @property
+    def any(self) -> bool:
+        return bool(self.warnings or self.errors or self.tracebacks)
+
+
+def log_problems(directory: Path) -> dict[str, LogProblems]:
+    """Per log file (by service): its warnings, errors and tracebacks."""
+    problems: dict[str, LogProblems] = {}
     for file in sorted(directory.glob("*.log")) if directory.is_dir() else []:
-        counts = problems[file.stem]
+        found = problems[file.stem] = LogProblems()
         with file.open(errors="replace") as lines:
             for line in lines:
                 if " WARNING " in line:
-                    counts["warnings"] += 1
+                    found.warnings += 1
                 elif " ERROR " in line or " CRITICAL " in line:
-                    counts["errors"] += 1
+                    found.errors += 1
+                    if not found.first_error:
+                        found.first_error = line.strip()
                 elif line.startswith("Traceback"):
-                    counts["tracebacks"] += 1
-    return dict(problems)
+                    found.tracebacks += 1
+    return problems

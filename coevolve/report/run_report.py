@@ -130,7 +130,9 @@ def stage_seconds(data: RunData) -> dict[str, float]:
 
 
 def plot_learning(data: RunData, path: Path) -> Path:
+    """Four panels over the same minutes (the whole run), so they line up."""
     figure, axes = plots.panels(len(LEARNING_PANELS))
+    end = max(data.minutes(data.origin + data.duration_s()), 1.0)
     for ax, (tag, title) in zip(axes, LEARNING_PANELS, strict=True):
         if tag == "uniform_share":
             series = _uniform_share_series(data)
@@ -140,8 +142,10 @@ def plot_learning(data: RunData, path: Path) -> Path:
                 "learner": ([data.minutes(p.wall_time) for p in points], [p.value for p in points])
             }
         if tag == "learner/reward_mean" and data.groups:
-            series["rollout groups (mean score)"] = _rolling_group_scores(data)
-        plots.lines(ax, series, title=title, marker=".")
+            series["rollout groups (mean score, last 20)"] = _rolling_group_scores(data)
+        plots.lines(ax, series, title=title, marker="o")
+        if any(len(xs) for xs, _ in series.values()):
+            ax.set_xlim(-0.02 * end, end * 1.02)
     return plots.save(figure, path)
 
 
@@ -333,6 +337,8 @@ def health_lines(summary: RunSummary) -> list[str]:
     )
     if summary.reward_first is None or summary.reward_last is None:
         trend = "no trained step yet, so no reward trend"
+    elif summary.learner_steps < 2:
+        trend = f"one trained step so far (reward {summary.reward_last:.3g}): no trend yet"
     else:
         change = summary.reward_last - summary.reward_first
         trend = f"reward moved {change:+.3f} from the first to the last trained step"
@@ -362,7 +368,8 @@ def run_markdown(data: RunData, summary: RunSummary) -> str:
         "",
         table(("", "value"), summary_rows(summary)),
         "",
-        "Times are minutes since `coevolve up` started (or since the first event seen).",
+        "Times are minutes since `coevolve up` started (or since the first event seen). "
+        f"Rendered by `coevolve report {data.run_dir}`.",
     ]
     if data.pool_error:
         parts += ["", f"Pool file: {data.pool_error}."]
@@ -443,10 +450,24 @@ def _stage_table(summary: RunSummary) -> str:
 
 def _log_table(data: RunData) -> str:
     rows = [
-        (service, str(c["warnings"]), str(c["errors"]), str(c["tracebacks"]))
-        for service, c in sorted(data.log_problems.items())
-        if sum(c.values())
+        (
+            service,
+            str(found.warnings),
+            str(found.errors),
+            str(found.tracebacks),
+            plots.shorten(_after_level(found.first_error), 90),
+        )
+        for service, found in sorted(data.log_problems.items())
+        if found.any
     ]
     if not rows:
         return "No warnings or errors in the service logs." if data.log_problems else "No logs."
-    return table(("log", "warnings", "errors", "tracebacks"), rows)
+    return table(("log", "warnings", "errors", "tracebacks", "first error"), rows)
+
+
+def _after_level(line: str) -> str:
+    """A log line without its time stamp and service name (from the level on)."""
+    for level in (" ERROR ", " CRITICAL "):
+        if level in line:
+            return level.strip() + " " + line.split(level, 1)[1]
+    return line

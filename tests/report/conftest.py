@@ -143,5 +143,8 @@ def synthetic_run(tmp_path: Path) -> SyntheticRun:
     (run / "logs").mkdir()
     (run / "logs" / "judge.log").write_text(
         "2026-11-23 19:28:58,840 judge WARNING coevolve.services.judge: slow answer\n"
+        "2026-11-23 19:29:58,840 judge ERROR asyncio: the first failure\n"
+        "Traceback (most recent call last):\n"
+        "2026-11-23 19:30:58,840 judge ERROR asyncio: the second failure\n"
     )
     return SyntheticRun(run, rewards)

@@ -55,8 +55,9 @@ def test_report_renders_plots_and_numbers(synthetic_run: SyntheticRun, tmp_path:
     assert "2 of 4 candidates accepted" in text
     assert "| ground truth fails | 2 |" in text
     assert "| rare | 2 | 1 | 3 |" in text  # emitted, received, suppressed
-    assert "| judge | 1 | 0 | 0 |" in text
+    assert "| judge | 1 | 2 | 1 | ERROR asyncio: the first failure |" in text
     assert "reward moved +0.375" in text
+    assert "| learner |" not in text  # no log, no row
 
 
 def test_a_run_with_nothing_but_a_seeded_pool_still_renders(pool_only_run: Path) -> None:
