@@ -199,7 +199,10 @@ class LoopCounter:
             if accepted:
                 self.first_seen_s.setdefault("accepted_verdict", elapsed)
         elif family == "policy_updates":
-            self.policy_version = max(self.policy_version, decode(data, PolicyVersion).version)
+            version = decode(data, PolicyVersion).version
+            self.policy_version = max(self.policy_version, version)
+            # v1 is the warm start; a GRPO step makes v2 and later
+            self.first_seen_s.setdefault("warm_start" if version <= 1 else "grpo_update", elapsed)
         elif family == "heartbeats":
             beat = decode(data, Heartbeat)
             if beat.phase == "running":
@@ -419,12 +422,20 @@ def pool_summary(db_path: Path, top_reasons: int = 5) -> dict[str, Any]:
             "  WHERE NOT accepted) GROUP BY reason ORDER BY n DESC, reason LIMIT ?",
             [top_reasons],
         ).fetchall()
+        uniform = db.execute(
+            "SELECT count(*), count(*) FILTER (WHERE lowest = highest) FROM ("
+            "  SELECT min(score) AS lowest, max(score) AS highest FROM rollout_results"
+            "  GROUP BY group_id)"
+        ).fetchone() or (0, 0)
         by_kind = db.execute(
             "SELECT coalesce(signal_kind, 'none'), count(*) FILTER (WHERE accepted), count(*) "
             "FROM verdicts GROUP BY 1 ORDER BY 1"
         ).fetchall()
     verdicts = int(accepted) + int(rejected)
+    groups, uniform_groups = int(uniform[0]), int(uniform[1])
     return {
+        "groups": groups,
+        "uniform_group_share": round(uniform_groups / groups, 3) if groups else None,
         "tasks_by_origin": {k: int(v) for k, v in origins.items()},
         "growth": sum(int(v) for k, v in origins.items() if k != "seed"),
         "verdicts": {
@@ -470,8 +481,16 @@ def summarize(
     rate = pool.get("acceptance_rate")
     if rate is None and live_total:
         rate = round(live["accepted"] / live_total, 3)
+    first = counter.first_seen_s
     return {
         "minutes": minutes,
+        "first_warm_start_s": first.get("warm_start"),
+        "first_policy_update_s": first.get("grpo_update"),
+        "first_signal_s": first.get("signals"),
+        "first_exploration_s": first.get("explorations"),
+        "first_candidate_s": first.get("candidates"),
+        "first_accepted_s": first.get("accepted_verdict"),
+        "uniform_group_share": pool.get("uniform_group_share"),
         "counts": {family: counter.counts[family] for family in REPORTED_FAMILIES},
         "other_counts": {
             k: v for k, v in sorted(counter.counts.items()) if k not in REPORTED_FAMILIES
@@ -505,8 +524,12 @@ def summarize(
 # ---------------------------------------------------------------------- the benchmark
 
 
-def run(quick: bool, base_run_dir: Path | None = None) -> dict[str, Any]:
-    minutes = bench_minutes(quick)
+def run(
+    quick: bool, base_run_dir: Path | None = None, minutes: float | None = None
+) -> dict[str, Any]:
+    minutes = minutes if minutes is not None else bench_minutes(quick)
+    if minutes <= 0:
+        raise ValueError(f"--minutes must be positive, got {minutes}")
     seeds = int(os.environ.get(SEED_EXPLORATIONS_ENV) or 0)
     base = base_run_dir or Path(os.environ.get("COEVOLVE_RUN_DIR") or DEFAULT_RUN_DIR)
     out = bench_directory(base).resolve()
@@ -578,6 +601,17 @@ def print_table(result: dict[str, Any]) -> None:
             for kind, n in result["signals_by_kind"].items():
                 seen = first.get(f"signals.{kind}")
                 print(f"{'  ' + kind:<24}{n:>10}{'' if seen is None else f'{seen:.0f}':>14}")
+    for label, key in (
+        ("warm start done (v1)", "first_warm_start_s"),
+        ("first GRPO update", "first_policy_update_s"),
+        ("first signal", "first_signal_s"),
+        ("first candidate", "first_candidate_s"),
+        ("first accepted task", "first_accepted_s"),
+    ):
+        seen = result[key]
+        print(f"{label:<24}{'' if seen is None else f'{seen:.0f} s':>24}")
+    share = result["uniform_group_share"]
+    print(f"uniform groups (equal rewards): {'n/a' if share is None else f'{share:.3f}'}")
     verdicts = result["verdicts"]
     pool_verdicts = verdicts["pool"] or verdicts["live"]
     rate = result["acceptance_rate"]

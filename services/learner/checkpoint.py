@@ -1,10 +1,11 @@
 """Learner checkpoints: everything needed to resume training exactly where it stopped.
 
 A checkpoint holds the trainable weights (the LoRA adapters, or all weights under full
-fine-tuning), the frozen reference adapter after a warm start, the optimizer state, the step and policy version counters and the RNG states
-(so dropout and any sampling repeat). It is written to a temporary file in the same
-directory, flushed to disk and renamed over the old one, so a learner killed at any moment
-(SIGKILL included) leaves either the previous checkpoint or the new one, never half of one.
+fine-tuning), the frozen reference adapter after a warm start, the optimizer state, the
+step and policy version counters and the RNG states (so dropout and any sampling repeat).
+It is written to a temporary file in the same directory, flushed to disk and renamed over
+the old one, so a learner killed at any moment (SIGKILL included) leaves either the
+previous checkpoint or the new one, never half of one.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def load_checkpoint(
         raise ValueError(f"{path}: unsupported checkpoint format {payload.get('format')}")
     reference: dict[str, torch.Tensor] = payload.get("reference") or {}
     if reference:
-        add_reference_adapter(model)  # type: ignore[arg-type]
+        add_reference_adapter(model)
         named = dict(model.named_parameters())
         with torch.no_grad():
             for name, value in reference.items():

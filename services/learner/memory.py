@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 # Tokens of one micro-batch run with stored activations (measured: autograd keeps 2.6 MB per
-# token for the default model, so ~2.7 GB here; short-task micro-batches stay under it).
-DEFAULT_ACTIVATION_TOKENS = 1024
+# token for the default model, so ~5.3 GB here): a per-turn BFCL example with the compact
+# tool list (median ~1.1k tokens) and a shared-prompt micro-batch of them stay under it.
+DEFAULT_ACTIVATION_TOKENS = 2048
 
 
 def _base_model(model: nn.Module) -> Any:

@@ -66,6 +66,9 @@ class Conversation:
     task_id: str
     messages: list[ChatMessage]
     tools: list[list[dict[str, Any]] | None]
+    # the first ``context`` messages are the conversation so far (a per-turn task's earlier
+    # turns): in the prompt, not supervised
+    context: int = 0
 
 
 @dataclass
@@ -115,6 +118,7 @@ def conversation_without_observations(task: Task) -> Conversation:
 def replayed_conversation(task: Task, env: Environment) -> Conversation:
     """Drive ``env`` with the ground truth, recording what the agent would have seen."""
     messages = list(env.reset(task))
+    context = len(messages)
     tools: list[list[dict[str, Any]] | None] = [None] * len(messages)
     for turn in range(len(task.user_turns)):
         calls = task.ground_truth[turn] if turn < len(task.ground_truth) else []
@@ -133,8 +137,8 @@ def replayed_conversation(task: Task, env: Environment) -> Conversation:
             messages.extend(result.observations)
             tools.extend([None] * len(result.observations))
             if result.done:
-                return Conversation(task.id, messages, tools)
-    return Conversation(task.id, messages, tools)
+                return Conversation(task.id, messages, tools, context)
+    return Conversation(task.id, messages, tools, context)
 
 
 def tokenize_conversation(
@@ -154,7 +158,7 @@ def tokenize_conversation(
     ids: list[int] = []
     labels: list[int] = []
     for index, message in enumerate(conversation.messages):
-        if message.role != "assistant":
+        if message.role != "assistant" or index < conversation.context:
             continue
         prompt = render_prompt_ids(
             tokenizer, conversation.messages[:index], conversation.tools[index]

@@ -24,6 +24,7 @@ from coevolve.shared.messages import (
     RolloutJob,
     RolloutResults,
     ScoreSample,
+    Task,
     decode,
     derived_id,
 )
@@ -42,12 +43,20 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None
     engine: Literal["transformers", "vllm"] = "transformers"
     device: str | None = None
-    max_new_tokens: int = 96
+    # two BFCL calls in one message take ~100 tokens; a cut call scores 0
+    max_new_tokens: int = 128
     temperature: float = 1.0
     top_p: float = 1.0
-    max_steps: int = 8
+    # assistant messages an episode may take per user turn (the calls, maybe a second
+    # round, the closing reply), so a per-turn task gets 3 and a 4-turn entry 12 ...
+    max_steps_per_turn: int = 3
+    # ... and at most this many in all (None: no cap beyond the per-turn budget)
+    max_steps: int | None = None
     max_unconsumed_groups: int = 16
     backpressure_poll_s: float = 0.5
+    # take no job before the learner's first announced policy (its warm start): the base
+    # model calls no tool, so its groups all score 0 and only take CPU from the warm start
+    wait_for_policy: bool = True
 
 
 class RolloutActor(Actor):
@@ -126,6 +135,18 @@ class RolloutActor(Actor):
         await anyio.to_thread.run_sync(self.engine.load_weights, blob, update.version)
         log.info("hot-swapped to policy version %d", update.version)
 
+    def step_budget(self, task: Task) -> int:
+        budget = self.config.max_steps_per_turn * max(1, len(task.user_turns))
+        return min(budget, self.config.max_steps or budget)
+
+    async def _wait_for_policy(self) -> None:
+        if not self.config.wait_for_policy or self._announced is not None:
+            return
+        self.report_progress("waiting for the first policy (learner warm start)")
+        while self._announced is None:
+            await anyio.sleep(self.config.backpressure_poll_s)
+        self.clear_progress()
+
     async def _wait_for_learner(self) -> None:
         spec = LEARNER_GROUPS_CONSUMER
         while True:
@@ -145,6 +166,7 @@ class RolloutActor(Actor):
         from coevolve.shared.episodes import run_group
         from coevolve.shared.policy import SamplingParams
 
+        await self._wait_for_policy()
         await self._wait_for_learner()
         await self._swap_if_newer()
         params = SamplingParams(
@@ -160,7 +182,7 @@ class RolloutActor(Actor):
                 job.task,
                 job.group_size,
                 params,
-                max_steps=self.config.max_steps,
+                max_steps=self.step_budget(job.task),
                 id_prefix=job.id,
             ),
             abandon_on_cancel=True,

@@ -26,7 +26,12 @@ def loop_settings(settings: Settings) -> Settings:
     (settings.run_dir / "models").symlink_to(MODEL_CACHE, target_is_directory=True)
     settings.services = {
         "pool_store": {"group_size": 2, "job_queue_depth": 1, "feed_interval_s": 0.2},
-        "rollout": {"max_new_tokens": 24, "max_steps": 2, "device": "cpu"},
+        "rollout": {
+            "max_new_tokens": 24,
+            "max_steps": 2,
+            "device": "cpu",
+            "wait_for_policy": False,
+        },
         "learner": {
             "device": "cpu",
             "warm_start": {"enabled": False},

@@ -98,6 +98,8 @@ async def test_learner_publishes_weights_that_rollout_loads_identically(
         tg.start_soon(lambda: runner.run(handle_signals=False))
         await bus.publish(ROLLOUT_GROUPS, group)
         update = decode((await updates.next_msg(timeout=240)).data, PolicyVersion)
+        assert update.version == 0  # announced at start-up (no warm start)
+        update = decode((await updates.next_msg(timeout=240)).data, PolicyVersion)
         assert update.version == 1 and update.step == 1
         with anyio.fail_after(30):
             while learner_actor.last_metrics is None:

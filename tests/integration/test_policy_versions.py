@@ -49,8 +49,9 @@ async def test_restarted_learner_never_reannounces_a_version_with_other_weights(
     bus = await connected(loop_settings)
     learner = LearnerActor(loop_settings)
     learner._bus = bus
-    await learner.setup()
+    await learner.setup()  # no warm start: v0 is announced for rollout to start from
     assert learner.learner is not None and learner.learner.version == 0
+    assert (await latest_policy(bus)).version == 0  # type: ignore[union-attr]
     learner.learner.version = 2  # an older checkpoint, restored after v2 and v3 went out
     await publish_policy(bus, b"other-v2", version=2, step=2, base_model="m", kind="lora")
     await publish_policy(bus, b"other-v3", version=3, step=3, base_model="m", kind="lora")
@@ -63,7 +64,7 @@ async def test_restarted_learner_never_reannounces_a_version_with_other_weights(
     assert learner.learner.version == 4
     assert learner.checkpoint.exists()  # written before the announcement
     await learner._announce_if_newer()  # the same checkpoint again: nothing new
-    assert await announcements(bus) == 3
+    assert await announcements(bus) == 4  # v0, the other v2 and v3, and v4
     await bus.close()
 
 
