@@ -24,7 +24,7 @@ from coevolve.bench.short_tasks import OFFERED, train_and_heldout
 from coevolve.services.learner.sft import warm_start
 from coevolve.services.learner.trainer import LearnerConfig
 from coevolve.shared.config import DEFAULT_RUN_DIR
-from coevolve.shared.lockstep import LockstepConfig, LockstepLoop, TaskCycle, success_rate
+from coevolve.schedules.lockstep import LockstepConfig, LockstepLoop, TaskCycle, success_rate
 from coevolve.shared.messages import Trajectory
 from coevolve.shared.policy import load_policy
 

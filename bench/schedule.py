@@ -2,16 +2,19 @@
 
 Both schedules run the same work with the same settings: the default policy (LoRA), short
 BFCL MathAPI tasks (``short_tasks``), ``tasks_per_step`` groups of K episodes per learner
-step, one torch thread per process.
+step, on the same cores (0 and 1) with the same number of torch threads in all (two):
 
-- lockstep: one process pinned to core 0: rollout, then ``GrpoLearner.step``, in turn
-  (``shared.lockstep.LockstepLoop``);
-- async: a rollout process pinned to core 0 and a learner process pinned to core 1. The
-  rollout process produces batches of groups without waiting and puts them on a bounded
-  queue (it blocks when ``queue_bound`` batches are unconsumed: backpressure); the learner
-  takes one batch per step and after each step writes its new adapter weights to a file
-  (atomic rename), which the rollout loads between batches (hot swap), so groups may be a
-  version or two stale (the learner's staleness bound applies, drops are counted).
+- lockstep: one process on both cores with two torch threads: rollout, then
+  ``GrpoLearner.step``, in turn (``coevolve.schedules.lockstep.LockstepLoop``);
+- async: a rollout process pinned to core 0 and a learner process pinned to core 1, one
+  torch thread each. The rollout process produces batches of groups without waiting and
+  puts them on a bounded queue (it blocks when ``queue_bound`` batches are unconsumed:
+  backpressure); the learner takes one batch per step and after each step writes its new
+  adapter weights to a file (atomic rename), which the rollout loads between batches (hot
+  swap), so groups may be a version or two stale (the learner's staleness bound applies,
+  drops are counted).
+
+Both rates are also given per core (steps per hour / cores).
 
 Timing starts once every process has loaded its model. Steps whose groups all have equal
 rewards still run the full forward/backward (``drop_uniform_groups=False``): the base
@@ -39,6 +42,7 @@ from coevolve.shared.messages import RolloutGroup
 
 ROLLOUT_CORE = 0
 LEARNER_CORE = 1
+CORES = (ROLLOUT_CORE, LEARNER_CORE)  # what each schedule gets, and its torch threads in all
 
 
 @dataclass(frozen=True)
@@ -59,14 +63,16 @@ FULL = Setup(steps=10, tasks_per_step=2, group_size=4, max_new_tokens=48)
 _groups_codec = msgspec.msgpack.Encoder()
 
 
-def _prepare(core: int) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
+def _prepare(cores: tuple[int, ...]) -> None:
+    """Pin this process to ``cores`` (those the machine has) with a torch thread each."""
+    present = {core for core in cores if core < (os.cpu_count() or 1)} or {0}
+    os.environ["OMP_NUM_THREADS"] = str(len(present))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if hasattr(os, "sched_setaffinity") and core < (os.cpu_count() or 1):
-        os.sched_setaffinity(0, {core})
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, present)
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(len(present))
     torch.manual_seed(0)
 
 
@@ -81,7 +87,7 @@ def _learner_config() -> Any:
 
 
 def _lockstep_config(setup: Setup) -> Any:
-    from coevolve.shared.lockstep import LockstepConfig
+    from coevolve.schedules.lockstep import LockstepConfig
 
     return LockstepConfig(
         tasks_per_step=setup.tasks_per_step,
@@ -93,9 +99,9 @@ def _lockstep_config(setup: Setup) -> Any:
 
 
 def lockstep_worker(setup: Setup, results: mp.Queue) -> None:
-    _prepare(ROLLOUT_CORE)
+    _prepare(CORES)
     from coevolve.bench.short_tasks import build_tasks
-    from coevolve.shared.lockstep import LockstepLoop, TaskCycle
+    from coevolve.schedules.lockstep import LockstepLoop, TaskCycle
     from coevolve.shared.policy import load_policy
 
     tasks = build_tasks(setup.train_tasks, setup.seed, "math_train")
@@ -125,9 +131,9 @@ def rollout_worker(
     stop: Event,
     results: mp.Queue,
 ) -> None:
-    _prepare(ROLLOUT_CORE)
+    _prepare((ROLLOUT_CORE,))
     from coevolve.bench.short_tasks import build_tasks
-    from coevolve.shared.lockstep import TaskCycle, collect_groups
+    from coevolve.schedules.lockstep import TaskCycle, collect_groups
     from coevolve.shared.policy import SamplingParams, TransformersEngine, load_policy
 
     tasks = TaskCycle(build_tasks(setup.train_tasks, setup.seed, "math_train"), setup.seed)
@@ -181,7 +187,7 @@ def learner_worker(
     stop: Event,
     results: mp.Queue,
 ) -> None:
-    _prepare(LEARNER_CORE)
+    _prepare((LEARNER_CORE,))
     from coevolve.services.learner.trainer import GrpoLearner
     from coevolve.shared.policy import load_policy
 
@@ -280,18 +286,23 @@ def run(quick: bool, setup: Setup | None = None) -> dict[str, Any]:
     asynchronous = run_async(setup)
     lockstep_rate = 3600 * lockstep["steps"] / lockstep["wall_s"]
     async_rate = 3600 * asynchronous["steps"] / asynchronous["wall_s"]
+    cores = len({core for core in CORES if core < (os.cpu_count() or 1)} or {0})
     result: dict[str, Any] = {
         "benchmark": "schedule",
         "quick": quick,
         "setup": asdict(setup),
+        # same cores and same torch threads in all for both schedules
         "cores": {
-            "lockstep": [ROLLOUT_CORE],
+            "lockstep": list(CORES),
             "async_rollout": [ROLLOUT_CORE],
             "async_learner": [LEARNER_CORE],
         },
+        "torch_threads": {"lockstep": cores, "async_rollout": 1, "async_learner": 1},
         "cpu_count": os.cpu_count(),
         "lockstep_steps_per_hour": round(lockstep_rate, 1),
         "async_steps_per_hour": round(async_rate, 1),
+        "lockstep_steps_per_core_hour": round(lockstep_rate / cores, 1),
+        "async_steps_per_core_hour": round(async_rate / cores, 1),
         "ratio_async_over_lockstep": round(async_rate / lockstep_rate, 3),
         "lockstep": {k: round(v, 2) if isinstance(v, float) else v for k, v in lockstep.items()},
         "async": {
@@ -306,14 +317,16 @@ def run(quick: bool, setup: Setup | None = None) -> dict[str, Any]:
         },
         "wall_s": round(time.perf_counter() - started, 1),
     }
-    print(f"{'schedule':<12}{'steps':>7}{'wall s':>10}{'steps/hour':>12}")
-    print(
-        f"{'lockstep':<12}{lockstep['steps']:>7}{lockstep['wall_s']:>10.1f}{lockstep_rate:>12.1f}"
-    )
-    print(
-        f"{'async':<12}{asynchronous['steps']:>7}{asynchronous['wall_s']:>10.1f}{async_rate:>12.1f}"
-    )
-    print(f"async / lockstep: {result['ratio_async_over_lockstep']}")
+    print(f"{'schedule':<12}{'cores':>6}{'steps':>7}{'wall s':>10}{'steps/h':>10}{'per core':>10}")
+    for name, report, rate in (
+        ("lockstep", lockstep, lockstep_rate),
+        ("async", asynchronous, async_rate),
+    ):
+        print(
+            f"{name:<12}{cores:>6}{report['steps']:>7}{report['wall_s']:>10.1f}"
+            f"{rate:>10.1f}{rate / cores:>10.1f}"
+        )
+    print(f"async / lockstep (same cores, same threads): {result['ratio_async_over_lockstep']}")
     return result
 
 

@@ -38,6 +38,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
+from coevolve.shared.backoff import Backoff
 from coevolve.shared.bus import MSG_ID_HEADER, Bus
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import (
@@ -304,15 +305,14 @@ class ActorRunner:
 
     async def _guarded_loop(self, loop: Callable[[], Awaitable[None]]) -> None:
         """Restart a background loop that crashed, with back-off, until shutdown."""
-        delay = 1.0
+        backoff = Backoff(first_s=1.0, longest_s=30.0)
         while not self._stopping.is_set():
             try:
                 await loop()
                 return
             except Exception:
                 log.exception("%s: background loop %s crashed", self.actor.name, loop)
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+                await anyio.sleep(backoff.next_delay())
 
     async def _consume(
         self,

@@ -1,13 +1,23 @@
-"""ruff (lint and format) and mypy pass on the whole project."""
+"""ruff (lint and format) and mypy pass on the whole project, and the layout holds: one
+installed package from four folders without links, each module under one name, services
+that do not import each other and shared code that imports no service."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+# installed package name -> folder in the checkout (coevolve -> coevolve, coevolve.shared ->
+# shared, ...)
+FOLDERS: dict[str, str] = SETUPTOOLS["package-dir"]
+# where mypy finds the mapped folders under their installed names (see pyproject.toml)
+TYPECHECK_VIEW = ROOT / "build" / "typecheck" / "coevolve"
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -25,5 +35,104 @@ def test_ruff_format() -> None:
 
 
 def test_mypy() -> None:
+    if not TYPECHECK_VIEW.exists():
+        TYPECHECK_VIEW.parent.mkdir(parents=True, exist_ok=True)
+        TYPECHECK_VIEW.symlink_to(Path("..", ".."), target_is_directory=True)
     result = run(str(BIN / "mypy"))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def package_names() -> set[str]:
+    """Every folder with an ``__init__.py`` under the mapped folders, by installed name."""
+    names = set()
+    for package, folder in FOLDERS.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(ROOT / folder).parts
+            names.add(".".join((package, *parts)))
+    return names
+
+
+def test_pyproject_installs_every_package_of_the_mapped_folders() -> None:
+    assert set(FOLDERS) == {"coevolve", "coevolve.shared", "coevolve.services", "coevolve.bench"}
+    assert package_names() == set(SETUPTOOLS["packages"])
+
+
+def test_the_source_folders_hold_no_links() -> None:
+    links = [
+        str(path.relative_to(ROOT))
+        for folder in FOLDERS.values()
+        for path in (ROOT / folder).rglob("*")
+        if path.is_symlink()
+    ]
+    assert links == []
+
+
+def imported_modules(path: Path, package: str) -> set[str]:
+    """The absolute names of what ``path`` (a module of ``package``) imports, relative
+    imports resolved; ``from a import b`` counts as ``a`` and ``a.b``."""
+    modules: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            modules.add(base)
+            modules.update(f"{base}.{alias.name}" for alias in node.names)
+    return modules
+
+
+def modules_of(folder: str) -> list[tuple[Path, str]]:
+    """(file, its package's installed name) for every module under ``folder``."""
+    package = next(name for name, path in FOLDERS.items() if path == folder)
+    return [
+        (file, ".".join((package, *file.parent.relative_to(ROOT / folder).parts)))
+        for file in sorted((ROOT / folder).rglob("*.py"))
+    ]
+
+
+def test_no_service_imports_another_and_shared_imports_no_service() -> None:
+    crossing = []
+    for file, package in modules_of("services"):
+        own = package.split(".")[2] if package.count(".") >= 2 else None
+        for module in imported_modules(file, package):
+            parts = module.split(".")
+            if parts[:2] == ["coevolve", "services"] and len(parts) > 2 and parts[2] != own:
+                crossing.append(f"{file.relative_to(ROOT)} imports {module}")
+    for file, package in modules_of("shared"):
+        for module in imported_modules(file, package):
+            if module.split(".")[:2] == ["coevolve", "services"]:
+                crossing.append(f"{file.relative_to(ROOT)} imports {module}")
+    assert crossing == []
+
+
+def test_the_import_check_sees_relative_and_absolute_imports(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import coevolve.services.rollout\n"
+        "from ..judge.handler import judge_candidate\n"
+        "from . import prompts\n"
+    )
+    seen = imported_modules(module, "coevolve.services.explorer")
+    assert "coevolve.services.rollout" in seen
+    assert "coevolve.services.judge.handler" in seen
+    assert "coevolve.services.explorer.prompts" in seen
+
+
+def test_a_folder_is_importable_only_under_its_installed_name(tmp_path: Path) -> None:
+    for package, folder in FOLDERS.items():
+        if package == folder:
+            continue
+        # from the checkout's root, where the folder itself is on sys.path
+        result = run(sys.executable, "-c", f"import {folder}")
+        assert result.returncode != 0, f"import {folder} worked"
+        assert f"ImportError: import {package}, not {folder}" in result.stderr, result.stderr
+    # the installed names work from anywhere
+    code = "import coevolve.shared.messages as m, coevolve.services, coevolve.bench; print(m.Task)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "coevolve.shared.messages.Task" in result.stdout

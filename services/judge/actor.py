@@ -8,6 +8,9 @@ judge output is a counted rejection and the candidate is rejected with that reas
 retried forever, never a crash). Every verdict, accepted or not, is published with an id
 derived from the candidate id, the automatic and LLM criteria, and the lineage completed
 with the verdict id and the current trace id.
+
+The work is ``handler.judge_candidate`` (no bus); this actor publishes the verdict it
+returns and reports the counts.
 """
 
 from __future__ import annotations
@@ -17,28 +20,17 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from typing import Any
 
-import anyio
-import msgspec
-
-from coevolve.services.judge.prompts import JUDGE_SCHEMA, Judgment, decide, judge_messages
-from coevolve.services.judge.replay import ReplayCheck, replay_candidate
+from coevolve.services.judge.handler import JudgeConfig, JudgeDeps, judge_candidate
 from coevolve.shared.actor import Actor, Consumer, Delivery
 from coevolve.shared.config import Settings
-from coevolve.shared.envs import Environment, make_environment
-from coevolve.shared.llm import RoleClients, RoleLLM
-from coevolve.shared.messages import Task, TaskCandidate, Verdict, derived_id
-from coevolve.shared.structured import Rejection, RejectionCounter, ask_structured, report_rejection
+from coevolve.shared.llm import RoleClients
+from coevolve.shared.messages import TaskCandidate
+from coevolve.shared.structured import RejectionCounter, report_rejection
 from coevolve.shared.subjects import JUDGE_CONSUMER, VERDICTS
-from coevolve.shared.telemetry import current_trace_id
 
 log = logging.getLogger(__name__)
 
 RECENT_IDS = 10_000
-
-
-class JudgeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    max_tokens: int = 200
-    concurrency: int = 1
 
 
 class JudgeActor(Actor):
@@ -66,91 +58,17 @@ class JudgeActor(Actor):
         )
 
     async def on_candidate(self, candidate: TaskCandidate, _: Delivery) -> None:
-        task = candidate.task
-        environment = task.environment
-
-        def make_env() -> Environment:
-            return make_environment(environment)
-
-        with self.tracer.start_as_current_span("judge replay"):
-            check = await anyio.to_thread.run_sync(replay_candidate, task, make_env)
-        criteria = dict(check.criteria)
-        if not check.passed:
-            accepted, reasons, outcome = False, check.problems(), "rejected_by_replay"
-        else:
-            accepted, reasons, llm_criteria, outcome = await self._ask_judge(candidate, check)
-            criteria.update(llm_criteria)
-        verdict = verdict_of(candidate, accepted, reasons, criteria, current_trace_id())
-        await self.publish(VERDICTS, verdict)
-        self.handled.append(candidate.id)
-        self.outcomes[outcome] += 1
-        log.info("candidate %s: %s (%s)", candidate.id, outcome, "; ".join(reasons)[:200])
-        await self.metric("verdicts", self.outcomes[outcome], outcome=outcome)
-
-    async def _ask_judge(
-        self, candidate: TaskCandidate, check: ReplayCheck
-    ) -> tuple[bool, list[str], dict[str, bool], str]:
-        """(accepted, reasons, criteria, outcome label) from the LLM judge."""
-        with self.tracer.start_as_current_span("judge ask"):
-            judged = await ask_judgment(
-                self.llm["judge"], candidate.task, check, self.config.max_tokens, self.judgments
-            )
-        if isinstance(judged, Rejection):
+        deps = JudgeDeps(self.llm["judge"], self.config, self.judgments, self.tracer)
+        judged = await judge_candidate(candidate, deps)
+        if judged.rejection is not None:
             about = f"candidate {candidate.id}"
-            await report_rejection(self.metric, "judge", self.judgments, judged, about)
-        return judgment_outcome(judged)
-
-
-async def ask_judgment(
-    llm: RoleLLM, task: Task, check: ReplayCheck, max_tokens: int, counter: RejectionCounter
-) -> Judgment | Rejection:
-    """The judge role's rating of ``task`` over its replay, or why its output is unusable
-    (counted in ``counter``). Raises only ``LLMUnavailable``."""
-    return await ask_structured(
-        llm,
-        judge_messages(task, check.observations, check.errors, check.self_score),
-        Judgment,
-        schema=JUDGE_SCHEMA,
-        max_tokens=max_tokens,
-        temperature=llm.settings.temperature,
-        counter=counter,
-    )
-
-
-def judgment_outcome(judged: Judgment | Rejection) -> tuple[bool, list[str], dict[str, bool], str]:
-    """(accepted, reasons, criteria, outcome label) from the judge's answer: an unusable
-    answer rejects the candidate with that reason."""
-    if isinstance(judged, Rejection):
-        reason = f"judge output unusable ({judged.kind}): {judged.reason[:200]}"
-        return False, [reason], {}, "judge_output_rejected"
-    accepted, reasons, criteria = decide(judged)
-    return accepted, reasons, criteria, "accepted" if accepted else "rejected_by_judge"
-
-
-def verdict_of(
-    candidate: TaskCandidate,
-    accepted: bool,
-    reasons: list[str],
-    criteria: dict[str, bool],
-    trace_id: str | None,
-) -> Verdict:
-    """The verdict on ``candidate``, its task's lineage completed with the verdict id."""
-    task = candidate.task
-    verdict_id = derived_id("verdict", candidate.id)
-    lineage = msgspec.structs.replace(
-        task.lineage,
-        candidate_id=task.lineage.candidate_id or candidate.id,
-        verdict_id=verdict_id,
-        trace_id=trace_id,
-    )
-    return Verdict(
-        id=verdict_id,
-        candidate_id=candidate.id,
-        accepted=accepted,
-        reasons=reasons,
-        task=msgspec.structs.replace(task, lineage=lineage),
-        criteria=criteria,
-    )
+            await report_rejection(self.metric, "judge", self.judgments, judged.rejection, about)
+        await self.publish(VERDICTS, judged.verdict)
+        self.handled.append(candidate.id)
+        self.outcomes[judged.outcome] += 1
+        reasons = "; ".join(judged.verdict.reasons)[:200]
+        log.info("candidate %s: %s (%s)", candidate.id, judged.outcome, reasons)
+        await self.metric("verdicts", self.outcomes[judged.outcome], outcome=judged.outcome)
 
 
 def build(settings: Settings) -> Actor:

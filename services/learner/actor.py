@@ -48,14 +48,19 @@ NO_TASKS_RETRY_S = (2.0, 30.0)  # first and longest wait before asking the pool 
 
 
 class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    # defaults sized for a CPU box: each BFCL example is ~4k tokens (tens of seconds here)
+    # defaults sized to end within minutes on 2 CPU cores: per-turn BFCL tasks with the
+    # compact tool list are ~1.1k tokens (median), whole entries several times that
     enabled: bool = True
-    tasks: int = 16
-    epochs: int = 1
-    lr: float = 2e-4
-    batch_size: int = 8
-    # BFCL prompts (tools + first user turn) are 2.5k-4.5k tokens: shorter cuts train nothing
-    max_len: int = 8192
+    tasks: int = 12
+    # which seed tasks to learn the tool-call format on: single turns, whole entries, any
+    grain: Literal["turn", "entry", "any"] = "turn"
+    epochs: int = 2
+    lr: float = 5e-4
+    batch_size: int = 4
+    max_len: int = 4096
+    # torch threads for the SFT; None: every core (rollout waits for the warm-started
+    # policy, so the learner has the machine to itself until then)
+    threads: int | None = None
 
 
 class LearnerServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -63,7 +68,8 @@ class LearnerServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     device: str | None = None
     finetune: Literal["lora", "full"] = "lora"
     grpo: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
-    max_wait_s: float = 120.0
+    # train on fewer than groups_per_step groups once the first has waited this long
+    max_wait_s: float = 30.0
     warm_start: WarmStartConfig = msgspec.field(default_factory=WarmStartConfig)
 
 
@@ -116,7 +122,7 @@ class LearnerActor(Actor):
         return GrpoLearner(policy, self.config.grpo, log_dir=log_dir)
 
     async def _warm_start(self) -> None:
-        from coevolve.services.learner.sft import warm_start
+        from coevolve.services.learner.warm_start import run_warm_start
 
         learner = self.learner
         assert learner is not None
@@ -128,18 +134,13 @@ class LearnerActor(Actor):
         def progress(step: int, total: int, loss: float) -> None:
             self.report_progress("warm start", step, total, f"loss {loss:.3f}")
 
+        checkpoint = self.settings.path(WARM_START_CHECKPOINT)
+        # abandon on cancel: SIGTERM must not wait for a long SFT pass
         report = await anyio.to_thread.run_sync(
-            lambda: warm_start(
-                learner.policy,
-                tasks,
-                epochs=settings.epochs,
-                lr=settings.lr,
-                batch_size=settings.batch_size,
-                max_len=settings.max_len,
-                progress=progress,
-                checkpoint=self.settings.path(WARM_START_CHECKPOINT),
+            lambda: run_warm_start(
+                learner.policy, tasks, settings, progress=progress, checkpoint=checkpoint
             ),
-            abandon_on_cancel=True,  # SIGTERM must not wait for a long SFT pass
+            abandon_on_cancel=True,
         )
         log.info(
             "warm start done: %d examples, %d steps, loss %.3f -> %.3f in %.0f s",
@@ -159,13 +160,14 @@ class LearnerActor(Actor):
         """The warm start's tasks: those of an interrupted warm start, else fresh from the
         pool. Until the pool has some with ground truth this reports a failed phase and
         retries (it never skips the warm start)."""
+        from coevolve.shared.backoff import Backoff
         from coevolve.shared.pool_client import PoolClient
 
         saved = self.settings.path(WARM_START_TASKS)
         if saved.exists():
             return msgspec.json.decode(saved.read_bytes(), type=list[Task])
         pool = PoolClient(self.bus)
-        wait = NO_TASKS_RETRY_S[0]
+        backoff = Backoff(*NO_TASKS_RETRY_S)
         while True:
             try:
                 tasks = await self._tasks_with_ground_truth(pool)
@@ -177,26 +179,29 @@ class LearnerActor(Actor):
                 tmp.write_bytes(msgspec.json.encode(tasks))
                 os.replace(tmp, saved)
                 return tasks
+            wait = backoff.next_delay()
             log.warning("warm start failed: %s; retrying in %.0f s", reason, wait)
             self.report_progress("warm start failed", detail=f"{reason}; retrying in {wait:.0f} s")
             await anyio.sleep(wait)
-            wait = min(wait * 2, NO_TASKS_RETRY_S[1])
 
     async def _tasks_with_ground_truth(self, pool: Any) -> list[Task]:
-        wanted = self.config.warm_start.tasks
-        sampled: list[Task] = await pool.sample(wanted, mix={"seed": 1.0}, seed=0)
-        unique = {t.id: t for t in sampled if any(t.ground_truth)}
-        return list(unique.values())
+        from coevolve.services.learner.warm_start import OVERSAMPLE, warm_start_tasks
+
+        settings = self.config.warm_start
+        size = OVERSAMPLE * settings.tasks
+        sampled: list[Task] = await pool.sample(size, mix={"seed": 1.0}, seed=0)
+        return warm_start_tasks(sampled, settings)
 
     async def _announce_if_newer(self) -> None:
-        from coevolve.shared.policy_sync import latest_policy
-
         from coevolve.shared.policy import weights_digest
+        from coevolve.shared.policy_sync import latest_policy
 
         learner = self.learner
         assert learner is not None
         announced = await latest_policy(self.bus)
         if learner.version == 0:
+            if announced is None:
+                await self._publish_weights()  # no warm start: rollout starts from v0
             return
         if announced is not None and announced.version >= learner.version:
             blob = await anyio.to_thread.run_sync(learner.export_weights)

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from coevolve.bench.short_tasks import build_tasks
+from coevolve.schedules.lockstep import LockstepConfig, LockstepLoop, TaskCycle
 from coevolve.services.learner.trainer import LearnerConfig
-from coevolve.shared.lockstep import LockstepConfig, LockstepLoop, TaskCycle
 from coevolve.shared.messages import RolloutGroup, Task
 from coevolve.shared.policy import load_policy
 

@@ -12,9 +12,11 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 
@@ -24,16 +26,21 @@ from dataloop_fake_llm import RoleFakeLLM, offered_functions
 from dataloop_harness import WellFormedBrain, filesystem_seed_tasks, mixed_group
 
 from coevolve.bench.short_tasks import build_tasks
-from coevolve.cli.lockstep_cmd import WARM_START_WEIGHTS, run_lockstep, warm_start_once
-from coevolve.cli.lockstep_synthesis import LockstepSynthesis
-from coevolve.services.learner.actor import LearnerServiceConfig, WarmStartConfig
-from coevolve.services.learner.trainer import LearnerConfig
+from coevolve.cli.lockstep_cmd import run_lockstep
+from coevolve.schedules.lockstep import (
+    WARM_START_CHECKPOINT,
+    LockstepConfig,
+    LockstepLoop,
+    warm_start_once,
+)
+from coevolve.schedules.synthesis import LockstepSynthesis
+from coevolve.services.learner.actor import WarmStartConfig
+from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.services.signal_monitor.detectors import SignalMonitor
 from coevolve.services.signal_monitor.state import MonitorState
 from coevolve.shared.config import Settings, load_settings
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
-from coevolve.shared.lockstep import LockstepConfig, LockstepLoop
 from coevolve.shared.messages import RolloutGroup, Task, derived_id
 from coevolve.shared.policy import LoadedPolicy, load_policy
 
@@ -72,7 +79,9 @@ def test_a_boundary_group_becomes_an_accepted_synthesized_task_in_the_pool(
     fake = RoleFakeLLM(brain).start()
     group = mixed_group(task)
     try:
-        with LockstepSynthesis(data_loop_settings(tmp_path, fake), seeded_pool) as synthesis:
+        with closing(
+            LockstepSynthesis(data_loop_settings(tmp_path, fake), seeded_pool)
+        ) as synthesis:
             added = synthesis([group])
             # the monitor remembers the group: handing it in again synthesizes nothing
             again = synthesis([group])
@@ -115,7 +124,9 @@ def test_a_group_without_a_signal_synthesizes_nothing_and_asks_no_llm(
     task = filesystem_seed_tasks(1)[0]
     fake = RoleFakeLLM(WellFormedBrain()).start()
     try:
-        with LockstepSynthesis(data_loop_settings(tmp_path, fake), seeded_pool) as synthesis:
+        with closing(
+            LockstepSynthesis(data_loop_settings(tmp_path, fake), seeded_pool)
+        ) as synthesis:
             added = synthesis([mixed_group(task, (0.0, 0.0, 0.0, 0.0))])
     finally:
         fake.stop()
@@ -201,51 +212,69 @@ def test_the_loop_synthesizes_when_due_and_the_new_task_joins_the_pool(
     assert {task.id for task in pool} == {source.id, new.id}  # sampled from the next step on
 
 
-def test_run_lockstep_runs_synthesis_after_the_step(tmp_path: Path, policy: LoadedPolicy) -> None:
+def seed_math_tasks(count: int) -> list[Task]:
+    """Short MathAPI tasks as seed tasks: what the warm start trains on."""
+    return [
+        msgspec.structs.replace(task, origin="seed")
+        for task in build_tasks(count, seed=0, prefix="lockstep_math")
+    ]
+
+
+def test_run_lockstep_reads_the_services_sections_and_synthesizes_after_the_step(
+    tmp_path: Path, policy: LoadedPolicy
+) -> None:
     pool_path = tmp_path / "pool.duckdb"
     with PoolStore(pool_path) as store:
-        store.add_tasks(build_tasks(1, seed=0, prefix="lockstep_math"))
+        store.add_tasks(seed_math_tasks(1))
     fake = RoleFakeLLM(MathBrain()).start()
+    settings = data_loop_settings(
+        tmp_path,
+        fake,
+        # what the services would run with: three episodes a group, one group a step
+        rollout={"max_new_tokens": 6, "max_steps": 1},
+        pool_store={"group_size": 3},
+        learner={
+            "model": str(CACHE_DIR / "models" / policy.name),  # the fixture's weights
+            "grpo": {"groups_per_step": 1, "drop_uniform_groups": False, "lr": 1e-3},
+            "warm_start": {"tasks": 1, "epochs": 1, "grain": "any", "threads": 1},
+        },
+    )
     try:
-        reports = run_lockstep(
-            tmp_path / "run",
-            pool_path,
-            1,
-            model=str(CACHE_DIR / "models" / policy.name),  # the fixture's converted weights
-            tasks_per_step=1,
-            group_size=2,
-            max_new_tokens=6,
-            max_steps=1,
-            learner=LearnerConfig(drop_uniform_groups=False, lr=1e-3),
-            settings=data_loop_settings(tmp_path, fake),
-            synthesize_every=1,
-        )
+        reports = run_lockstep(tmp_path / "run", pool_path, 1, settings=settings)
     finally:
         fake.stop()
     [report] = reports
+    assert report.metrics.trained and report.metrics.trajectories == 3
+    # the warm start made version 1 (as the learner service does); the step made 2
+    assert report.metrics.step == 1 and report.metrics.staleness_max == 0
     # the base model's few tokens earn nothing, and a first group of equal rewards carries
     # no signal: synthesis ran and had nothing to ask the LLM
-    assert report.metrics.trained and report.new_tasks == 0
-    assert sum(fake.calls.values()) == 0
+    assert report.new_tasks == 0 and sum(fake.calls.values()) == 0
     with PoolStore.open_readonly(pool_path) as store:
         assert sum(store.stats().tasks_by_origin.values()) == 1
-    assert (tmp_path / "run" / WARM_START_WEIGHTS).is_file()  # warm-started before step 1
+    assert (tmp_path / "run" / WARM_START_CHECKPOINT).is_file()  # warm-started before step 1
 
 
 def test_the_warm_start_runs_once_per_run_directory(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    config = LearnerServiceConfig(warm_start=WarmStartConfig(tasks=2, epochs=1, lr=1e-3))
+    config = WarmStartConfig(tasks=2, epochs=1, lr=1e-3, grain="any", threads=1)
     with PoolStore(tmp_path / "pool.duckdb") as store:
-        store.add_tasks(build_tasks(2, seed=0, prefix="lockstep_math"))
-        first = load_policy(run_dir=CACHE_DIR, device="cpu")
+        store.add_tasks(seed_math_tasks(2))
+        first = GrpoLearner(load_policy(run_dir=CACHE_DIR, device="cpu"))
         assert warm_start_once(first, store, run_dir, config)
-        saved = (run_dir / WARM_START_WEIGHTS).stat().st_mtime_ns
-        second = load_policy(run_dir=CACHE_DIR, device="cpu")
-        assert warm_start_once(second, store, run_dir, config)  # loaded, not trained again
-        off = LearnerServiceConfig(warm_start=WarmStartConfig(enabled=False))
-        assert not warm_start_once(load_policy(run_dir=CACHE_DIR), store, tmp_path / "x", off)
-    assert (run_dir / WARM_START_WEIGHTS).stat().st_mtime_ns == saved
+        assert first.warm_started and first.version == 1
+        saved = (run_dir / WARM_START_CHECKPOINT).stat().st_mtime_ns
+        second = GrpoLearner(load_policy(run_dir=CACHE_DIR, device="cpu"))
+        assert warm_start_once(second, store, run_dir, config)  # restored, not trained again
+        assert second.warm_started and second.version == 1
+        off = WarmStartConfig(enabled=False)
+        unwarmed = GrpoLearner(load_policy(run_dir=CACHE_DIR))
+        assert not warm_start_once(unwarmed, store, tmp_path / "x", off)
+    assert (run_dir / WARM_START_CHECKPOINT).stat().st_mtime_ns == saved
     trained = dict(first.model.named_parameters())
+    compared = 0
     for name, parameter in second.model.named_parameters():
-        if parameter.requires_grad:
+        if "lora" in name:  # the frozen warm-started adapter and the fresh one for GRPO
             assert torch.equal(parameter, trained[name]), name
+            compared += 1
+    assert compared > 0

@@ -9,8 +9,8 @@ from coevolve.bench.short_tasks import (
     replay_score,
     train_and_heldout,
 )
+from coevolve.schedules.lockstep import TaskCycle
 from coevolve.shared.envs import make_environment
-from coevolve.shared.lockstep import TaskCycle
 
 
 def test_every_built_task_replays_to_full_score() -> None:

@@ -9,25 +9,44 @@ the next rollout at once (no weight transfer); nothing runs concurrently.
 - ``LockstepLoop``: sample tasks -> ``collect_groups`` -> ``GrpoLearner.step`` -> every
   ``synthesize_every`` steps call the synthesis hook (the data loop), which returns new
   tasks for the task source. Synthesis is optional (``None``): on CPU the data loop's LLM
-  roles cost minutes per call.
+  roles cost minutes per call;
+- ``run_lockstep``: the loop on a pool file with the services' configuration: the
+  ``rollout`` section's sampling, ``pool_store``'s group size and mix, ``learner``'s
+  model, GRPO settings (``groups_per_step`` tasks a step) and SFT warm start, and the data
+  loop's sections through :class:`~coevolve.schedules.synthesis.LockstepSynthesis`.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
+from coevolve.services.learner.actor import LearnerServiceConfig, WarmStartConfig
 from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig, StepMetrics
+from coevolve.services.learner.warm_start import OVERSAMPLE, run_warm_start, warm_start_tasks
+from coevolve.services.pool_store.actor import PoolStoreConfig
+from coevolve.services.pool_store.store import PoolStore
+from coevolve.services.rollout.actor import RolloutConfig
+from coevolve.shared.config import Settings
 from coevolve.shared.envs import make_environment
 from coevolve.shared.episodes import run_groups
 from coevolve.shared.messages import RolloutGroup, Task, Trajectory
-from coevolve.shared.policy import LoadedPolicy, SamplingParams, TransformersEngine
+from coevolve.shared.policy import LoadedPolicy, SamplingParams, TransformersEngine, load_policy
 
 # groups since the last synthesis -> new tasks for the source (the data loop)
 Synthesizer = Callable[[list[RolloutGroup]], list[Task]]
+
+# the learner right after its warm start, kept so a restarted lockstep run does not train
+# it again (the service keeps it in its own checkpoint)
+WARM_START_CHECKPOINT = Path("lockstep") / "warm_start.pt"
+# the fields of LockstepConfig that the ``rollout`` section sets
+ROLLOUT_FIELDS = ("max_new_tokens", "max_steps", "temperature", "top_p")
 
 
 def collect_groups(
@@ -92,8 +111,27 @@ class LockstepConfig:
     max_new_tokens: int = 48
     max_steps: int = 2  # assistant messages per episode: the calls, then the closing reply
     temperature: float = 1.0
+    top_p: float = 1.0
     synthesize_every: int = 0  # 0: never
     seed: int = 0
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, *, synthesize_every: int = 0, seed: int = 0
+    ) -> LockstepConfig:
+        """What the services would do: ``rollout``'s sampling and episode length,
+        ``pool_store``'s group size, ``learner.grpo.groups_per_step`` tasks a step."""
+        rollout = settings.section("rollout", RolloutConfig)
+        learner = settings.section("learner", LearnerServiceConfig)
+        # the same names in both: how the policy samples and how long an episode runs
+        sampling = {name: getattr(rollout, name) for name in ROLLOUT_FIELDS}
+        return cls(
+            tasks_per_step=learner.grpo.groups_per_step,
+            group_size=settings.section("pool_store", PoolStoreConfig).group_size,
+            synthesize_every=synthesize_every,
+            seed=seed,
+            **sampling,
+        )
 
 
 @dataclass
@@ -135,9 +173,12 @@ class LockstepLoop:
         params = SamplingParams(
             max_new_tokens=config.max_new_tokens,
             temperature=config.temperature,
+            top_p=config.top_p,
             seed=config.seed * 1_000_003 + self.iterations,
         )
         started = time.perf_counter()
+        # the learner's version (after a warm start, 1): the groups are on-policy
+        self.engine.policy_version = self.learner.version
         tasks = self.source(config.tasks_per_step)
         groups = collect_groups(self.engine, tasks, config.group_size, params, config.max_steps)
         rolled = time.perf_counter()
@@ -180,3 +221,91 @@ class LockstepLoop:
 
     def close(self) -> None:
         self.learner.close()
+
+
+def warm_start_once(
+    learner: GrpoLearner,
+    store: PoolStore,
+    run_dir: Path,
+    config: WarmStartConfig,
+    echo: Callable[[str], None] = print,
+) -> bool:
+    """The learner service's SFT warm start on the pool's seed tasks, once per run
+    directory: the warm-started policy becomes the KL reference and version 1, and the
+    learner is saved; later calls restore it. Returns whether the learner is warm-started."""
+    path = run_dir / WARM_START_CHECKPOINT
+    if path.is_file():
+        learner.restore_checkpoint(path)
+        echo(f"warm start: restored {path}")
+        return learner.warm_started
+    if not config.enabled:
+        return False
+    sampled = store.sample_batch(OVERSAMPLE * config.tasks, mix={"seed": 1.0}, seed=0)
+    tasks = warm_start_tasks(sampled, config)
+    if not tasks:
+        echo(f"warm start: no {config.grain} task with ground truth in the pool; skipped")
+        return False
+    echo(f"warm start: SFT on {len(tasks)} tasks for {config.epochs} epoch(s)")
+    report = run_warm_start(learner.policy, tasks, config, progress=True)
+    learner.freeze_reference()
+    learner.version = max(learner.version, 1)
+    learner.save_checkpoint(path)
+    echo(f"warm start: loss {report.first_loss:.3f} -> {report.final_loss:.3f}, {path}")
+    return True
+
+
+def run_lockstep(
+    settings: Settings,
+    store: PoolStore,
+    *,
+    iterations: int,
+    synthesizer: Synthesizer | None = None,
+    synthesize_every: int = 1,
+    seed: int = 0,
+    report: Callable[[IterationReport], None] | None = None,
+    on_new_tasks: Callable[[list[Task]], None] | None = None,
+    echo: Callable[[str], None] = print,
+) -> list[IterationReport]:
+    """``iterations`` lockstep iterations on tasks sampled from ``store`` (by the
+    ``pool_store`` section's mix), configured by the services' sections of ``settings``.
+
+    The policy is the ``learner`` section's (loaded and cached under the run directory);
+    TensorBoard scalars go to ``RUN_DIR/tensorboard/lockstep``. One torch thread unless
+    OMP_NUM_THREADS says otherwise. Before the first step the policy gets the learner's
+    warm start, once per run directory. ``synthesizer`` (the data loop) runs every
+    ``synthesize_every`` steps; the tasks it returns are passed to ``on_new_tasks``.
+    """
+    if synthesize_every < 0:
+        raise ValueError(f"synthesize_every must be >= 0, got {synthesize_every}")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    run_dir = settings.run_dir
+    learner = settings.section("learner", LearnerServiceConfig)
+    mix = settings.section("pool_store", PoolStoreConfig).mix
+    draws = 0
+
+    def sample(count: int) -> list[Task]:
+        nonlocal draws
+        draws += 1
+        batch_seed = seed * 1_000_003 + draws
+        tasks = store.sample_batch(count, mix=mix, environment="bfcl", seed=batch_seed)
+        if not tasks:
+            raise ValueError(f"the pool has no active bfcl task (origins {sorted(mix)})")
+        return tasks
+
+    policy = load_policy(
+        learner.model, run_dir=run_dir, device=learner.device, finetune=learner.finetune
+    )
+    loop = LockstepLoop(
+        policy,
+        sample,
+        LockstepConfig.from_settings(settings, synthesize_every=synthesize_every, seed=seed),
+        learner.grpo,
+        log_dir=run_dir / "tensorboard" / "lockstep",
+        synthesize=synthesizer,
+        on_new_tasks=on_new_tasks,
+    )
+    try:
+        warm_start_once(loop.learner, store, run_dir, learner.warm_start, echo)
+        return loop.run(iterations, report)
+    finally:
+        loop.close()

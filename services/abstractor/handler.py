@@ -1,0 +1,312 @@
+"""The abstractor's work without the bus: an exploration in, the task candidates to
+publish out.
+
+The abstractor service publishes what :func:`abstract` returns; the lockstep schedule hands
+the candidates to the judge's handler itself. The pool's user turns (for de-duplication)
+come from a :class:`DedupSource`: pool-store over the bus for the service, the pool file
+for the lockstep schedule.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import anyio
+import msgspec
+from opentelemetry.trace import NoOpTracer, Tracer
+
+from coevolve.services.abstractor.prompts import (
+    AbstractionOutput,
+    CandidateDraft,
+    abstraction_messages,
+    candidate_schema,
+    draft_problems,
+    draft_to_task,
+)
+from coevolve.shared.envs import make_environment
+from coevolve.shared.llm import RoleLLM
+from coevolve.shared.messages import Exploration, PoolStats, Task, TaskCandidate
+from coevolve.shared.similarity import MIN_WORDS, LeakGuard, NearDuplicateIndex
+from coevolve.shared.structured import Rejection, RejectionCounter, ask_structured, tool_names
+
+log = logging.getLogger(__name__)
+
+SimilarityBackend = Literal["auto", "embedding", "ngram"]
+
+RECENT_TEXTS = 500
+
+
+class AbstractorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    max_tasks: int = 2
+    max_turns: int = 3
+    max_tokens: int = 600
+    constrain_calls: bool = True
+    dedup_threshold: float = 0.7
+    dedup_backend: SimilarityBackend = "ngram"
+    dedup_refresh_s: float = 120.0
+    dedup_pool_limit: int = 2000
+    leak_guard: bool = True
+    leak_backend: SimilarityBackend = "auto"
+    similarity_cache_dir: str | None = None
+    concurrency: int = 1
+
+
+def _long_enough(text: str) -> bool:
+    return len(text.split()) >= MIN_WORDS
+
+
+def query_texts(task: Task) -> list[str]:
+    """What a task asks, for de-duplication: its substantial user turns, or all of them
+    joined when none is substantial."""
+    turns = [turn for turn in task.user_turns if _long_enough(turn)]
+    return turns or ["\n".join(task.user_turns)]
+
+
+class PoolQueries:
+    """Near-duplicate search against the pool's user turns plus recently published ones.
+
+    The pool part is rebuilt on refresh; the recent part (the last ``RECENT_TEXTS``) is
+    small and rebuilt on every addition, so neither backend needs an incremental index.
+    """
+
+    def __init__(self, threshold: float, backend: SimilarityBackend, cache_dir: Path) -> None:
+        self.threshold = threshold
+        self.backend = backend
+        self.cache_dir = cache_dir
+        self.refreshed_at = float("-inf")
+        self._pool = NearDuplicateIndex([], backend="ngram")
+        self._recent_texts: list[str] = []
+        self._recent = NearDuplicateIndex([], backend="ngram")
+
+    def replace_pool(self, texts: Sequence[str]) -> None:
+        self._pool = NearDuplicateIndex(
+            list(dict.fromkeys(texts)), backend=self.backend, cache_dir=self.cache_dir
+        )
+        self.refreshed_at = time.monotonic()
+
+    def add(self, texts: Sequence[str]) -> None:
+        # Kept across pool refreshes: a candidate reaches the pool only after its verdict.
+        self._recent_texts = [*self._recent_texts, *texts][-RECENT_TEXTS:]
+        self._recent = NearDuplicateIndex(self._recent_texts, backend=self.backend)
+
+    def forget(self, texts: Sequence[str]) -> None:
+        """Drop recent texts again (of candidates that were never published)."""
+        gone = set(texts)
+        self._recent_texts = [text for text in self._recent_texts if text not in gone]
+        self._recent = NearDuplicateIndex(self._recent_texts, backend=self.backend)
+
+    def nearest(self, text: str) -> tuple[float, str | None]:
+        best: tuple[float, str | None] = (0.0, None)
+        for index in (self._pool, self._recent):
+            score, position = index.nearest(text)
+            if position >= 0 and score > best[0]:
+                best = (score, index.texts[position])
+        return best
+
+    def duplicate_of(self, task: Task) -> tuple[float, str] | None:
+        """(similarity, matched pool text) of the least novel turn when every turn has
+        a near copy; None when the task asks something new."""
+        worst: tuple[float, str] | None = None
+        for text in query_texts(task):
+            score, match = self.nearest(text)
+            if match is None or score < self.threshold:
+                return None
+            if worst is None or score < worst[0]:
+                worst = (score, match)
+        return worst
+
+
+class DedupSource(Protocol):
+    """Where the pool's tasks come from for de-duplication (``PoolClient`` has this shape)."""
+
+    async def stats(self) -> PoolStats: ...
+
+    async def sample(
+        self, size: int, mix: dict[str, float] | None = None, seed: int | None = None
+    ) -> list[Task]: ...
+
+
+@dataclass
+class AbstractorDeps:
+    """What abstracting needs besides the exploration; kept from one exploration to the
+    next (the de-duplication texts, the leak guard once built)."""
+
+    llm: RoleLLM
+    config: AbstractorConfig
+    pool: DedupSource
+    cache_dir: Path
+    outputs: RejectionCounter = field(default_factory=RejectionCounter)
+    tracer: Tracer = field(default_factory=NoOpTracer)
+    queries: PoolQueries = field(init=False)
+    leak_guard: LeakGuard | None = None
+    lock: anyio.Lock = field(default_factory=anyio.Lock)  # the similarity indexes
+
+    def __post_init__(self) -> None:
+        config = self.config
+        self.queries = PoolQueries(config.dedup_threshold, config.dedup_backend, self.cache_dir)
+
+
+@dataclass
+class Abstraction:
+    drafts: int  # what the abstractor role proposed
+    candidates: list[TaskCandidate] = field(default_factory=list)
+    dropped: list[tuple[str, str]] = field(default_factory=list)  # (reason, detail) a draft
+    rejection: Rejection | None = None  # the role's unusable output
+
+
+async def abstract(exploration: Exploration, deps: AbstractorDeps) -> Abstraction:
+    """The candidates drafted from ``exploration`` that survive the checks (see the
+    service's docstring), in draft order. Each one's user turns join the de-duplication
+    texts, so later drafts (of this exploration and the next) are compared with it.
+    Raises ``LLMUnavailable``, and what the pool raises when it cannot be reached."""
+    config = deps.config
+    tools = await anyio.to_thread.run_sync(tools_for, exploration.task)
+    with deps.tracer.start_as_current_span("abstractor abstract"):
+        outcome = await abstract_exploration(deps.llm, exploration, tools, config, deps.outputs)
+    if isinstance(outcome, Rejection):
+        return Abstraction(drafts=0, rejection=outcome)
+    await refresh_pool_queries(deps)
+    known = tool_names(tools)
+    result = Abstraction(drafts=len(outcome.tasks))
+
+    def drop(reason: str, detail: str) -> None:
+        result.dropped.append((reason, detail))
+        log.info("exploration %s: draft dropped (%s): %s", exploration.id, reason, detail)
+
+    for _extra in outcome.tasks[config.max_tasks :]:
+        drop("over_limit", "more drafts than max_tasks")
+    for index, draft in enumerate(outcome.tasks[: config.max_tasks]):
+        unusable = unusable_draft(draft, known)
+        if unusable is not None:
+            drop(*unusable)
+            continue
+        task = draft_to_task(draft, exploration, index, signal_evidence=exploration.signal_evidence)
+        leak = await leak_of(deps, task)
+        if leak is not None:
+            drop("eval_leak", leak)
+            continue
+        duplicate = await anyio.to_thread.run_sync(near_duplicate, deps.queries, task)
+        if duplicate is not None:
+            drop("near_duplicate", duplicate)
+            continue
+        candidate_id = task.lineage.candidate_id
+        assert candidate_id is not None
+        result.candidates.append(
+            TaskCandidate(id=candidate_id, exploration_id=exploration.id, task=task)
+        )
+        await anyio.to_thread.run_sync(deps.queries.add, query_texts(task))
+    return result
+
+
+async def leak_of(deps: AbstractorDeps, task: Task) -> str | None:
+    """Why ``task`` leaks an evaluation query; None when it does not (or the guard is off)."""
+    if not deps.config.leak_guard:
+        return None
+    async with deps.lock:
+        if deps.leak_guard is None:
+            # Building the embedding index takes a minute on a CPU the first time
+            # (cached in the run directory afterwards): done on first use, not at start.
+            deps.leak_guard = await anyio.to_thread.run_sync(
+                lambda: LeakGuard(backend=deps.config.leak_backend, cache_dir=deps.cache_dir)
+            )
+    return await anyio.to_thread.run_sync(eval_leak, deps.leak_guard, task)
+
+
+async def refresh_pool_queries(deps: AbstractorDeps) -> None:
+    """Fetch the pool's user turns again when the last fetch is ``dedup_refresh_s`` old."""
+    if time.monotonic() - deps.queries.refreshed_at < deps.config.dedup_refresh_s:
+        return
+    stats = await deps.pool.stats()
+    texts: list[str] = []
+    for origin, size in dedup_sample_sizes(stats.tasks_by_origin, deps.config):
+        tasks = await deps.pool.sample(size, mix={origin: 1.0}, seed=0)
+        texts.extend(text for task in tasks for text in query_texts(task))
+    async with deps.lock:
+        await anyio.to_thread.run_sync(deps.queries.replace_pool, texts)
+    log.info("de-duplicating against %d user turns of the pool", len(texts))
+
+
+def similarity_cache_dir(config: AbstractorConfig, run_dir: Path) -> Path:
+    """Where the similarity backends cache their indexes (embedding matrices)."""
+    if config.similarity_cache_dir:
+        return Path(config.similarity_cache_dir)
+    return run_dir / "cache" / "similarity"
+
+
+def tools_for(task: Task) -> list[dict[str, Any]]:
+    """The functions a task's environment offers from its initial state."""
+    environment = make_environment(task.environment)
+    try:
+        environment.reset(task)
+        return environment.tools()
+    finally:
+        environment.close()
+
+
+async def abstract_exploration(
+    llm: RoleLLM,
+    exploration: Exploration,
+    tools: list[dict[str, Any]],
+    config: AbstractorConfig,
+    counter: RejectionCounter,
+) -> AbstractionOutput | Rejection:
+    """The abstractor role's drafts for ``exploration`` (calls constrained to ``tools``
+    when ``config.constrain_calls``), or why its output is unusable (counted)."""
+    return await ask_structured(
+        llm,
+        abstraction_messages(exploration, config.max_tasks),
+        AbstractionOutput,
+        schema=candidate_schema(
+            tools if config.constrain_calls else None,
+            max_tasks=config.max_tasks,
+            max_turns=config.max_turns,
+        ),
+        max_tokens=config.max_tokens,
+        temperature=llm.settings.temperature,
+        counter=counter,
+    )
+
+
+def unusable_draft(draft: CandidateDraft, known_functions: set[str]) -> tuple[str, str] | None:
+    """(drop reason, detail) when ``draft`` cannot become a task; None when it can."""
+    problems = draft_problems(draft, known_functions)
+    if not problems:
+        return None
+    reason = "unknown_function" if any("do not exist" in p for p in problems) else "malformed_draft"
+    return reason, "; ".join(problems)
+
+
+def eval_leak(guard: LeakGuard, task: Task) -> str | None:
+    """Why ``task`` leaks an evaluation query (its first flagged turn); None when it does
+    not. Blocking (run it in a worker thread)."""
+    for turn in task.user_turns:
+        flagged, score, match = guard.flags(turn)
+        if flagged:
+            return f"{score:.2f} similar to eval query {(match or '')[:80]!r}"
+    return None
+
+
+def near_duplicate(queries: PoolQueries, task: Task) -> str | None:
+    """What ``task`` nearly copies, in words; None when it asks something new."""
+    duplicate = queries.duplicate_of(task)
+    if duplicate is None:
+        return None
+    score, match = duplicate
+    return f"{score:.2f} similar to {match[:80]!r}"
+
+
+def dedup_sample_sizes(
+    tasks_by_origin: dict[str, int], config: AbstractorConfig
+) -> list[tuple[str, int]]:
+    """(origin, tasks to sample) for the de-duplication texts: every origin with tasks,
+    at most ``dedup_pool_limit`` each."""
+    return [
+        (origin, min(count, config.dedup_pool_limit))
+        for origin, count in sorted(tasks_by_origin.items())
+        if count > 0
+    ]

@@ -1,0 +1,63 @@
+"""The SFT warm start without the bus: which tasks it trains on, and the run itself.
+
+The learner service and the lockstep schedule both call these, so a ``warm_start`` setting
+means the same in both; each then makes the warm-started policy the KL reference
+(``GrpoLearner.freeze_reference``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from coevolve.services.learner.sft import Progress, WarmStartReport, warm_start
+from coevolve.shared.messages import Task
+from coevolve.shared.policy import LoadedPolicy
+
+if TYPE_CHECKING:
+    from coevolve.services.learner.actor import WarmStartConfig
+
+# the pool mixes grains: sample this many times ``tasks`` and keep the wanted grain
+OVERSAMPLE = 4
+
+
+def warm_start_tasks(sampled: Sequence[Task], config: WarmStartConfig) -> list[Task]:
+    """The first ``config.tasks`` distinct tasks of ``sampled`` with ground truth and of the
+    configured grain (``turn``, ``entry`` or ``any``)."""
+    unique = {
+        t.id: t
+        for t in sampled
+        if any(t.ground_truth) and config.grain in ("any", t.env_config.get("grain", "entry"))
+    }
+    return list(unique.values())[: config.tasks]
+
+
+def run_warm_start(
+    policy: LoadedPolicy,
+    tasks: Sequence[Task],
+    config: WarmStartConfig,
+    *,
+    progress: bool | Progress = False,
+    checkpoint: Path | None = None,
+) -> WarmStartReport:
+    """SFT of ``policy`` in place on ``tasks`` with ``config.threads`` torch threads (every
+    core when unset), resumable from ``checkpoint``; torch's thread count is restored."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads or os.cpu_count() or threads)
+    try:
+        return warm_start(
+            policy,
+            tasks,
+            epochs=config.epochs,
+            lr=config.lr,
+            batch_size=config.batch_size,
+            max_len=config.max_len,
+            progress=progress,
+            checkpoint=checkpoint,
+        )
+    finally:
+        torch.set_num_threads(threads)
