@@ -45,6 +45,14 @@ def ablation(
             help="Held-out bfcl-turns-base eval-split tasks per evaluation (the first N).", min=1
         ),
     ] = 40,
+    eval_max_steps: Annotated[
+        int,
+        typer.Option(
+            help="Assistant messages per held-out task (coevolve eval --max-steps); a "
+            "per-turn task needs its calls and one reply.",
+            min=1,
+        ),
+    ] = 4,
     eval_every: Annotated[
         float, typer.Option(help="Minutes between the policies kept for evaluation.", min=0.1)
     ] = 10.0,
@@ -76,12 +84,13 @@ def ablation(
     from coevolve.experiment.aggregate import render_experiment_report
 
     spec = ExperimentSpec(
-        _parse_arms(arms),
-        tuple(range(seeds)),
-        minutes,
-        eval_tasks,
-        eval_every,
-        str(config.resolve()) if config else None,
+        arms=_parse_arms(arms),
+        seeds=tuple(range(seeds)),
+        minutes=minutes,
+        eval_tasks=eval_tasks,
+        eval_every_minutes=eval_every,
+        base_config=str(config.resolve()) if config else None,
+        eval_max_steps=eval_max_steps,
     )
     run_experiment(spec, out, base_run_dir, log=typer.echo)
     typer.echo(str(render_experiment_report(out)))

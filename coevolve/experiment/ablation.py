@@ -79,6 +79,8 @@ class ExperimentSpec:
     eval_every_minutes: float = 10.0
     # a coevolve.yaml every run starts from (warm start included); arms add their part
     base_config: str | None = None
+    # assistant messages per held-out task: a per-turn task needs its calls and a reply
+    eval_max_steps: int = 4
 
     def base_settings(self) -> dict[str, Any]:
         if self.base_config is None:
@@ -374,14 +376,17 @@ def keep_current_policy(run: Path, marks_dir: Path, mark: float) -> int:
     return version
 
 
-def evaluate(weights: Path, run: Path, tasks: int, cache: Path) -> dict[str, Any]:
+def evaluate(
+    weights: Path, run: Path, tasks: int, cache: Path, max_steps: int = 4
+) -> dict[str, Any]:
     """Held-out per-turn BFCL success of ``weights`` (``coevolve eval`` in a subprocess),
     cached in ``cache``."""
     if cache.exists():
         return dict(read_json(cache))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     argv = [sys.executable, "-m", "coevolve", "eval", "--suite", EVAL_SUITE, "--split", EVAL_SPLIT]
-    argv += ["--policy", str(weights), "--limit", str(tasks), "--json", "--run-dir", str(run)]
+    argv += ["--policy", str(weights), "--limit", str(tasks), "--max-steps", str(max_steps)]
+    argv += ["--json", "--run-dir", str(run)]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"coevolve eval failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -438,8 +443,10 @@ def run_arm(
         if version > 0:
             log(f"[experiment] {arm} seed {seed}: evaluating v{version} (minute {mark:g})")
             cache = directory / "eval" / f"v{version}.json"
+            if version == 1:  # the warm start's own v1, copied into every arm
+                cache = out / "warm" / "eval-v1.json"
             try:
-                score = evaluate(weights, run, spec.eval_tasks, cache)
+                score = evaluate(weights, run, spec.eval_tasks, cache, spec.eval_max_steps)
             except (RuntimeError, ValueError, KeyError) as exc:  # recorded, not fatal
                 error = str(exc)
                 log(f"[experiment] {arm} seed {seed}: evaluation of v{version} failed: {exc}")
@@ -473,7 +480,11 @@ def run_experiment(
     config = Path(spec.base_config) if spec.base_config else None
     warm = warm_start(out, base_run_dir, log, config)
     evaluate(
-        warm / "policies" / "v1.safetensors", warm, spec.eval_tasks, out / "warm" / "eval-v1.json"
+        warm / "policies" / "v1.safetensors",
+        warm,
+        spec.eval_tasks,
+        out / "warm" / "eval-v1.json",
+        spec.eval_max_steps,
     )
     for arm, seed in todo:
         run_arm(spec, out, arm, seed, base_run_dir, log)
