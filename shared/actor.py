@@ -5,8 +5,10 @@ replicas: work-queue delivery), what it answers (request/reply on core NATS, que
 per service) and its background loops. ``ActorRunner`` does the rest:
 
 - a message is acked only after its handler returned (the effect is committed);
-- a message whose bytes do not decode goes to ``coevolve.dlq.<service>`` with the reason,
-  and the service keeps running; so does one that failed ``max_deliver`` times;
+- a message whose bytes do not decode, or that breaks the catalogue's constraints
+  (``messages.decode``: bounds, finite floats, ``validate()``), goes to
+  ``coevolve.dlq.<service>`` with the reason, and the service keeps running; so does one
+  the handler refuses (``Rejected``) and one that failed ``max_deliver`` times;
 - a handler that raises gets the message back later (nak with back-off);
 - a message already processed by this instance (same ``Nats-Msg-Id``) is acked without
   running the handler again (durable idempotency is the handler's, e.g. pool-store's);
@@ -67,6 +69,11 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
 
 NETWORK_TIMEOUT_S = 5.0
+
+
+class Rejected(Exception):
+    """Raised by a handler for a well-formed message it can never process (a task id
+    nobody knows): the runtime dead-letters it at once with this reason, no retries."""
 
 
 @dataclass(frozen=True)
@@ -404,6 +411,10 @@ class ActorRunner:
                     with anyio.move_on_after(1.0, shield=True):
                         await _settle(msg.nak())
                     raise
+                except Rejected as exc:
+                    span.set_status(Status(StatusCode.ERROR, str(exc)))
+                    await self._dead_letter(bus, msg, headers, f"rejected: {exc}")
+                    return
                 except Exception as exc:
                     self.stats.failed += 1
                     span.record_exception(exc)
@@ -431,10 +442,16 @@ class ActorRunner:
                 await anyio.sleep(period)
                 await _settle(msg.in_progress())
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(keep_alive)
-            await consumer.handler(message, delivery)
-            tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(keep_alive)
+                await consumer.handler(message, delivery)
+                tg.cancel_scope.cancel()
+        except ExceptionGroup as group:  # the task group wraps what the handler raised
+            rejected = [e for e in group.exceptions if isinstance(e, Rejected)]
+            if rejected:
+                raise rejected[0] from None
+            raise
 
     async def _handle_request(
         self, bus: Bus, responder: Responder, msg: Msg, slots: anyio.Semaphore
@@ -455,6 +472,9 @@ class ActorRunner:
                     try:
                         reply = await responder.handler(request)
                         self.stats.processed += 1
+                    except Rejected as exc:
+                        reply = ErrorReply(error=f"rejected: {exc}")
+                        await self._dead_letter(bus, msg, headers, f"rejected: {exc}")
                     except Exception as exc:
                         log.exception("%s: request failed", msg.subject)
                         self.stats.failed += 1

@@ -10,13 +10,26 @@ so a redelivered input produces the same output ids.
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 import uuid
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
 SCHEMA_VERSION = 1
+
+# Constraints checked when a message is decoded (never when one is built): a message that
+# breaks one is refused like undecodable bytes, and the runtime dead-letters it.
+# NaN and +-inf fail these bounds, so "finite" is a range.
+Finite = Annotated[float, msgspec.Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
+NonNegativeFinite = Annotated[float, msgspec.Meta(ge=0.0, le=sys.float_info.max)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Version = Annotated[int, msgspec.Meta(ge=0)]
+TokenId = Annotated[int, msgspec.Meta(ge=0)]
+# far beyond any context window: a longer trajectory is garbage or an attack
+MAX_TRAJECTORY_TOKENS = 262_144
+MAX_GROUP_SIZE = 1024
 
 Origin = Literal["seed", "explored", "synthesized"]
 SignalKind = Literal["forgetting", "boundary", "rare", "uncertainty"]
@@ -44,12 +57,18 @@ def now() -> float:
 class Part(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A value nested inside a message (not sent on its own)."""
 
+    def validate(self) -> None:
+        """Raise ValueError for what the field constraints cannot say (run by ``decode``)."""
+
 
 class Message(msgspec.Struct, kw_only=True, omit_defaults=True, tag_field="type", tag=True):
     """A top-level message. ``id`` is its identity for de-duplication."""
 
     id: str = msgspec.field(default_factory=new_id)
-    schema: int = SCHEMA_VERSION
+    schema: Annotated[int, msgspec.Meta(ge=1)] = SCHEMA_VERSION
+
+    def validate(self) -> None:
+        """Raise ValueError for what the field constraints cannot say (run by ``decode``)."""
 
 
 # --------------------------------------------------------------------------- parts
@@ -143,21 +162,28 @@ class Trajectory(Part):
     id: str
     task_id: str
     messages: list[ChatMessage]
-    token_ids: list[int]
-    logprobs: list[float]
-    loss_mask: list[int]
-    reward: float
-    policy_version: int
-    temperature: float = 1.0
+    token_ids: Annotated[list[TokenId], msgspec.Meta(max_length=MAX_TRAJECTORY_TOKENS)]
+    logprobs: list[Finite]
+    loss_mask: list[Annotated[int, msgspec.Meta(ge=0, le=1)]]
+    reward: Finite
+    policy_version: Version
+    temperature: NonNegativeFinite = 1.0
     # nucleus / top-k truncation it was sampled with (1.0 / None: the full softmax)
-    top_p: float = 1.0
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
     top_k: int | None = None
     timings: Timings = msgspec.field(default_factory=Timings)
     actions: list[str] = msgspec.field(default_factory=list)
-    entropies: list[float] = msgspec.field(default_factory=list)
+    entropies: list[Finite] = msgspec.field(default_factory=list)
     finished: bool = True
     error: str | None = None
     tool_rendering: Literal["compact", "full"] | None = None
+
+    def validate(self) -> None:
+        if not len(self.token_ids) == len(self.logprobs) == len(self.loss_mask):
+            raise ValueError(
+                f"trajectory {self.id}: {len(self.token_ids)} token ids, "
+                f"{len(self.logprobs)} log-probs, {len(self.loss_mask)} mask entries"
+            )
 
 
 class InteractionStep(Part):
@@ -174,9 +200,9 @@ class ExplorationRound(Part):
 
 class ScoreSample(Part):
     task_id: str
-    policy_version: int
-    score: float
-    length: int
+    policy_version: Version
+    score: Finite
+    length: Count
     generate_s: float = 0.0
     environment_s: float = 0.0
 
@@ -188,17 +214,26 @@ class RolloutJob(Message):
     """Roll out ``group_size`` trajectories of one task (one group)."""
 
     task: Task
-    group_size: int = 8
-    min_policy_version: int = 0
+    group_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_GROUP_SIZE)] = 8
+    min_policy_version: Version = 0
 
 
 class RolloutGroup(Message):
     task_id: str
     origin: Origin
-    policy_version: int
-    trajectories: list[Trajectory]
+    policy_version: Version
+    trajectories: Annotated[list[Trajectory], msgspec.Meta(max_length=MAX_GROUP_SIZE)]
     job_id: str | None = None
     created_at: float = msgspec.field(default_factory=now)
+
+    def validate(self) -> None:
+        for trajectory in self.trajectories:
+            if trajectory.task_id != self.task_id:
+                raise ValueError(
+                    f"trajectory {trajectory.id} is of task {trajectory.task_id}, "
+                    f"the group of task {self.task_id}"
+                )
+            trajectory.validate()
 
     def rewards(self) -> list[float]:
         return [t.reward for t in self.trajectories]
@@ -210,12 +245,16 @@ class RolloutResults(Message):
     group_id: str
     samples: list[ScoreSample]
 
+    def validate(self) -> None:
+        for sample in self.samples:
+            sample.validate()
+
 
 class PolicyVersion(Message):
     """A new policy: weights are in the object store under ``object_name``."""
 
-    version: int
-    step: int
+    version: Version
+    step: Version
     bucket: str
     object_name: str
     base_model: str
@@ -232,16 +271,19 @@ class Signal(Message):
     task: Task
     trajectory: Trajectory
     group_id: str
-    policy_version: int
+    policy_version: Version
     evidence: dict[str, Any] = msgspec.field(default_factory=dict)
     created_at: float = msgspec.field(default_factory=now)
+
+    def validate(self) -> None:
+        self.trajectory.validate()
 
 
 class ExplorationRequest(Message):
     """Ask for unguided exploration from a train-split state (seed mode / baseline)."""
 
     task: Task
-    rounds: int = 1
+    rounds: Annotated[int, msgspec.Meta(ge=1, le=100)] = 1
 
 
 class Exploration(Message):
@@ -431,10 +473,21 @@ def decode(data: bytes, kind: type[M]) -> M:
     try:
         message: M = decoder.decode(data)
     except msgspec.DecodeError as exc:
-        raise DecodeError(f"not a valid {name}: {exc}") from exc
+        raise DecodeError(f"not a valid {name}: {_readable(str(exc))}") from exc
     if message.schema > SCHEMA_VERSION:
         raise DecodeError(f"{name} schema {message.schema} is newer than {SCHEMA_VERSION}")
+    try:
+        message.validate()
+    except ValueError as exc:
+        raise DecodeError(f"invalid {type(message).__name__}: {exc}") from exc
     return message
+
+
+def _readable(reason: str) -> str:
+    """msgspec's words for a broken ``Finite`` bound, as what they mean."""
+    for bound in (f"`float` >= {-sys.float_info.max!r}", f"`float` <= {sys.float_info.max!r}"):
+        reason = reason.replace(bound, "a finite `float`")
+    return reason.replace("`float` >= 0.0", "a finite `float` >= 0")
 
 
 def decode_any(data: bytes) -> Message:

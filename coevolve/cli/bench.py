@@ -20,6 +20,7 @@ BENCHMARKS = {
     "dataloop": "coevolve up for N minutes: signals, explorations, verdicts, pool growth",
     "sampling": "share of uniform groups, uniform vs dynamic sampler, synthetic policy",
     "prompts": "first-prompt tokens of BFCL entries and turns, full vs compact tool rendering",
+    "flood": "10,000 bad messages on every subject: good msgs/s with and without, dead letters",
 }
 
 

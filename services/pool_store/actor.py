@@ -19,7 +19,7 @@ from nats.js.errors import NotFoundError
 
 from coevolve.services.pool_store.sampling import SamplingConfig
 from coevolve.services.pool_store.store import PoolStore
-from coevolve.shared.actor import Actor, Consumer, Delivery, Responder
+from coevolve.shared.actor import Actor, Consumer, Delivery, Rejected, Responder
 from coevolve.shared.config import ConfigError, Settings
 from coevolve.shared.messages import (
     AddTasks,
@@ -152,7 +152,7 @@ class PoolStoreActor(Actor):
                 return GetTaskReply(task=await self._db(store.get_task, task_id))
             case SampleBatch(size=size, mix=mix, environment=environment, seed=seed):
                 if size < 1 or size > 10_000:
-                    raise ValueError(f"batch size must be in 1..10000, got {size}")
+                    raise Rejected(f"batch size must be in 1..10000, got {size}")
                 tasks = await self._db(
                     store.sample_batch, size, mix or self.config.mix, environment, seed
                 )

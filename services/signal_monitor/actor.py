@@ -20,7 +20,7 @@ import msgspec
 
 from coevolve.services.signal_monitor.detectors import MonitorConfig, SignalMonitor
 from coevolve.services.signal_monitor.state import StateStore
-from coevolve.shared.actor import Actor, Consumer, Delivery
+from coevolve.shared.actor import Actor, Consumer, Delivery, Rejected
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import RolloutGroup, Task
 from coevolve.shared.pool_client import PoolClient
@@ -97,11 +97,10 @@ class SignalMonitorActor(Actor):
         task = await self.task_of(group.task_id)
         if task is None:
             # A group of a task pool-store does not know (deleted run dir, foreign
-            # publisher): nothing to explore from. Counted, not retried.
+            # publisher): nothing to explore from. Counted and dead-lettered, not retried.
             self.skipped["unknown_task"] += 1
-            log.warning("group %s: task %s is not in the pool; skipped", group.id, group.task_id)
             await self.metric("groups_skipped", self.skipped["unknown_task"], reason="unknown_task")
-            return
+            raise Rejected(f"group {group.id}: task {group.task_id} is not in the pool")
         try:
             signals = self.monitor.process(group, task)
             for signal in signals:
