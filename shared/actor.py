@@ -221,7 +221,7 @@ class ActorRunner:
 
     async def run(self, *, handle_signals: bool = True) -> None:
         name = self.actor.name
-        bus = await Bus.connect(self.settings.bus, name=f"{name}-{self.instance}")
+        bus = await Bus.connect(self.settings.bus, name=f"{name}-{self.instance}", user=name)
         try:
             with anyio.fail_after(30):
                 await bus.ensure_streams()

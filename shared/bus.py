@@ -3,6 +3,11 @@
 Every network await here has a timeout. Publishing to JetStream sets ``Nats-Msg-Id`` to
 the message's id, so a re-publish after a crash is dropped by the server's duplicate
 window; it also injects the current trace context into the headers.
+
+A connection authenticates as its user (``shared/credentials.py`` finds the file) and
+gets that user's permissions (``shared/permissions.py``); its inboxes live under
+``_INBOX.<user>``, the only inboxes it may read. A refused publish or subscription is
+logged at ERROR (the server logs it too).
 """
 
 from __future__ import annotations
@@ -10,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import TypeVar
+import ssl
+from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client as NATS
@@ -24,10 +30,18 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError
 
-from coevolve.shared.config import BusSettings
+from coevolve.shared.config import BusSettings, BusTls
+from coevolve.shared.credentials import resolve
 from coevolve.shared.messages import Message, decode, encode
+from coevolve.shared.permissions import (
+    ADMIN,
+    inbox_prefix,
+    may_create_stream,
+    may_declare_consumer,
+    may_update_streams,
+)
 from coevolve.shared.subjects import (
     CONSUMERS,
     STREAM_BY_NAME,
@@ -43,6 +57,7 @@ R = TypeVar("R", bound=Message)
 
 MSG_ID_HEADER = "Nats-Msg-Id"
 _STREAM_FULL_CODES = {10077, 10047, 10078}  # max msgs / max bytes / storage exceeded
+_STREAM_NAME_IN_USE = 10058  # the stream exists with another configuration
 _RETENTION = {
     "limits": RetentionPolicy.LIMITS,
     "workqueue": RetentionPolicy.WORK_QUEUE,
@@ -84,18 +99,58 @@ def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
     )
 
 
+def tls_context(tls: BusTls) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=tls.ca)
+    if tls.cert:
+        context.load_cert_chain(tls.cert, tls.key)
+    return context
+
+
+def connect_options(settings: BusSettings, user: str | None) -> tuple[str | None, dict[str, Any]]:
+    """The authenticated user (None: no authentication) and its nats-py connect options."""
+    options: dict[str, Any] = {}
+    creds = resolve(settings, user)
+    if creds is not None:
+        options.update(user=creds.user, password=creds.password)
+        options["inbox_prefix"] = inbox_prefix(creds.user)
+    if settings.tls is not None:
+        options["tls"] = tls_context(settings.tls)
+    return (creds.user if creds else None), options
+
+
+async def declare_streams(settings: BusSettings) -> None:
+    """As the admin user: create every stream, or update one whose configuration changed
+    (what `coevolve up` does before the services start)."""
+    bus = await Bus.connect(settings, name="coevolve-setup", user=ADMIN)
+    try:
+        await bus.ensure_streams()
+    finally:
+        await bus.close()
+
+
 class Bus:
-    def __init__(self, nc: NATS, settings: BusSettings) -> None:
+    def __init__(self, nc: NATS, settings: BusSettings, user: str | None = None) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream(timeout=settings.request_timeout_s)
         self.settings = settings
+        self.user = user
 
     @classmethod
-    async def connect(cls, settings: BusSettings, name: str) -> Bus:
-        """Connect, retrying until ``connect_timeout_s`` passes; reconnect forever after."""
+    async def connect(cls, settings: BusSettings, name: str, user: str | None = None) -> Bus:
+        """Connect as ``user`` (a service's name; None: the default user), retrying until
+        ``connect_timeout_s`` passes; reconnect forever after. Refused credentials fail
+        at once."""
+        authenticated, options = connect_options(settings, user)
+        refused = asyncio.Event()
 
         async def on_error(exc: Exception) -> None:
-            log.debug("nats error: %s", exc)
+            text = str(exc).lower()
+            if "authorization violation" in text:
+                refused.set()
+            if "permissions violation" in text or "authorization violation" in text:
+                log.error("nats refused %s (user %s): %s", name, authenticated, exc)
+            else:
+                log.debug("nats error: %s", exc)
 
         async def on_disconnect() -> None:
             log.info("nats disconnected; reconnecting")
@@ -103,45 +158,72 @@ class Bus:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settings.connect_timeout_s
         while True:
-            try:
-                # the client would retry an unreachable server forever: bound the first connect
-                nc = await asyncio.wait_for(
-                    nats.connect(
-                        servers=[settings.url],
-                        name=name,
-                        connect_timeout=min(2.0, settings.connect_timeout_s),
-                        allow_reconnect=True,
-                        max_reconnect_attempts=-1,
-                        reconnect_time_wait=0.5,
-                        error_cb=on_error,
-                        disconnected_cb=on_disconnect,
-                    ),
-                    max(0.1, deadline - loop.time()),
+            # the client would retry an unreachable server forever: bound the first connect
+            connecting = asyncio.ensure_future(
+                nats.connect(
+                    servers=[settings.url],
+                    name=name,
+                    connect_timeout=min(2.0, settings.connect_timeout_s),
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    error_cb=on_error,
+                    disconnected_cb=on_disconnect,
+                    **options,
                 )
-                return cls(nc, settings)
+            )
+            refusal = asyncio.ensure_future(refused.wait())
+            await asyncio.wait(
+                {connecting, refusal},
+                timeout=max(0.1, deadline - loop.time()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            refusal.cancel()
+            if refused.is_set():
+                connecting.cancel()
+                raise BusError(
+                    f"NATS at {settings.url} refused the credentials of {authenticated!r} "
+                    "(authorization violation)"
+                )
+            try:
+                if not connecting.done():
+                    connecting.cancel()
+                    raise TimeoutError
+                return cls(connecting.result(), settings, authenticated)
             except (OSError, nats.errors.Error, TimeoutError) as exc:
                 if loop.time() >= deadline:
                     raise BusError(f"cannot reach NATS at {settings.url}: {exc!r}") from exc
                 await asyncio.sleep(0.2)
 
     async def ensure_streams(self, specs: tuple[StreamSpec, ...] = STREAMS) -> None:
-        """Declare streams; safe to call from every service at every start."""
+        """Declare the streams this user works with; safe from every service at every
+        start. Creation is idempotent; only an unrestricted user (admin) updates a stream
+        whose configuration changed, the others log it and carry on."""
+        specs = tuple(spec for spec in specs if may_create_stream(self.user, spec.name))
         for spec in specs:
             config = stream_config(spec)
             try:
-                await self.js.stream_info(spec.name)
-            except NotFoundError:
-                try:
-                    await self.js.add_stream(config)
-                    continue
-                except APIError as exc:  # another service created it meanwhile
-                    log.debug("add_stream %s raced: %s", spec.name, exc)
-            await self.js.update_stream(config)
+                await self.js.add_stream(config)
+            except APIError as exc:
+                if exc.err_code != _STREAM_NAME_IN_USE:
+                    raise
+                if may_update_streams(self.user):
+                    await self.js.update_stream(config)
+                else:
+                    log.warning(
+                        "stream %s differs from this version's configuration; "
+                        "`coevolve up` (the admin user) updates it",
+                        spec.name,
+                    )
         # An interest stream drops what no consumer is interested in yet: declare its
         # consumers with the stream, so start-up order cannot lose a rollout group.
         names = {spec.name for spec in specs}
         for consumer in CONSUMERS:
-            if consumer.stream in names and STREAM_BY_NAME[consumer.stream].retention == "interest":
+            if (
+                consumer.stream in names
+                and STREAM_BY_NAME[consumer.stream].retention == "interest"
+                and may_declare_consumer(self.user, consumer)
+            ):
                 await self.js.add_consumer(consumer.stream, consumer_config(consumer))
 
     async def ensure_consumer(self, spec: ConsumerSpec) -> JetStreamContext.PullSubscription:

@@ -33,11 +33,32 @@ class ConfigError(ValueError):
     """The configuration cannot be used; the message says which key and why."""
 
 
+# where `coevolve up` writes one NATS credentials file per user (docs/security.md)
+NATS_CREDENTIALS_DIR = Path("secrets/nats")
+
+
+class BusTls(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """TLS to the bus: ``ca`` verifies the server; ``cert``/``key`` are this client's
+    certificate, for a server that verifies clients (mutual TLS)."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+
 class BusSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     url: str = DEFAULT_NATS_URL
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 10.0
     publish_timeout_s: float = 10.0
+    # this process's credentials file (env COEVOLVE_NATS_CREDS), else the file of the
+    # connection's user in credentials_dir (env COEVOLVE_NATS_CREDS_DIR; default: the run
+    # directory's secrets/nats when it exists); none: connect without authentication
+    credentials: str | None = None
+    credentials_dir: str | None = None
+    # the user of a connection that names none (env COEVOLVE_NATS_USER; default "reader")
+    user: str | None = None
+    tls: BusTls | None = None
 
 
 class TelemetrySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -91,6 +112,12 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         raw["run_dir"] = run_dir
     if nats_url := os.environ.get("NATS_URL"):
         raw.setdefault("bus", {})["url"] = nats_url
+    for env, key in (
+        ("COEVOLVE_NATS_CREDS", "credentials"),
+        ("COEVOLVE_NATS_CREDS_DIR", "credentials_dir"),
+    ):
+        if value := os.environ.get(env):
+            raw.setdefault("bus", {})[key] = value
     if otlp := os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         raw.setdefault("telemetry", {}).update(exporter="otlp", otlp_endpoint=otlp)
     for key, value in overrides.items():
@@ -101,6 +128,8 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     except msgspec.ValidationError as exc:
         raise ConfigError(f"configuration: {exc}") from exc
     settings.run_dir = settings.run_dir.expanduser().resolve()
+    if settings.bus.credentials_dir is None and (settings.run_dir / NATS_CREDENTIALS_DIR).is_dir():
+        settings.bus.credentials_dir = str(settings.run_dir / NATS_CREDENTIALS_DIR)
     configure_tool_rendering(settings.tool_rendering)
     return settings
 

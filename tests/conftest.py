@@ -1,4 +1,4 @@
-"""Fixtures that start real parts: a nats-server with JetStream per test."""
+"""Fixtures that start real parts: a nats-server with JetStream and authentication per test."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from coevolve.shared.config import Settings, load_settings
+from coevolve.shared.credentials import (
+    CREDENTIALS_DIR_ENV,
+    USER_ENV,
+    generate_credentials,
+    load_credentials,
+)
 from coevolve.shared.nats_server import NatsServer
+from coevolve.shared.permissions import ADMIN, USERS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # one torch thread per process: tests start several model processes on two cores
@@ -20,8 +27,27 @@ os.environ.setdefault("COEVOLVE_DTYPE", "float32")
 
 
 @pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
-    server = NatsServer(tmp_path / "nats", log_file=tmp_path / "nats.log").start()
+def nats_credentials(tmp_path: Path) -> Path:
+    """One credentials file per bus user (shared/permissions.py), as `coevolve up` makes."""
+    folder = tmp_path / "secrets" / "nats"
+    generate_credentials(folder)
+    return folder
+
+
+@pytest.fixture
+def nats_server(
+    tmp_path: Path, nats_credentials: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[NatsServer]:
+    """A nats-server with authentication and every user's permissions on. Each actor
+    connects as its own user (its service's name); a connection that names none (the
+    test's own) is admin, and so is an actor without a role (a test probe). Child
+    processes inherit the same through the environment."""
+    credentials = {user: load_credentials(nats_credentials / f"{user}.json") for user in USERS}
+    server = NatsServer(
+        tmp_path / "nats", log_file=tmp_path / "nats.log", credentials=credentials
+    ).start()
+    monkeypatch.setenv(CREDENTIALS_DIR_ENV, str(nats_credentials))
+    monkeypatch.setenv(USER_ENV, ADMIN)
     try:
         yield server
     finally:

@@ -21,6 +21,7 @@ from coevolve.cli.options import ConfigOption, RunDirOption
 from coevolve.shared.bus import Bus, BusError
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.messages import ExplorationRequest, Task
+from coevolve.shared.permissions import OPERATOR
 from coevolve.shared.subjects import EXPLORATION_REQUESTS
 
 
@@ -74,7 +75,7 @@ def explore(
     settings = connect_settings(config, run_dir)
 
     async def main() -> list[ExplorationRequest]:
-        bus = await Bus.connect(settings.bus, name="coevolve-explore")
+        bus = await Bus.connect(settings.bus, name="coevolve-explore", user=OPERATOR)
         try:
             await bus.ensure_streams()
             return await publish_requests(bus, chosen, rounds)

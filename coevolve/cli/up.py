@@ -10,12 +10,21 @@ import time
 from pathlib import Path
 from typing import Annotated
 
+import anyio
+import msgspec
 import typer
 
 from coevolve.cli.events import EventPrinter, EventTracker, EventWatcherThread
 from coevolve.cli.lockstep_synthesis import DEFAULT_MAX_SIGNALS
 from coevolve.cli.options import ConfigOption, RunDirOption, settings_from
-from coevolve.shared.config import Settings
+from coevolve.shared.bus import BusError, declare_streams
+from coevolve.shared.config import NATS_CREDENTIALS_DIR, Settings
+from coevolve.shared.credentials import (
+    CREDENTIALS_DIR_ENV,
+    new_credentials,
+    service_environment,
+    write_credentials,
+)
 from coevolve.shared.nats_server import NatsServer, NatsServerError
 from coevolve.shared.subjects import SERVICES
 from coevolve.shared.supervisor import ChildSpec, Supervisor, read_state
@@ -107,11 +116,28 @@ def up(
         return
     server: NatsServer | None = None
     nats_url = os.environ.get("NATS_URL")
+    bus_settings = settings.bus
     if not nats_url:
-        server = NatsServer(run / "nats", port=nats_port, log_file=run / "logs" / "nats.log")
+        # secure by default: fresh credentials per user, the server requires them; written
+        # (0600) once it started, so a refused start leaves a running run's files alone
+        credentials = new_credentials()
+        credentials_dir = run / NATS_CREDENTIALS_DIR
+        server = NatsServer(
+            run / "nats",
+            port=nats_port,
+            log_file=run / "logs" / "nats.log",
+            credentials=credentials,
+        )
         try:
             server.start()
-        except NatsServerError as exc:
+            write_credentials(credentials_dir, credentials)
+            os.environ[CREDENTIALS_DIR_ENV] = str(credentials_dir)  # up's own: the reader
+            bus_settings = msgspec.structs.replace(
+                settings.bus, url=server.url, credentials=None, credentials_dir=str(credentials_dir)
+            )
+            anyio.run(declare_streams, bus_settings)
+        except (NatsServerError, BusError) as exc:
+            server.stop()
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from exc
         nats_url = server.url
@@ -131,6 +157,7 @@ def up(
                 # several torch processes share the cores: one thread each avoids the
                 # oversubscription that made decoding ~7x slower here
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                **service_environment(bus_settings, name),
             },
         )
         for name, count in replicas.items()
