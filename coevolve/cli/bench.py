@@ -21,6 +21,7 @@ BENCHMARKS = {
     "sampling": "share of uniform groups, uniform vs dynamic sampler, synthetic policy",
     "prompts": "first-prompt tokens of BFCL entries and turns, full vs compact tool rendering",
     "flood": "10,000 bad messages on every subject: good msgs/s with and without, dead letters",
+    "chaos": "coevolve up under kill -9 of every service, a NATS and an LLM restart: audit",
 }
 
 

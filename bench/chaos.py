@@ -1,0 +1,384 @@
+"""Chaos benchmark: ``coevolve up`` on the defaults under a fault schedule, then an audit.
+
+The bench runs its own nats-server (``up`` uses it through ``NATS_URL``) so it can stop
+and restart it with its store kept. At a random moment of the run (seeded), each of these
+happens once:
+
+- ``kill -9`` of every service's process group, each waiting (up to ``BUSY_WAIT_S``, a
+  tenth of the run at most) for the service to be busy (heartbeat ``in_flight > 0``: the
+  learner in a step, rollout in a group, the explorer in an exploration, pool-store in a
+  write);
+- NATS stopped for ``NATS_DOWN_S`` and restarted on the same port and store;
+- the LLM endpoint (a ``llama_cpp.server`` process under ``up``) killed, when there is one.
+
+``up`` runs on the defaults, or on the file ``COEVOLVE_CONFIG`` names. Then ``up`` is
+stopped and JetStream, DuckDB and the checkpoints are audited:
+``groups_lost`` (published, yet neither consumed by a learner step, which trains a group
+or counts it as dropped for staleness, nor still waiting in the stream),
+``duplicate_tasks`` / ``duplicate_verdicts`` / ``duplicate_results`` in DuckDB,
+``versions_non_monotonic`` (announced versions not strictly increasing, or a digest
+announced twice), ``learner_resumed_from_checkpoint``, ``services_alive_at_end`` (the
+supervisor's view just before the stop) and the dead letters by reason. Writes
+``result.json`` and ``up.log`` under ``RUN_DIR/bench/chaos-<stamp>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import duckdb
+
+from coevolve.bench.flood import reason_of
+from coevolve.cli.up import supervised_services
+from coevolve.shared.bus import MSG_ID_HEADER, Bus
+from coevolve.shared.config import DEFAULT_RUN_DIR, BusSettings
+from coevolve.shared.messages import (
+    DeadLetter,
+    DecodeError,
+    Heartbeat,
+    Metric,
+    PolicyVersion,
+    RolloutGroup,
+    decode,
+)
+from coevolve.shared.nats_server import NatsServer
+from coevolve.shared.subjects import (
+    HEARTBEATS,
+    ROLLOUT_GROUPS,
+    SERVICES,
+    metrics_subject,
+)
+
+BUSY_WAIT_S = 120.0
+NATS_DOWN_S = 5.0
+LEARNER_CHECKPOINT_GROUPS = Path("checkpoints/learner.groups.json")
+
+
+@dataclass
+class Fault:
+    at_s: float
+    kind: str  # "kill" | "nats_restart" | "llm_restart"
+    target: str = ""
+    done_at_s: float | None = None
+    pid: int | None = None
+    busy: bool | None = None
+    outcome: str = "pending"
+
+
+def fault_schedule(minutes: float, seed: int) -> list[Fault]:
+    """One fault of each kind at a random moment in the middle 60% of the run."""
+    rng = random.Random(seed)
+    total = minutes * 60.0
+    faults = [Fault(0.0, "kill", name) for name in SERVICES]
+    faults += [Fault(0.0, "nats_restart"), Fault(0.0, "llm_restart")]
+    for fault in faults:
+        fault.at_s = round(rng.uniform(0.2 * total, 0.8 * total), 1)
+    return sorted(faults, key=lambda f: f.at_s)
+
+
+@dataclass
+class BusView:
+    """What a core-NATS listener saw: heartbeats, groups published, learner drops."""
+
+    beats: dict[str, Heartbeat] = field(default_factory=dict)
+    groups: set[str] = field(default_factory=set)
+    dropped_stale: dict[int, float] = field(default_factory=dict)
+
+    def on_message(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
+        try:
+            if subject.startswith(f"{HEARTBEATS}."):
+                beat = decode(data, Heartbeat)
+                self.beats[beat.service] = beat
+            elif subject == ROLLOUT_GROUPS:
+                self.groups.add(headers.get(MSG_ID_HEADER) or decode(data, RolloutGroup).id)
+            elif subject == metrics_subject("learner"):
+                metric = decode(data, Metric)
+                if metric.name == "dropped_stale":
+                    self.dropped_stale[metric.step] = metric.value
+        except DecodeError:
+            pass
+
+
+async def watch(url: str, view: BusView) -> None:
+    bus = await Bus.connect(BusSettings(url=url, connect_timeout_s=30.0), "chaos-bench")
+    try:
+        subjects = (f"{HEARTBEATS}.>", ROLLOUT_GROUPS, metrics_subject("learner"))
+
+        async def pump(subject: str) -> None:
+            subscription = await bus.nc.subscribe(subject)
+            async for msg in subscription.messages:
+                view.on_message(msg.subject, msg.data, dict(msg.headers or {}))
+
+        async with anyio.create_task_group() as tg:
+            for subject in subjects:
+                tg.start_soon(pump, subject)
+    finally:
+        with anyio.move_on_after(2, shield=True):
+            await bus.close(timeout=1.0)
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def _descendants(root: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process below ``root``."""
+    parents: dict[int, int] = {}
+    commands: dict[int, str] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = (entry / "stat").read_text()
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            commands[int(entry.name)] = (
+                (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            )
+    found, frontier = [], [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent:
+                found.append((pid, commands.get(pid, "")))
+                frontier.append(pid)
+    return found
+
+
+async def inject(
+    busy_wait_s: float,
+    fault: Fault,
+    started: float,
+    run_dir: Path,
+    up: subprocess.Popen[bytes],
+    view: BusView,
+    server: NatsServer,
+) -> None:
+    if fault.kind == "kill":
+        deadline = time.monotonic() + busy_wait_s
+        while time.monotonic() < deadline:
+            beat = view.beats.get(fault.target)
+            if beat is not None and beat.in_flight > 0:
+                break
+            await anyio.sleep(0.2)
+        beat = view.beats.get(fault.target)
+        fault.busy = beat is not None and beat.in_flight > 0
+        child = supervised_services(run_dir).get(fault.target, {})
+        pid = child.get("pid")
+        if not isinstance(pid, int):
+            fault.outcome = f"not running ({child.get('state', 'unknown')})"
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            fault.pid, fault.outcome = pid, "killed"
+    elif fault.kind == "nats_restart":
+        server.stop()
+        await anyio.sleep(NATS_DOWN_S)
+        await anyio.to_thread.run_sync(server.start)
+        fault.outcome = f"stopped {NATS_DOWN_S:.0f} s, restarted on the same store"
+    else:
+        servers = [pid for pid, cmd in _descendants(up.pid) if "llama_cpp.server" in cmd]
+        for pid in servers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        fault.pid = servers[0] if servers else None
+        fault.outcome = "killed" if servers else "no LLM endpoint process under up"
+    fault.done_at_s = round(time.monotonic() - started, 1)
+
+
+# --------------------------------------------------------------------------- audit
+
+
+async def stream_messages(bus: Bus, stream: str) -> list[tuple[str, bytes]]:
+    info = await bus.js.stream_info(stream)
+    messages = []
+    for seq in range(int(info.state.first_seq), int(info.state.last_seq) + 1):
+        with contextlib.suppress(Exception):  # deleted (acked) messages leave gaps
+            raw = await bus.js.get_msg(stream, seq)
+            messages.append((raw.subject or "", raw.data or b""))
+    return messages
+
+
+async def audit_bus(url: str, view: BusView) -> dict[str, Any]:
+    bus = await Bus.connect(BusSettings(url=url, connect_timeout_s=30.0), "chaos-audit")
+    try:
+        waiting = {
+            decode(data, RolloutGroup).id
+            for _, data in await stream_messages(bus, "COEVOLVE_ROLLOUT_GROUPS")
+        }
+        updates = [
+            decode(d, PolicyVersion) for _, d in await stream_messages(bus, "COEVOLVE_POLICY")
+        ]
+        letters = [
+            decode(d, DeadLetter) for _, d in await stream_messages(bus, "COEVOLVE_DEAD_LETTERS")
+        ]
+    finally:
+        await bus.close()
+    versions = [u.version for u in updates]
+    digests = [u.sha256 for u in updates if u.sha256]
+    non_monotonic = sum(1 for a, b in itertools.pairwise(versions) if b <= a)
+    return {
+        "waiting_groups": waiting,
+        "policy_versions": versions,
+        "versions_non_monotonic": non_monotonic + len(digests) - len(set(digests)),
+        "dead_letters_by_reason": dict(Counter(reason_of(x) for x in letters).most_common()),
+        "dead_letters_by_service": dict(Counter(x.service for x in letters).most_common()),
+    }
+
+
+def audit_pool(db_path: Path) -> dict[str, int]:
+    if not db_path.exists():
+        return {"duplicate_tasks": 0, "duplicate_verdicts": 0, "duplicate_results": 0}
+    with contextlib.closing(duckdb.connect(str(db_path), read_only=True)) as db:
+
+        def count(sql: str) -> int:
+            row = db.execute(sql).fetchone()
+            return int(row[0]) if row and row[0] is not None else 0
+
+        return {
+            "duplicate_tasks": count("SELECT count(*) - count(DISTINCT content_hash) FROM tasks"),
+            "duplicate_verdicts": count(
+                "SELECT count(*) - count(DISTINCT candidate_id) FROM verdicts"
+            ),
+            "duplicate_results": count(
+                "SELECT count(*) - count(DISTINCT (group_id, sample_index)) FROM rollout_results"
+            ),
+        }
+
+
+def trained_groups(run_dir: Path) -> set[str]:
+    with contextlib.suppress(OSError, ValueError):
+        return set(json.loads((run_dir / LEARNER_CHECKPOINT_GROUPS).read_text()))
+    return set()
+
+
+def learner_resumed(run_dir: Path) -> bool:
+    with contextlib.suppress(OSError):
+        return "resumed at step" in (run_dir / "logs" / "learner.log").read_text(errors="replace")
+    return False
+
+
+# --------------------------------------------------------------------------- the bench
+
+
+def start_up(run_dir: Path, nats_url: str, log_path: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "NATS_URL": nats_url}
+    env.pop("COEVOLVE_RUN_DIR", None)  # COEVOLVE_CONFIG, when set, is the run's config
+    argv = [sys.executable, "-m", "coevolve", "up", "--run-dir", str(run_dir)]
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+
+
+async def chaos(run_dir: Path, out_dir: Path, minutes: float, seed: int) -> dict[str, Any]:
+    # imported here: dataloop imports the CLI, which lists the benchmarks
+    from coevolve.bench.dataloop import kill_leftovers, stop_process_group
+
+    # outside the run directory: kill_leftovers(run_dir) must not take it down before the audit
+    server = NatsServer(out_dir / "nats", log_file=out_dir / "nats.log").start()
+    up = start_up(run_dir, server.url, out_dir / "up.log")
+    started = time.monotonic()
+    view = BusView()
+    faults = fault_schedule(minutes, seed)
+    alive_at_end: dict[str, str] = {}
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch, server.url, view)
+            for fault in faults:
+                await anyio.sleep(max(0.0, started + fault.at_s - time.monotonic()))
+                if up.poll() is not None:
+                    raise RuntimeError(f"coevolve up exited with {up.returncode}")
+                busy_wait_s = min(BUSY_WAIT_S, minutes * 6.0)  # a tenth of the run at most
+                await inject(busy_wait_s, fault, started, run_dir, up, view, server)
+            await anyio.sleep(max(0.0, started + minutes * 60 - time.monotonic()))
+            alive_at_end = {
+                name: str(child.get("state"))
+                for name, child in supervised_services(run_dir).items()
+            }
+            tg.cancel_scope.cancel()
+        shutdown = await anyio.to_thread.run_sync(stop_process_group, up)
+        kill_leftovers(str(run_dir))
+        bus_audit = await audit_bus(server.url, view)
+    finally:
+        if up.poll() is None:
+            stop_process_group(up)
+        server.stop()
+    trained = trained_groups(run_dir)
+    # the learner records every group a step consumed, stale ones (dropped) included
+    unaccounted = view.groups - trained - bus_audit.pop("waiting_groups")
+    return {
+        "benchmark": "chaos",
+        "minutes": minutes,
+        "seed": seed,
+        "fault_schedule": [asdict(f) for f in faults],
+        "groups_published": len(view.groups),
+        "groups_trained": len(trained & view.groups),
+        "groups_dropped_stale": int(sum(view.dropped_stale.values())),
+        "groups_lost": len(unaccounted),
+        **audit_pool(run_dir / "pool.duckdb"),
+        "versions_non_monotonic": bus_audit["versions_non_monotonic"],
+        "policy_versions": bus_audit["policy_versions"],
+        "learner_resumed_from_checkpoint": learner_resumed(run_dir),
+        "services_alive_at_end": alive_at_end,
+        "dead_letters_by_reason": bus_audit["dead_letters_by_reason"],
+        "dead_letters_by_service": bus_audit["dead_letters_by_service"],
+        "shutdown": asdict(shutdown),
+    }
+
+
+def run(quick: bool = False, minutes: float | None = None, seed: int = 13) -> dict[str, Any]:
+    minutes = minutes if minutes is not None else (4.0 if quick else 30.0)
+    # imported here: dataloop imports the CLI, which lists the benchmarks
+    from coevolve.bench.dataloop import share_model_cache
+
+    base = Path(os.environ.get("COEVOLVE_RUN_DIR", DEFAULT_RUN_DIR))
+    out_dir = base / "bench" / f"chaos-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = out_dir / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    share_model_cache(run_dir, base)
+    result = anyio.run(chaos, run_dir, out_dir, minutes, seed)
+    result["quick"] = quick
+    (out_dir / "result.json").write_text(json.dumps(result, indent=2))
+    _print(result, out_dir)
+    return result
+
+
+def _print(result: dict[str, Any], out_dir: Path) -> None:
+    out = sys.stdout
+    print(f"chaos benchmark: {result['minutes']} min, seed {result['seed']} ({out_dir})", file=out)
+    for fault in result["fault_schedule"]:
+        target = f" {fault['target']}" if fault["target"] else ""
+        busy = "" if fault["busy"] is None else f" busy={fault['busy']}"
+        print(
+            f"  {fault['at_s']:>7.1f} s  {fault['kind']}{target}: {fault['outcome']}{busy}",
+            file=out,
+        )
+    for key in (
+        "groups_published",
+        "groups_trained",
+        "groups_dropped_stale",
+        "groups_lost",
+        "duplicate_tasks",
+        "duplicate_verdicts",
+        "duplicate_results",
+        "versions_non_monotonic",
+        "learner_resumed_from_checkpoint",
+    ):
+        print(f"{key:<34}{result[key]}", file=out)
+    print(f"services at the end: {result['services_alive_at_end']}", file=out)
+    print(f"dead letters by reason: {result['dead_letters_by_reason']}", file=out)

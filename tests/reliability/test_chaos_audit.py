@@ -1,0 +1,43 @@
+"""The chaos bench's schedule and its DuckDB audit (the run itself is `coevolve bench chaos`)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import duckdb
+
+from coevolve.bench.chaos import audit_pool, fault_schedule
+from coevolve.services.pool_store.store import PoolStore
+from coevolve.shared.messages import RolloutResults, ScoreSample, Task
+from coevolve.shared.subjects import SERVICES
+
+
+def test_every_fault_happens_once_in_the_middle_of_the_run() -> None:
+    faults = fault_schedule(10.0, seed=3)
+    assert sorted(f.target for f in faults if f.kind == "kill") == sorted(SERVICES)
+    assert [f.kind for f in faults].count("nats_restart") == 1
+    assert [f.kind for f in faults].count("llm_restart") == 1
+    assert all(0.2 * 600 <= f.at_s <= 0.8 * 600 for f in faults)
+    assert [f.at_s for f in faults] == sorted(f.at_s for f in faults)
+    assert fault_schedule(10.0, seed=3) == faults
+    assert fault_schedule(10.0, seed=4) != faults
+
+
+def test_the_pool_audit_counts_duplicate_rows(tmp_path: Path) -> None:
+    path = tmp_path / "pool.duckdb"
+    task = Task(id="t1", environment="bfcl", user_turns=["list the files"])
+    with PoolStore(path) as store:
+        store.add_tasks([task])
+        samples = [ScoreSample(task_id="t1", policy_version=1, score=1.0, length=3)] * 2
+        store.record_results(RolloutResults(group_id="g1", samples=samples))
+        # the same group under another message id is refused: no duplicate
+        store.record_results(RolloutResults(group_id="g1", samples=samples))
+    assert audit_pool(path) == {
+        "duplicate_tasks": 0,
+        "duplicate_verdicts": 0,
+        "duplicate_results": 0,
+    }
+    with contextlib.closing(duckdb.connect(str(path))) as db:
+        db.execute("INSERT INTO rollout_results SELECT * FROM rollout_results LIMIT 1")
+    assert audit_pool(path)["duplicate_results"] == 1
