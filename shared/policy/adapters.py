@@ -31,7 +31,7 @@ def has_reference_adapter(model: Any) -> bool:
     return isinstance(model, PeftModel) and REFERENCE_ADAPTER in model.peft_config
 
 
-def add_reference_adapter(model: PeftModel) -> None:
+def add_reference_adapter(model: Any) -> None:
     """Add the (frozen, active) reference adapter if the model lacks it; values are not set."""
     if not isinstance(model, PeftModel) or has_reference_adapter(model):
         return
@@ -42,7 +42,7 @@ def add_reference_adapter(model: PeftModel) -> None:
     activate_stack(model)
 
 
-def activate_stack(model: PeftModel) -> None:
+def activate_stack(model: Any) -> None:
     """Both adapters active; only the trained one requires grad."""
     model.base_model.set_adapter([TRAINED_ADAPTER, REFERENCE_ADAPTER])
     for name, param in model.named_parameters():
@@ -50,7 +50,7 @@ def activate_stack(model: PeftModel) -> None:
             param.requires_grad_(False)
 
 
-def freeze_trained_as_reference(model: PeftModel) -> None:
+def freeze_trained_as_reference(model: Any) -> None:
     """Copy the trained adapter into the reference adapter and start a fresh trained one."""
     add_reference_adapter(model)
     params = dict(model.named_parameters())
@@ -68,7 +68,7 @@ def freeze_trained_as_reference(model: PeftModel) -> None:
 
 
 @contextlib.contextmanager
-def reference_only(model: PeftModel) -> Iterator[PeftModel]:
+def reference_only(model: Any) -> Iterator[Any]:
     """Inside, only the reference adapter is active (use under ``torch.no_grad``)."""
     flags = {name: param.requires_grad for name, param in model.named_parameters()}
     model.base_model.set_adapter([REFERENCE_ADAPTER])

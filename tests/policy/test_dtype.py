@@ -53,9 +53,7 @@ def sampled_and_rescored(dtype: str, cache_dir: Path) -> tuple[torch.Tensor, tor
     mask = torch.zeros_like(ids, dtype=torch.bool)
     mask[0, len(prompt) :] = True
     with torch.no_grad():
-        learner, _ = sequence_logprobs(
-            policy.model, ids, torch.ones_like(ids), 0.8, positions=mask
-        )
+        learner, _ = sequence_logprobs(policy.model, ids, torch.ones_like(ids), 0.8, positions=mask)
     return torch.tensor(generation.logprobs), learner[mask]
 
 

@@ -1,0 +1,47 @@
+"""The learning benchmark's paired summary: GRPO - warm start over seeds and tasks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from coevolve.bench.learning import paired_summary
+
+
+def seed_result(seed: int, warm: list[float], final: list[float]) -> dict[str, Any]:
+    def episodes(rewards: list[float]) -> list[dict[str, Any]]:
+        return [{"task_id": f"t{i}", "reward": r} for i, r in enumerate(rewards)]
+
+    return {
+        "seed": seed,
+        "heldout_success_warm_start": sum(warm) / len(warm),
+        "heldout_success_grpo_final": sum(final) / len(final),
+        "final_label": "grpo_4",
+        "heldout_episodes": {"warm_start": episodes(warm), "grpo_4": episodes(final)},
+        "warm_start": {"epochs": 3},
+        "wall_s": 10.0,
+    }
+
+
+def test_paired_summary_interval_and_task_counts() -> None:
+    results = [
+        seed_result(0, [1, 0, 0, 0], [1, 1, 0, 0]),  # +0.25: t1 gained
+        seed_result(1, [1, 1, 0, 0], [1, 1, 1, 1]),  # +0.50: t2, t3 gained
+        seed_result(2, [1, 1, 1, 0], [0, 1, 1, 0]),  # -0.25: t0 lost
+    ]
+    summary = paired_summary(results)
+    assert summary["difference_mean"] == pytest.approx(0.1667, abs=1e-4)
+    # mean 1/6, sample sd 0.3819, t(0.975, 2) = 4.3027: half width 0.9487
+    low, high = summary["difference_ci95"]
+    assert low == pytest.approx(0.1667 - 0.9487, abs=1e-3)
+    assert high == pytest.approx(0.1667 + 0.9487, abs=1e-3)
+    assert (summary["tasks_gained"], summary["tasks_lost"]) == (3, 1)
+    assert summary["sign_test_p"] == pytest.approx(0.625, abs=1e-3)
+    assert summary["warm_start_epochs"] == [3, 3, 3]
+
+
+def test_one_seed_has_no_interval() -> None:
+    summary = paired_summary([seed_result(0, [0, 0], [1, 0])])
+    assert summary["difference_ci95"] is None
+    assert summary["difference_mean"] == pytest.approx(0.5)
