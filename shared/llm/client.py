@@ -42,9 +42,10 @@ class LLMOutputError(LLMError):
     """The backend answered, but with something that is not a usable chat completion
     (not JSON, no choices, a response larger than allowed)."""
 
-    def __init__(self, reason: str, kind: str = "bad_response") -> None:
+    def __init__(self, reason: str, kind: str = "bad_response", status: int | None = None) -> None:
         super().__init__(reason)
         self.kind = kind
+        self.status = status
 
 
 @runtime_checkable

@@ -1,5 +1,11 @@
 """Any OpenAI-compatible chat-completions endpoint (OpenAI, vLLM, SGLang, llama.cpp, ...).
 
+Structured output goes through ``response_format`` in one of two dialects: ``json_schema``
+(OpenAI, vLLM, SGLang) or ``json_object`` with a ``schema`` (llama-cpp-python's server,
+which enforces it with a grammar and refuses the other form). ``structured_output: auto``
+sends ``json_schema`` first and, if the endpoint refuses it (HTTP 400/422), the same
+request as ``json_object``; the dialect that worked is kept for every later call.
+
 Transport problems (refused connections, timeouts, 5xx, 429) are retried with exponential
 back-off and full jitter, honouring ``Retry-After``; each retry waits at most
 ``backoff_max_s`` and the whole call gives up after ``max_retries`` retries or
@@ -17,7 +23,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -33,6 +39,9 @@ log = logging.getLogger(__name__)
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 ENDPOINT_STATUS = frozenset({401, 403, 404})
+REFUSED_FORMAT_STATUS = frozenset({400, 422})
+
+Dialect = Literal["json_schema", "json_object"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,10 @@ class OpenAISettings:
     requests_per_s: float = 5.0
     burst: int = 5
     max_response_bytes: int = 4_000_000
+    structured_output: Literal["auto", "json_schema", "json_object"] = "auto"
+    # requests in flight at once from this client (a llama.cpp server runs one at a time;
+    # more only queue there, and their timeouts run out while they wait)
+    max_concurrency: int = 8
     extra_body: dict[str, Any] = field(default_factory=dict)
 
     def resolved_api_key(self) -> str | None:
@@ -109,7 +122,12 @@ def retry_after_s(headers: httpx.Headers, now: float | None = None) -> float | N
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def response_format(schema: dict[str, Any], name: str = "output") -> dict[str, Any]:
+def response_format(
+    schema: dict[str, Any], dialect: Dialect = "json_schema", name: str = "output"
+) -> dict[str, Any]:
+    """The ``response_format`` asking for JSON that follows ``schema``, in ``dialect``."""
+    if dialect == "json_object":
+        return {"type": "json_object", "schema": schema}
     return {
         "type": "json_schema",
         "json_schema": {"name": name, "schema": schema, "strict": True},
@@ -147,7 +165,11 @@ class OpenAIBackend:
             transport=transport,
         )
         self._bucket = TokenBucket(settings.requests_per_s, settings.burst)
+        self._slots = asyncio.Semaphore(max(1, settings.max_concurrency))
         self._rng = random.Random(seed)
+        self.dialect: Dialect | None = (
+            None if settings.structured_output == "auto" else settings.structured_output
+        )
         self.stats = BackendStats()
 
     async def chat(
@@ -165,10 +187,36 @@ class OpenAIBackend:
             "temperature": temperature,
             **self.settings.extra_body,
         }
-        if schema is not None:
-            body["response_format"] = response_format(schema)
-        payload, attempts = await self._post_with_retries(body)
-        return self._to_response(payload, schema is not None, attempts)
+        if schema is None:
+            payload, attempts = await self._post_with_retries(body)
+            return self._to_response(payload, False, attempts)
+        if self.dialect is not None:
+            body["response_format"] = response_format(schema, self.dialect)
+            payload, attempts = await self._post_with_retries(body)
+            return self._to_response(payload, True, attempts)
+        payload, attempts = await self._detect_dialect(body, schema)
+        return self._to_response(payload, True, attempts)
+
+    async def _detect_dialect(
+        self, body: dict[str, Any], schema: dict[str, Any]
+    ) -> tuple[bytes, int]:
+        """Try ``json_schema``, then ``json_object``; remember the one the endpoint took."""
+        try:
+            payload, attempts = await self._post_with_retries(
+                {**body, "response_format": response_format(schema, "json_schema")}
+            )
+        except LLMOutputError as exc:
+            if exc.status not in REFUSED_FORMAT_STATUS:
+                raise
+            log.info("endpoint refused json_schema (%s); trying json_object", exc)
+            payload, attempts = await self._post_with_retries(
+                {**body, "response_format": response_format(schema, "json_object")}
+            )
+            self.dialect = "json_object"
+        else:
+            self.dialect = "json_schema"
+        log.info("%s: structured output through response_format %s", self.name, self.dialect)
+        return payload, attempts
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -182,7 +230,8 @@ class OpenAIBackend:
             self.stats.requests += 1
             failure, wait_hint = "", None
             try:
-                status, headers, content = await self._post_once(body)
+                async with self._slots:
+                    status, headers, content = await self._post_once(body)
             except (httpx.TransportError, httpx.TimeoutException) as exc:
                 failure = f"{type(exc).__name__}: {exc}"
             else:
@@ -195,7 +244,10 @@ class OpenAIBackend:
                     self.stats.unavailable += 1
                     raise LLMUnavailable(f"HTTP {status} from {settings.base_url}: {snippet}")
                 if status not in RETRY_STATUS:
-                    raise LLMOutputError(f"HTTP {status} from endpoint: {snippet}", "http_error")
+                    kind = (
+                        "prompt_too_long" if "maximum context length" in snippet else "http_error"
+                    )
+                    raise LLMOutputError(f"HTTP {status} from endpoint: {snippet}", kind, status)
                 failure, wait_hint = f"HTTP {status}: {snippet}", retry_after_s(headers)
             delay = backoff_delay(
                 attempt, settings.backoff_base_s, settings.backoff_max_s, self._rng

@@ -1,22 +1,26 @@
-"""Which backend, model and sampling parameters each LLM role uses.
+"""Which endpoint, model and sampling parameters each LLM role uses.
 
-Configuration (a dict, e.g. the ``llm`` section of ``coevolve.yaml``)::
+Configuration (a dict, e.g. the ``llm`` section of ``services`` in ``coevolve.yaml``)::
 
-    default: {backend: local}                  # applies to every role
+    default: {temperature: 0.7}        # applies to every role
+    server: {n_ctx: 8192}              # the local llama.cpp server (see ``server.py``)
     roles:
       explorer: {temperature: 0.9}
-      judge:
-        backend: openai
+      judge:                           # a stronger endpoint: one entry
         base_url: http://gpu-box:8000/v1
-        model: Qwen/Qwen3-32B
+        model: Qwen/Qwen2.5-32B-Instruct
         temperature: 0.0
 
-Each role's settings are ``default`` updated with the role's own keys. Roles whose
-backend settings are equal share one backend instance, so the local model loads once.
+Each role's settings are ``default`` updated with the role's own keys. A role without
+``base_url`` talks to the local llama.cpp server: the one ``coevolve up`` started (found
+through ``COEVOLVE_LLM_BASE_URL``), else one this process starts on first use. Roles whose
+endpoint settings are equal share one client.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,25 +30,35 @@ import msgspec
 import yaml
 
 from coevolve.shared.llm.client import ChatMessages, LLMClient, LLMResponse
-from coevolve.shared.llm.local_backend import LocalBackend
 from coevolve.shared.llm.openai_backend import OpenAIBackend, OpenAISettings
+from coevolve.shared.llm.server import (
+    API_KEY_ENV,
+    BASE_URL_ENV,
+    MODEL_ENV,
+    LlamaServer,
+    ServerSettings,
+)
 
 Role = Literal["summarizer", "explorer", "abstractor", "judge"]
 ROLES: tuple[Role, ...] = ("summarizer", "explorer", "abstractor", "judge")
 
+# The local server runs one request at a time for every service: a call may wait behind
+# several others, so its timeout is longer than a remote endpoint's.
+LOCAL_TIMEOUT_S = 600.0
+REMOTE_TIMEOUT_S = 120.0
+
 
 class RoleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    backend: Literal["local", "openai"] = "local"
+    # endpoint: none means the local llama.cpp server
+    base_url: str | None = None
     model: str | None = None
+    api_key_env: str | None = "OPENAI_API_KEY"
+    structured_output: Literal["auto", "json_schema", "json_object"] = "auto"
     # sampling
     max_tokens: int = 256
     temperature: float = 0.7
-    # local backend
-    device: str | None = None
-    # openai backend
-    base_url: str | None = None
-    api_key_env: str | None = "OPENAI_API_KEY"
-    timeout_s: float = 120.0
+    # transport
+    timeout_s: float | None = None  # default: 600 s on the local server, 120 s elsewhere
     connect_timeout_s: float = 5.0
     max_retries: int = 8
     give_up_after_s: float = 300.0
@@ -52,12 +66,15 @@ class RoleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, fro
     backoff_max_s: float = 30.0
     requests_per_s: float = 5.0
     burst: int = 5
+    max_concurrency: int | None = None  # default: 1 on the local server, 8 elsewhere
     max_response_bytes: int = 4_000_000
 
+    @property
+    def local(self) -> bool:
+        return self.base_url is None
+
     def backend_key(self) -> tuple[Any, ...]:
-        """What identifies the backend instance (sampling parameters excluded)."""
-        if self.backend == "local":
-            return ("local", self.model, self.device)
+        """What identifies the client instance (sampling parameters excluded)."""
         fields = msgspec.structs.asdict(self)
         return tuple(sorted((k, v) for k, v in fields.items() if k not in _SAMPLING))
 
@@ -68,22 +85,25 @@ _SAMPLING = frozenset({"max_tokens", "temperature"})
 class LLMSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     default: dict[str, Any] = msgspec.field(default_factory=dict)
     roles: dict[Role, dict[str, Any]] = msgspec.field(default_factory=dict)
+    server: ServerSettings = msgspec.field(default_factory=ServerSettings)
 
 
 class RoleConfigError(ValueError):
     """A role's LLM settings cannot be used; the message names the role and the key."""
 
 
-def role_settings(section: dict[str, Any] | LLMSettings | None) -> dict[Role, RoleSettings]:
-    """Every role's settings from an ``llm`` config section (missing section: defaults)."""
+def parse_llm_section(section: dict[str, Any] | LLMSettings | None) -> LLMSettings:
+    if isinstance(section, LLMSettings):
+        return section
     try:
-        settings = (
-            section
-            if isinstance(section, LLMSettings)
-            else msgspec.convert(section or {}, LLMSettings, strict=False)
-        )
+        return msgspec.convert(section or {}, LLMSettings, strict=False)
     except msgspec.ValidationError as exc:
         raise RoleConfigError(f"llm: {exc}") from exc
+
+
+def role_settings(section: dict[str, Any] | LLMSettings | None) -> dict[Role, RoleSettings]:
+    """Every role's settings from an ``llm`` config section (missing section: defaults)."""
+    settings = parse_llm_section(section)
     resolved: dict[Role, RoleSettings] = {}
     for role in ROLES:
         merged = {**settings.default, **settings.roles.get(role, {})}
@@ -91,8 +111,8 @@ def role_settings(section: dict[str, Any] | LLMSettings | None) -> dict[Role, Ro
             config = msgspec.convert(merged, RoleSettings, strict=False)
         except msgspec.ValidationError as exc:
             raise RoleConfigError(f"llm role {role}: {exc}") from exc
-        if config.backend == "openai" and not (config.base_url and config.model):
-            raise RoleConfigError(f"llm role {role}: the openai backend needs base_url and model")
+        if config.base_url and not config.model:
+            raise RoleConfigError(f"llm role {role}: an endpoint (base_url) needs a model")
         resolved[role] = config
     return resolved
 
@@ -105,28 +125,120 @@ def role_settings_from_yaml(text: str) -> dict[Role, RoleSettings]:
     return role_settings(section)
 
 
-def make_backend(settings: RoleSettings, run_dir: Path | None = None) -> LLMClient:
-    """A backend for ``settings``; a local model caches its converted weights in
-    ``run_dir`` (the policy loader's default when None)."""
-    if settings.backend == "local":
-        return LocalBackend(settings.model, device=settings.device, run_dir=run_dir)
-    assert settings.base_url is not None and settings.model is not None
-    return OpenAIBackend(
-        OpenAISettings(
-            base_url=settings.base_url,
-            model=settings.model,
-            api_key_env=settings.api_key_env,
-            connect_timeout_s=settings.connect_timeout_s,
-            timeout_s=settings.timeout_s,
-            max_retries=settings.max_retries,
-            give_up_after_s=settings.give_up_after_s,
-            backoff_base_s=settings.backoff_base_s,
-            backoff_max_s=settings.backoff_max_s,
-            requests_per_s=settings.requests_per_s,
-            burst=settings.burst,
-            max_response_bytes=settings.max_response_bytes,
-        )
+def openai_settings(settings: RoleSettings, **endpoint: Any) -> OpenAISettings:
+    """The HTTP client's settings for a role; ``endpoint`` overrides (the local server's
+    URL, key and model)."""
+    local = settings.local
+    values: dict[str, Any] = {
+        "base_url": settings.base_url,
+        "model": settings.model,
+        "api_key_env": settings.api_key_env,
+        "structured_output": settings.structured_output,
+        "connect_timeout_s": settings.connect_timeout_s,
+        "timeout_s": settings.timeout_s or (LOCAL_TIMEOUT_S if local else REMOTE_TIMEOUT_S),
+        "max_retries": settings.max_retries,
+        "give_up_after_s": settings.give_up_after_s,
+        "backoff_base_s": settings.backoff_base_s,
+        "backoff_max_s": settings.backoff_max_s,
+        "requests_per_s": settings.requests_per_s,
+        "burst": settings.burst,
+        "max_concurrency": settings.max_concurrency or (1 if local else 8),
+        "max_response_bytes": settings.max_response_bytes,
+    }
+    values.update(endpoint)
+    return OpenAISettings(**values)
+
+
+def local_endpoint(
+    settings: RoleSettings, base_url: str, api_key: str, model: str
+) -> OpenAISettings:
+    """A role's client for the local llama.cpp server at ``base_url``."""
+    return openai_settings(
+        settings,
+        base_url=base_url,
+        model=settings.model or model,
+        api_key=api_key,
+        api_key_env=None,
+        structured_output="json_object"
+        if settings.structured_output == "auto"
+        else settings.structured_output,
     )
+
+
+class OwnServer:
+    """A local server this process starts on first use (when no ``coevolve up`` started one
+    for it: the lockstep schedule, in-process tests), shared by its roles."""
+
+    def __init__(self, settings: ServerSettings | None, run_dir: Path | None) -> None:
+        log_dir = (run_dir or Path("runs/default")) / "logs"
+        self.server = LlamaServer(settings, log_file=log_dir / "llm.log")
+        self._started = False
+        self._lock: asyncio.Lock | None = None
+
+    async def ensure_started(self) -> LlamaServer:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if not self._started:
+                await asyncio.to_thread(self.server.start)
+                self._started = True
+        return self.server
+
+    async def stop(self) -> None:
+        if self._started:
+            await asyncio.to_thread(self.server.stop)
+            self._started = False
+
+
+class OwnServerBackend:
+    """A role's client for an :class:`OwnServer`, which it starts on its first call."""
+
+    def __init__(self, settings: RoleSettings, own: OwnServer) -> None:
+        self.settings = settings
+        self.own = own
+        self.name = "llama.cpp:local"
+        self._client: OpenAIBackend | None = None
+
+    async def chat(
+        self,
+        messages: ChatMessages,
+        *,
+        schema: dict[str, Any] | None = None,
+        max_tokens: int,
+        temperature: float,
+    ) -> LLMResponse:
+        if self._client is None:
+            server = await self.own.ensure_started()
+            self._client = OpenAIBackend(
+                local_endpoint(self.settings, server.base_url, server.api_key, server.alias)
+            )
+            self.name = self._client.name
+        return await self._client.chat(
+            messages, schema=schema, max_tokens=max_tokens, temperature=temperature
+        )
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+def make_backend(settings: RoleSettings, own: OwnServer) -> LLMClient:
+    """The client for a role: its own endpoint, else the local server (the shared one that
+    ``coevolve up`` announced in the environment, else ``own``, started on first use)."""
+    if not settings.local:
+        return OpenAIBackend(openai_settings(settings))
+    shared_url = os.environ.get(BASE_URL_ENV)
+    if shared_url:
+        return OpenAIBackend(
+            local_endpoint(
+                settings,
+                shared_url,
+                os.environ.get(API_KEY_ENV, ""),
+                os.environ.get(MODEL_ENV, "local"),
+            )
+        )
+    return OwnServerBackend(settings, own)
 
 
 @dataclass
@@ -156,13 +268,19 @@ class RoleLLM:
 class RoleClients:
     """One :class:`RoleLLM` per role, with backends shared where their settings agree."""
 
-    def __init__(self, settings: dict[Role, RoleSettings], run_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        settings: dict[Role, RoleSettings],
+        run_dir: Path | None = None,
+        server: ServerSettings | None = None,
+    ) -> None:
         backends: dict[tuple[Any, ...], LLMClient] = {}
         self._roles: dict[Role, RoleLLM] = {}
+        self.own_server = OwnServer(server, run_dir)
         for role, config in settings.items():
             key = config.backend_key()
             if key not in backends:
-                backends[key] = make_backend(config, run_dir)
+                backends[key] = make_backend(config, self.own_server)
             self._roles[role] = RoleLLM(role, backends[key], config)
         self._backends = list(backends.values())
 
@@ -174,10 +292,11 @@ class RoleClients:
         roles: Collection[str] | None = None,
     ) -> RoleClients:
         """Clients for ``roles`` (every role when None) from a run's ``llm`` section."""
-        chosen = role_settings(section)
+        parsed = parse_llm_section(section)
+        chosen = role_settings(parsed)
         if roles is not None:
             chosen = {role: config for role, config in chosen.items() if role in roles}
-        return cls(chosen, run_dir=run_dir)
+        return cls(chosen, run_dir=run_dir, server=parsed.server)
 
     def __getitem__(self, role: Role) -> RoleLLM:
         return self._roles[role]
@@ -189,3 +308,4 @@ class RoleClients:
     async def aclose(self) -> None:
         for backend in self._backends:
             await backend.aclose()
+        await self.own_server.stop()

@@ -77,7 +77,6 @@ class RoleFakeLLM:
     def llm_section(self, **overrides: Any) -> dict[str, Any]:
         """The ``services.llm`` settings that point every role here."""
         default = {
-            "backend": "openai",
             "base_url": self.base_url,
             "model": "fake-remote",
             "api_key_env": None,

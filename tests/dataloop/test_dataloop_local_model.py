@@ -1,7 +1,8 @@
-"""The data loop end to end with the local model (SmolLM2-135M on the CPU) in every role.
+"""The data loop end to end with the local model in every role.
 
-Nothing stands in for the LLM: the summarizer, explorer, abstractor and judge are the
-in-process model with grammar-constrained JSON. A 135M model writes poor tasks and judges
+Nothing stands in for the LLM: the summarizer, explorer, abstractor and judge talk to the
+local llama.cpp server (started by the clients on first use) with schema-constrained
+JSON. A small model writes poor tasks and judges
 them erratically, so one signal may not yield an accepted task; the test feeds boundary
 signals from several seed tasks (sampling seeded; one-turn tasks, which the small model
 can pair with their calls) and stops at the first acceptance. On a shared 2-core CPU one
@@ -47,7 +48,7 @@ async def test_local_model_turns_a_boundary_signal_into_an_accepted_task(
     # One model instance for every role (one load, one generation at a time); the judge
     # decodes greedily.
     llm = RoleClients(
-        role_settings({"default": {"device": "cpu"}, "roles": {"judge": {"temperature": 0.0}}}),
+        role_settings({"roles": {"judge": {"temperature": 0.0}}}),
         run_dir=CACHE_DIR,
     )
     settings.services.update(

@@ -145,7 +145,10 @@ def test_malformed_output_is_a_counted_rejection(
 ) -> None:
     server.reply(reply)
     counter = RejectionCounter()
-    outcome = ask(OpenAIBackend(settings(server.base_url)), counter)
+    # the dialect is fixed: a 400 is not taken as a refusal of json_schema here
+    outcome = ask(
+        OpenAIBackend(settings(server.base_url, structured_output="json_schema")), counter
+    )
     assert isinstance(outcome, Rejection)
     assert outcome.kind == kind
     assert reason_part in outcome.reason
@@ -322,3 +325,47 @@ def test_request_body_is_valid_json_with_extra_body(server: FakeOpenAI) -> None:
     asyncio.run(go())
     assert server.requests[0]["top_p"] == 0.9
     assert json.loads(json.dumps(server.requests[0])) == server.requests[0]
+
+
+def test_auto_dialect_falls_back_to_json_object_once(server: FakeOpenAI) -> None:
+    # llama-cpp-python's server refuses the json_schema form with a validation error (422)
+    server.reply(
+        Reply(422, b'{"detail":[{"loc":["body","response_format","type"]}]}'),
+        completion('{"city":"Paris","population":1}'),
+        completion('{"city":"Lyon","population":2}'),
+    )
+    backend = OpenAIBackend(settings(server.base_url))
+
+    async def go() -> list[Capital | Rejection]:
+        try:
+            return [
+                await ask_structured(
+                    backend, QUESTION, Capital, schema=CAPITAL_SCHEMA, max_tokens=9, temperature=0
+                )
+                for _ in range(2)
+            ]
+        finally:
+            await backend.aclose()
+
+    assert asyncio.run(go()) == [Capital("Paris", 1), Capital("Lyon", 2)]
+    formats = [request["response_format"] for request in server.requests]
+    assert [f["type"] for f in formats] == ["json_schema", "json_object", "json_object"]
+    assert formats[1]["schema"] == CAPITAL_SCHEMA and backend.dialect == "json_object"
+
+
+def test_configured_dialect_is_sent_from_the_first_call(server: FakeOpenAI) -> None:
+    server.reply(completion('{"city":"Paris","population":1}'))
+    backend = OpenAIBackend(settings(server.base_url, structured_output="json_object"))
+    assert ask(backend) == Capital("Paris", 1)
+    assert server.requests[0]["response_format"] == {
+        "type": "json_object",
+        "schema": CAPITAL_SCHEMA,
+    }
+
+
+def test_a_refusal_in_both_dialects_is_a_counted_rejection(server: FakeOpenAI) -> None:
+    server.reply(Reply(400, b'{"error":"no"}'), Reply(400, b'{"error":"still no"}'))
+    counter = RejectionCounter()
+    outcome = ask(OpenAIBackend(settings(server.base_url)), counter)
+    assert isinstance(outcome, Rejection) and outcome.kind == "http_error"
+    assert counter.rejected["http_error"] == 1 and len(server.requests) == 2

@@ -9,56 +9,87 @@ import pytest
 from fake_openai import FakeOpenAI, completion
 
 from coevolve.shared.llm import (
-    LocalBackend,
     OpenAIBackend,
     RoleClients,
     RoleConfigError,
     role_settings,
     role_settings_from_yaml,
 )
+from coevolve.shared.llm.roles import OwnServerBackend, make_backend, parse_llm_section
+from coevolve.shared.llm.server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV
 from coevolve.shared.structured import Rejection, json_schema_of_parameter, parse_structured
 
 YAML = """
 llm:
-  default: {backend: local, max_tokens: 200}
+  default: {max_tokens: 200}
+  server: {n_ctx: 4096}
   roles:
     explorer: {temperature: 0.9}
     judge:
-      backend: openai
       base_url: http://127.0.0.1:9/v1
       model: judge-model
       temperature: 0.0
       max_tokens: 120
     abstractor:
-      backend: openai
       base_url: http://127.0.0.1:9/v1
       model: judge-model
 """
 
 
-def test_defaults_every_role_local() -> None:
+def test_defaults_every_role_on_the_local_server() -> None:
     roles = role_settings(None)
     assert set(roles) == {"summarizer", "explorer", "abstractor", "judge"}
-    assert all(r.backend == "local" and r.model is None for r in roles.values())
+    assert all(r.local and r.model is None for r in roles.values())
 
 
 def test_yaml_section_merges_default_and_role_keys() -> None:
     roles = role_settings_from_yaml(YAML)
     assert roles["summarizer"].max_tokens == 200 and roles["summarizer"].temperature == 0.7
-    assert roles["explorer"].temperature == 0.9 and roles["explorer"].backend == "local"
-    assert roles["judge"].backend == "openai" and roles["judge"].max_tokens == 120
+    assert roles["explorer"].temperature == 0.9 and roles["explorer"].local
+    assert not roles["judge"].local and roles["judge"].max_tokens == 120
     assert roles["abstractor"].max_tokens == 200
+    assert parse_llm_section({"server": {"n_ctx": 4096}}).server.n_ctx == 4096
 
 
-def test_backends_are_shared_where_settings_agree() -> None:
+def test_backends_are_shared_where_settings_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(BASE_URL_ENV, raising=False)
     clients = RoleClients(role_settings_from_yaml(YAML))
     assert clients["summarizer"].client is clients["explorer"].client
-    assert isinstance(clients["summarizer"].client, LocalBackend)
+    # no server announced by `coevolve up`: this process starts its own on first use
+    assert isinstance(clients["summarizer"].client, OwnServerBackend)
     # judge and abstractor differ only in sampling parameters: one HTTP client
     assert clients["judge"].client is clients["abstractor"].client
     assert isinstance(clients["judge"].client, OpenAIBackend)
     assert len(clients.backends) == 2
     asyncio.run(clients.aclose())
+    assert clients.own_server.server.process is None  # never used, never started
+
+
+def test_local_roles_use_the_server_announced_in_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(BASE_URL_ENV, "http://127.0.0.1:9/v1")
+    monkeypatch.setenv(API_KEY_ENV, "k")
+    monkeypatch.setenv(MODEL_ENV, "served-name")
+    clients = RoleClients(role_settings(None))
+    backend = clients["judge"].client
+    assert isinstance(backend, OpenAIBackend)
+    assert backend.settings.base_url == "http://127.0.0.1:9/v1"
+    assert backend.settings.model == "served-name"
+    assert backend.settings.resolved_api_key() == "k"
+    # llama.cpp's dialect, one request at a time, a timeout that allows for the queue
+    assert backend.dialect == "json_object"
+    assert backend.settings.max_concurrency == 1
+    assert backend.settings.timeout_s == 600.0
+    asyncio.run(clients.aclose())
+
+
+def test_a_remote_endpoint_detects_its_dialect_and_runs_several_requests() -> None:
+    roles = role_settings({"default": {"base_url": "http://h/v1", "model": "m"}})
+    backend = make_backend(roles["judge"], own=None)  # type: ignore[arg-type]
+    assert isinstance(backend, OpenAIBackend)
+    assert backend.dialect is None and backend.settings.max_concurrency == 8
+    asyncio.run(backend.aclose())
 
 
 @pytest.mark.parametrize(
@@ -66,9 +97,11 @@ def test_backends_are_shared_where_settings_agree() -> None:
     [
         ({"roles": {"critic": {}}}, "critic"),
         ({"default": {"temprature": 0.2}}, "temprature"),
-        ({"roles": {"judge": {"backend": "openai"}}}, "needs base_url and model"),
-        ({"roles": {"judge": {"backend": "vllm"}}}, "backend"),
+        ({"roles": {"judge": {"base_url": "http://h/v1"}}}, "needs a model"),
+        ({"roles": {"judge": {"backend": "local"}}}, "backend"),
+        ({"roles": {"judge": {"structured_output": "xml"}}}, "structured_output"),
         ({"default": {"max_tokens": "many"}}, "max_tokens"),
+        ({"server": {"n_ctxx": 1}}, "n_ctxx"),
     ],
 )
 def test_bad_configuration_is_a_clear_error(section: dict[str, object], message: str) -> None:
@@ -81,7 +114,6 @@ def test_role_client_applies_its_sampling_defaults() -> None:
     try:
         section = {
             "default": {
-                "backend": "openai",
                 "base_url": server.base_url,
                 "model": "m",
                 "max_tokens": 33,
