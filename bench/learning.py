@@ -7,12 +7,21 @@ learn). The tasks are short single-turn MathAPI tasks (``short_tasks``), split i
 and held-out sets with different numbers, so a step costs seconds on a CPU instead of a
 minute. Held-out success is one greedy episode per task (reward 1.0 = BFCL's checker
 accepts it). Writes ``result.json`` and ``learning.png`` under ``RUN_DIR/bench/learning-*``.
+
+The question it answers: does GRPO add held-out success on top of a warm start that alone
+has reached its plateau? The warm start runs epoch by epoch until success on the train
+tasks stops rising (``sft_patience``); that policy is frozen as the KL reference and GRPO
+trains a fresh adapter on top. Each training seed (same tasks, other shuffles, samples and
+adapter initialisation) writes ``seed-<n>.json`` (a finished seed is not run again, so an
+interrupted benchmark resumes), and the paired differences GRPO - warm start are
+aggregated with a 95% t-interval over seeds and a pooled per-task count.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,10 +30,10 @@ from typing import Any
 import torch
 
 from coevolve.bench.short_tasks import OFFERED, train_and_heldout
+from coevolve.schedules.lockstep import LockstepConfig, LockstepLoop, TaskCycle, success_rate
 from coevolve.services.learner.sft import warm_start
 from coevolve.services.learner.trainer import LearnerConfig
 from coevolve.shared.config import DEFAULT_RUN_DIR
-from coevolve.schedules.lockstep import LockstepConfig, LockstepLoop, TaskCycle, success_rate
 from coevolve.shared.messages import Trajectory
 from coevolve.shared.policy import load_policy
 
@@ -43,6 +52,9 @@ class Setup:
     grpo_lr: float
     max_new_tokens: int
     seed: int = 0
+    # the warm start runs until train success stops rising for this many epochs
+    sft_patience: int = 1
+    seeds: int = 1
 
 
 QUICK = Setup(
@@ -57,21 +69,25 @@ QUICK = Setup(
     group_size=2,
     grpo_lr=1e-4,
     max_new_tokens=32,
+    sft_patience=0,
+    seeds=2,
 )
-# Two SFT epochs teach the call format to a few tasks only (three reached 0.58 held-out and
-# left GRPO mostly all-equal groups); K=8 makes mixed-reward groups likely from there.
+# The warm start runs to its plateau (up to ``sft_epochs``; three epochs reached 0.58
+# held-out before); K=8 makes mixed-reward groups likely from there.
 FULL = Setup(
     train_tasks=24,
     heldout_tasks=24,
-    sft_epochs=2,
+    sft_epochs=6,
     sft_batch_size=4,
     sft_lr=2e-4,
-    grpo_steps=20,
-    eval_every=5,
+    grpo_steps=12,
+    eval_every=6,
     tasks_per_step=2,
     group_size=8,
     grpo_lr=3e-4,
     max_new_tokens=40,
+    sft_patience=1,
+    seeds=3,
 )
 MAX_STEPS = 2  # the calls, then the closing reply that ends the turn
 
@@ -83,23 +99,101 @@ def run_directory() -> Path:
     return path
 
 
-def run(quick: bool, run_dir: Path | None = None, setup: Setup | None = None) -> dict[str, Any]:
+def run(
+    quick: bool,
+    run_dir: Path | None = None,
+    setup: Setup | None = None,
+    seeds: int | None = None,
+) -> dict[str, Any]:
+    """Every training seed (resuming: finished seeds are read back), then the paired summary.
+
+    ``run_dir`` may be an earlier run's directory to resume it.
+    """
     setup = setup or (QUICK if quick else FULL)
-    torch.set_num_threads(1)  # shared cores: more threads were several times slower
-    torch.manual_seed(setup.seed)
+    count = seeds if seeds is not None else setup.seeds
     out = run_dir or run_directory()
+    results = []
+    for seed in range(setup.seed, setup.seed + count):
+        file = out / f"seed-{seed}.json"
+        if file.exists():
+            print(f"seed {seed}: done before, read from {file}", flush=True)
+            results.append(json.loads(file.read_text()))
+            continue
+        print(f"seed {seed}:", flush=True)
+        result = run_seed(quick, out / f"seed-{seed}", setup, seed)
+        file.write_text(json.dumps(result, indent=2))
+        results.append(result)
+    summary = paired_summary(results)
+    summary.update(
+        {
+            "benchmark": "learning",
+            "quick": quick,
+            "setup": asdict(setup),
+            "run_dir": str(out),
+            "seed_files": [str(out / f"seed-{r['seed']}.json") for r in results],
+        }
+    )
+    summary["plot"] = str(plot_seeds(results, out / "learning.png"))
+    (out / "result.json").write_text(json.dumps(summary, indent=2))
+    print_summary(summary)
+    return summary
+
+
+def paired_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """GRPO - warm start per seed (95% t-interval over seeds) and per task, pooled."""
+    from scipy import stats
+
+    differences = [
+        r["heldout_success_grpo_final"] - r["heldout_success_warm_start"] for r in results
+    ]
+    n = len(differences)
+    mean = sum(differences) / n if n else 0.0
+    interval: list[float] | None = None
+    if n >= 2:
+        sd = statistics.stdev(differences)
+        half = float(stats.t.ppf(0.975, n - 1)) * sd / n**0.5
+        interval = [round(mean - half, 4), round(mean + half, 4)]
+    gained = lost = 0
+    for r in results:
+        warm = {e["task_id"]: e["reward"] for e in r["heldout_episodes"]["warm_start"]}
+        final = {e["task_id"]: e["reward"] for e in r["heldout_episodes"][r["final_label"]]}
+        gained += sum(1 for t, v in final.items() if v >= 1.0 > warm.get(t, 0.0))
+        lost += sum(1 for t, v in final.items() if v < 1.0 <= warm.get(t, 0.0))
+    # exact two-sided sign test on the tasks that changed (McNemar's exact form)
+    changed = gained + lost
+    p_value = float(stats.binomtest(gained, changed).pvalue) if changed else 1.0
+    return {
+        "seeds": [r["seed"] for r in results],
+        "heldout_success_warm_start": [r["heldout_success_warm_start"] for r in results],
+        "heldout_success_grpo_final": [r["heldout_success_grpo_final"] for r in results],
+        "warm_start_epochs": [r["warm_start"]["epochs"] for r in results],
+        "difference_mean": round(mean, 4),
+        "difference_ci95": interval,
+        "tasks_gained": gained,
+        "tasks_lost": lost,
+        "sign_test_p": round(p_value, 4),
+        "wall_s": round(sum(r["wall_s"] for r in results), 1),
+    }
+
+
+def run_seed(quick: bool, out: Path, setup: Setup, seed: int) -> dict[str, Any]:
+    """One training seed: base, warm start to its plateau, then GRPO on a fresh adapter."""
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)  # shared cores: more threads were several times slower
+    torch.manual_seed(seed)
     started = time.perf_counter()
+    # the tasks stay the same for every seed: the comparison is paired
     train, heldout = train_and_heldout(setup.train_tasks, setup.heldout_tasks, setup.seed)
     policy = load_policy(run_dir=Path(os.environ.get("COEVOLVE_RUN_DIR") or DEFAULT_RUN_DIR))
     loop = LockstepLoop(
         policy,
-        TaskCycle(train, seed=setup.seed),
+        TaskCycle(train, seed=seed),
         LockstepConfig(
             tasks_per_step=setup.tasks_per_step,
             group_size=setup.group_size,
             max_new_tokens=setup.max_new_tokens,
             max_steps=MAX_STEPS,
-            seed=setup.seed,
+            seed=seed,
         ),
         LearnerConfig(lr=setup.grpo_lr),
         log_dir=out / "tensorboard",
@@ -118,14 +212,30 @@ def run(quick: bool, run_dir: Path | None = None, setup: Setup | None = None) ->
 
     base = evaluate("base")
     begun = time.perf_counter()
-    sft = warm_start(
-        policy,
-        train,
-        epochs=setup.sft_epochs,
-        batch_size=setup.sft_batch_size,
-        lr=setup.sft_lr,
-        seed=setup.seed,
-    )
+    sft_losses: list[float] = []
+    train_curve: list[float] = []
+    best, since_best, epochs = -1.0, 0, 0
+    for epoch in range(setup.sft_epochs):
+        sft = warm_start(
+            policy,
+            train,
+            epochs=1,
+            batch_size=setup.sft_batch_size,
+            lr=setup.sft_lr,
+            seed=seed * 1000 + epoch,
+        )
+        sft_losses.extend(sft.losses)
+        epochs = epoch + 1
+        rate, _ = success_rate(loop.engine, train, setup.max_new_tokens, MAX_STEPS)
+        train_curve.append(rate)
+        print(f"  warm start epoch {epochs}: train success {rate:.3f}", flush=True)
+        if rate > best:
+            best, since_best = rate, 0
+        else:
+            since_best += 1
+        if since_best > setup.sft_patience:
+            break
+    loop.learner.freeze_reference()  # GRPO trains a fresh adapter; KL pulls to this policy
     phases["warm_start_s"] = time.perf_counter() - begun
     warm = evaluate("warm_start")
 
@@ -159,9 +269,10 @@ def run(quick: bool, run_dir: Path | None = None, setup: Setup | None = None) ->
     loop.close()
 
     final = curve[-1][1]
-    best = max(rate for _, rate in curve[1:]) if len(curve) > 1 else warm
+    best_grpo = max(rate for _, rate in curve[1:]) if len(curve) > 1 else warm
     result: dict[str, Any] = {
         "benchmark": "learning",
+        "seed": seed,
         "quick": quick,
         "model": policy.name,
         "device": str(policy.device),
@@ -171,13 +282,16 @@ def run(quick: bool, run_dir: Path | None = None, setup: Setup | None = None) ->
         "heldout_success_base": base,
         "heldout_success_warm_start": warm,
         "heldout_success_grpo_final": final,
-        "heldout_success_grpo_best": best,
+        "heldout_success_grpo_best": best_grpo,
         "grpo_raised_above_warm_start": final > warm,
         "curve": curve,
+        "final_label": f"grpo_{setup.grpo_steps}" if setup.grpo_steps else "warm_start",
         "warm_start": {
+            "epochs": epochs,
+            "train_success_by_epoch": train_curve,
             "examples": sft.examples,
-            "steps": sft.steps,
-            "first_loss": round(sft.first_loss, 4),
+            "steps": len(sft_losses),
+            "first_loss": round(sft_losses[0], 4) if sft_losses else 0.0,
             "final_loss": round(sft.final_loss, 4),
         },
         "grpo_steps": steps,
@@ -186,8 +300,6 @@ def run(quick: bool, run_dir: Path | None = None, setup: Setup | None = None) ->
         "wall_s": round(time.perf_counter() - started, 1),
         "run_dir": str(out),
     }
-    result["plot"] = str(plot(result, out / "learning.png"))
-    (out / "result.json").write_text(json.dumps(result, indent=2))
     print_table(result)
     return result
 
@@ -203,22 +315,23 @@ def episode_summary(trajectory: Trajectory) -> dict[str, Any]:
     }
 
 
-def plot(result: dict[str, Any], path: Path) -> Path:
+def plot_seeds(results: list[dict[str, Any]], path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6, 4))
-    steps = [s for s, _ in result["curve"]]
-    rates = [r for _, r in result["curve"]]
-    axis.plot(steps, rates, marker="o", label="after warm start + GRPO steps")
-    axis.axhline(result["heldout_success_base"], color="grey", ls="--", label="base model")
-    axis.axhline(result["heldout_success_warm_start"], color="orange", ls=":", label="warm start")
-    axis.set_xlabel("GRPO steps")
+    for result in results:
+        steps = [s for s, _ in result["curve"]]
+        rates = [r for _, r in result["curve"]]
+        axis.plot(steps, rates, marker="o", label=f"seed {result['seed']}")
+    base = results[0]["heldout_success_base"] if results else 0.0
+    axis.axhline(base, color="grey", ls="--", label="base model")
+    axis.set_xlabel("GRPO steps after the warm start's plateau (step 0)")
     axis.set_ylabel("held-out success (greedy)")
     axis.set_ylim(-0.02, 1.02)
-    axis.set_title(f"{result['model']}: short BFCL MathAPI tasks")
+    axis.set_title("SmolLM2-135M: short BFCL MathAPI tasks")
     axis.legend(loc="lower right")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
@@ -236,7 +349,26 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"{f'after {step} GRPO steps':<28}{rate:>18.3f}")
     print("wall time per phase (s): " + json.dumps(result["phases_s"]))
     verdict = "raised" if result["grpo_raised_above_warm_start"] else "did NOT raise"
-    print(f"GRPO {verdict} held-out success above the warm start; plot: {result['plot']}")
+    print(f"GRPO {verdict} held-out success above the warm start")
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    print(f"{'seed':<6}{'warm start':>12}{'+ GRPO':>10}{'epochs':>8}")
+    for seed, warm, final, epochs in zip(
+        summary["seeds"],
+        summary["heldout_success_warm_start"],
+        summary["heldout_success_grpo_final"],
+        summary["warm_start_epochs"],
+        strict=True,
+    ):
+        print(f"{seed:<6}{warm:>12.3f}{final:>10.3f}{epochs:>8}")
+    interval = summary["difference_ci95"]
+    shown = "n/a (one seed)" if interval is None else f"[{interval[0]:+.3f}, {interval[1]:+.3f}]"
+    print(f"GRPO - warm start: mean {summary['difference_mean']:+.3f}, 95% CI {shown}")
+    print(
+        f"tasks gained {summary['tasks_gained']}, lost {summary['tasks_lost']} "
+        f"(exact sign test p = {summary['sign_test_p']}); plot: {summary['plot']}"
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 from typing import Annotated, Any
 
@@ -28,6 +29,16 @@ BENCHMARKS = {
 def bench(
     name: Annotated[str, typer.Argument(help="One of: " + ", ".join(BENCHMARKS))],
     quick: Annotated[bool, typer.Option("--quick", help="Small sizes: under a minute.")] = False,
+    minutes: Annotated[
+        float | None,
+        typer.Option(help="Wall time of the benchmarks that run for a time (dataloop).", min=0.1),
+    ] = None,
+    seeds: Annotated[
+        int | None,
+        typer.Option(
+            help="Training seeds of the benchmarks that repeat over seeds (learning).", min=1
+        ),
+    ] = None,
     json_output: JsonOption = False,
 ) -> None:
     """Run a benchmark and print its table; --json adds one JSON object as the last line."""
@@ -39,6 +50,13 @@ def bench(
     except ModuleNotFoundError as exc:
         typer.echo(f"error: benchmark {name!r} is not available in this build: {exc}", err=True)
         raise typer.Exit(1) from exc
-    result: dict[str, Any] = module.run(quick=quick)
+    options: dict[str, Any] = {"quick": quick}
+    for option, value in (("minutes", minutes), ("seeds", seeds)):
+        if value is None:
+            continue
+        if option not in inspect.signature(module.run).parameters:
+            raise typer.BadParameter(f"benchmark {name!r} does not take --{option}")
+        options[option] = value
+    result: dict[str, Any] = module.run(**options)
     if json_output:
         typer.echo(json.dumps(result))
