@@ -206,7 +206,7 @@ class OpenAIBackend:
                 {**body, "response_format": response_format(schema, "json_schema")}
             )
         except LLMOutputError as exc:
-            if exc.status not in REFUSED_FORMAT_STATUS:
+            if exc.status not in REFUSED_FORMAT_STATUS and exc.kind != "format_refused":
                 raise
             log.info("endpoint refused json_schema (%s); trying json_object", exc)
             payload, attempts = await self._post_with_retries(
@@ -243,6 +243,14 @@ class OpenAIBackend:
                     # this is no verdict on the work item; the caller retries it later.
                     self.stats.unavailable += 1
                     raise LLMUnavailable(f"HTTP {status} from {settings.base_url}: {snippet}")
+                if status in RETRY_STATUS and "response_format" in snippet:
+                    # llama-cpp-python answers an unknown response_format type with a 500
+                    # naming the field: a refusal of the dialect, not a server fault
+                    raise LLMOutputError(
+                        f"HTTP {status}: endpoint refused the response_format: {snippet}",
+                        "format_refused",
+                        status,
+                    )
                 if status not in RETRY_STATUS:
                     kind = (
                         "prompt_too_long" if "maximum context length" in snippet else "http_error"

@@ -54,7 +54,11 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, f
     host: str = "127.0.0.1"
     port: int = 0  # 0: a free port
     n_ctx: int = 8192
-    n_threads: int = 0  # 0: the cores, at most 4
+    # One thread, like every model process here: on 2 shared cores llama.cpp's threads wait
+    # on each other while the policy and learner run (measured: a 30-token JSON reply took
+    # 22.5 s with 2 threads, 1.4 s with 1, load average 4). 0: the cores, at most 4 (a GPU
+    # box or a machine of its own).
+    n_threads: int = 1
     n_batch: int = 512
     cache: bool = True  # RAM cache of prompt states (prefix reuse across roles)
     cache_size_mb: int = 1024

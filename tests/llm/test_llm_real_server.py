@@ -74,9 +74,25 @@ def clients(llama_server: LlamaServer, monkeypatch: pytest.MonkeyPatch) -> Itera
     """Every role on the shared server, found through the environment like a service."""
     for name, value in llama_server.environment().items():
         monkeypatch.setenv(name, value)
+    global _runner
     roles = RoleClients(role_settings({"default": {"temperature": 0.0}}))
-    yield roles
-    asyncio.run(roles.aclose())
+    # one event loop per test for every call and the teardown: the clients' pooled
+    # connections belong to the loop that opened them
+    with asyncio.Runner() as runner:
+        _runner = runner
+        try:
+            yield roles
+            runner.run(roles.aclose())
+        finally:
+            _runner = None
+
+
+_runner: asyncio.Runner | None = None
+
+
+def run(coroutine: Any) -> Any:
+    """Run on the test's event loop (see ``clients``), or on a new one."""
+    return _runner.run(coroutine) if _runner is not None else asyncio.run(coroutine)
 
 
 def ask(
@@ -87,7 +103,7 @@ def ask(
     max_tokens: int,
     counter: RejectionCounter | None = None,
 ) -> Any:
-    return asyncio.run(
+    return run(
         ask_structured(
             llm,
             messages,
@@ -292,7 +308,7 @@ def test_server_killed_mid_request_callers_back_off_and_recover(
             await backends[1].aclose()
 
     started = time.monotonic()
-    outcomes = asyncio.run(scenario())
+    outcomes = run(scenario())
     assert all(isinstance(o, Judgment) for o in outcomes), outcomes
     assert llama_server.restarts == restarts_before + 1  # the watchdog brought it back
     assert sum(b.stats.retries for b in backends) >= 2  # both callers backed off and retried
@@ -334,7 +350,7 @@ def test_a_stronger_endpoint_is_one_yaml_entry(
         finally:
             await clients.aclose()
 
-    judgment = asyncio.run(go())
+    judgment = run(go())
     assert isinstance(judgment, Judgment), judgment
     assert backend.settings.model == "strong-judge"
     # llama.cpp refused OpenAI's json_schema form; json_object + schema worked and is kept
