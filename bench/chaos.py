@@ -271,18 +271,11 @@ def learner_resumed(run_dir: Path) -> bool:
 
 
 def start_up(run_dir: Path, nats_url: str, log_path: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "NATS_URL": nats_url}
+    from coevolve.bench.dataloop import spawn_up
+
+    env = {**os.environ, "NATS_URL": nats_url}
     env.pop("COEVOLVE_RUN_DIR", None)  # COEVOLVE_CONFIG, when set, is the run's config
-    argv = [sys.executable, "-m", "coevolve", "up", "--run-dir", str(run_dir)]
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
+    return spawn_up(["--run-dir", str(run_dir)], env, log_path)
 
 
 async def chaos(run_dir: Path, out_dir: Path, minutes: float, seed: int) -> dict[str, Any]:

@@ -51,7 +51,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -301,22 +301,31 @@ async def until_signalled(
 # ---------------------------------------------------------------------- the up process
 
 
-def start_up(run_dir: Path, nats_port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    """``coevolve up`` in its own process group, on embedded defaults and its own NATS."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    for inherited in ("NATS_URL", "COEVOLVE_CONFIG", "COEVOLVE_RUN_DIR"):
-        env.pop(inherited, None)
-    argv = [sys.executable, "-m", "coevolve", "up"]
-    argv += ["--run-dir", str(run_dir), "--nats-port", str(nats_port)]
+def spawn_up(
+    options: Sequence[str], env: Mapping[str, str], log_path: Path
+) -> subprocess.Popen[bytes]:
+    """``coevolve up OPTIONS`` in its own process group (so it can be stopped whole), one
+    torch thread per service and no hub access, its output appended to ``log_path``."""
+    argv = [sys.executable, "-m", "coevolve", "up", *options]
+    environment = {**env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         return subprocess.Popen(
             argv,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env,
+            env=environment,
             start_new_session=True,
         )
+
+
+def start_up(run_dir: Path, nats_port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """``coevolve up`` on embedded defaults and its own NATS."""
+    env = dict(os.environ)
+    for inherited in ("NATS_URL", "COEVOLVE_CONFIG", "COEVOLVE_RUN_DIR"):
+        env.pop(inherited, None)
+    return spawn_up(["--run-dir", str(run_dir), "--nats-port", str(nats_port)], env, log_path)
 
 
 def wait_for_nats_url(

@@ -41,6 +41,7 @@ import yaml
 from coevolve.bench.dataloop import (
     kill_leftovers,
     share_model_cache,
+    spawn_up,
     stop_process_group,
     wait_for_nats_url,
 )
@@ -181,25 +182,15 @@ def start_up(
     scale: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """``coevolve up`` in its own process group, with an optional config and scale."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env = dict(os.environ)
     for inherited in ("NATS_URL", "COEVOLVE_CONFIG", "COEVOLVE_RUN_DIR"):
         env.pop(inherited, None)
-    argv = [sys.executable, "-m", "coevolve", "up", "--quiet"]
-    argv += ["--run-dir", str(run_dir), "--nats-port", str(nats_port)]
+    options = ["--quiet", "--run-dir", str(run_dir), "--nats-port", str(nats_port)]
     if config is not None:
-        argv += ["--config", str(config)]
+        options += ["--config", str(config)]
     for value in scale:
-        argv += ["--scale", value]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
+        options += ["--scale", value]
+    return spawn_up(options, env, log_path)
 
 
 def stop_up(process: subprocess.Popen[bytes], run_dir: Path) -> None:
