@@ -37,6 +37,7 @@ from coevolve.shared.subjects import (
     MONITOR_GROUPS_CONSUMER,
     POLICY_BUCKET,
     POLICY_UPDATES,
+    POOL_ADD,
     POOL_RESULTS_CONSUMER,
     POOL_RPC,
     POOL_VERDICTS_CONSUMER,
@@ -109,7 +110,7 @@ ROLES: tuple[Role, ...] = (
         "the task pool: feeds rollout jobs, records results and verdicts, answers the pool",
         publishes=(ROLLOUT_JOBS, TASK_ADDED),
         consumes=(POOL_RESULTS_CONSUMER, POOL_VERDICTS_CONSUMER),
-        answers=(POOL_RPC,),
+        answers=(POOL_RPC, POOL_ADD),
     ),
     Role(
         "rollout",
@@ -174,8 +175,9 @@ ROLES: tuple[Role, ...] = (
     ),
     Role(
         OPERATOR,
-        "`coevolve explore`: publishes exploration requests",
+        "`coevolve explore`: publishes exploration requests; adds tasks by hand",
         publishes=(EXPLORATION_REQUESTS,),
+        requests=(POOL_ADD,),
         service=False,
     ),
 )

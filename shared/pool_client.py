@@ -23,7 +23,7 @@ from coevolve.shared.messages import (
     decode,
     encode,
 )
-from coevolve.shared.subjects import POOL_RPC
+from coevolve.shared.subjects import POOL_ADD, POOL_RPC
 from coevolve.shared.telemetry import inject
 
 R = TypeVar("R", bound=Message)
@@ -38,9 +38,9 @@ class PoolClient:
         self.bus = bus
         self.timeout_s = timeout_s or bus.settings.request_timeout_s
 
-    async def _call(self, request: Message, expected: type[R]) -> R:
+    async def _call(self, request: Message, expected: type[R], subject: str = POOL_RPC) -> R:
         reply = await self.bus.nc.request(
-            POOL_RPC, encode(request), timeout=self.timeout_s, headers=inject({})
+            subject, encode(request), timeout=self.timeout_s, headers=inject({})
         )
         answer: Message = decode(reply.data, PoolReply)  # type: ignore[arg-type]
         if isinstance(answer, ErrorReply):
@@ -50,7 +50,8 @@ class PoolClient:
         return answer
 
     async def add_tasks(self, tasks: list[Task]) -> AddTasksReply:
-        return await self._call(AddTasks(tasks=tasks), AddTasksReply)
+        """Add tasks by hand (operator or admin credentials)."""
+        return await self._call(AddTasks(tasks=tasks), AddTasksReply, POOL_ADD)
 
     async def get(self, task_id: str) -> Task | None:
         return (await self._call(GetTask(task_id=task_id), GetTaskReply)).task

@@ -32,7 +32,9 @@ TASK_ADDED = f"{PREFIX}.pool.task_added"
 BENCH_CORE = f"{PREFIX}.bench.core"
 
 # pool-store request/reply
-POOL_RPC = f"{PREFIX}.pool.rpc"
+POOL_RPC = f"{PREFIX}.pool.rpc"  # reads: sample, get, stats, lineage
+# tasks added by hand (operators); the services add tasks only through verdicts
+POOL_ADD = f"{PREFIX}.pool.add"
 
 # operations
 HEARTBEATS = f"{PREFIX}.heartbeat"  # + ".<service>"

@@ -42,6 +42,7 @@ from coevolve.shared.messages import (
     derived_id,
 )
 from coevolve.shared.subjects import (
+    POOL_ADD,
     POOL_RESULTS_CONSUMER,
     POOL_RPC,
     POOL_VERDICTS_CONSUMER,
@@ -113,7 +114,10 @@ class PoolStoreActor(Actor):
         )
 
     def responders(self) -> Sequence[Responder]:
-        return (Responder(POOL_RPC, PoolRequest, self.on_request),)
+        return (
+            Responder(POOL_RPC, PoolRequest, self.on_request),
+            Responder(POOL_ADD, AddTasks, self.on_add),
+        )
 
     def loops(self) -> Sequence[Callable[[], Awaitable[None]]]:
         return (self.feed_rollout_jobs,) if self.config.feed_jobs else ()
@@ -133,21 +137,25 @@ class PoolStoreActor(Actor):
             )
             await self.publish(TASK_ADDED, event)
 
+    async def on_add(self, request: AddTasks) -> Message:
+        store = self.store
+        assert store is not None
+        added, duplicates = await self._db(store.add_tasks, request.tasks)
+        for task in request.tasks:
+            if task.id in added:
+                event = TaskAdded(
+                    id=derived_id("task-added", task.id), task_id=task.id, origin=task.origin
+                )
+                await self.publish(TASK_ADDED, event)
+        return AddTasksReply(added=added, duplicates=duplicates)
+
     async def on_request(self, request: Message) -> Message:
         store = self.store
         assert store is not None
         match request:
-            case AddTasks(tasks=tasks):
-                added, duplicates = await self._db(store.add_tasks, tasks)
-                for task in tasks:
-                    if task.id in added:
-                        event = TaskAdded(
-                            id=derived_id("task-added", task.id),
-                            task_id=task.id,
-                            origin=task.origin,
-                        )
-                        await self.publish(TASK_ADDED, event)
-                return AddTasksReply(added=added, duplicates=duplicates)
+            case AddTasks():
+                # pool.rpc is open to read-only users: writes go through pool.add
+                raise Rejected(f"tasks are added on {POOL_ADD} (operator credentials)")
             case GetTask(task_id=task_id):
                 return GetTaskReply(task=await self._db(store.get_task, task_id))
             case SampleBatch(size=size, mix=mix, environment=environment, seed=seed):

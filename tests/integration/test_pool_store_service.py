@@ -152,3 +152,27 @@ def test_data_survives_a_restart(tmp_path: Path) -> None:
     with PoolStore(path) as store:
         again = store.get_task("t1")
         assert again is not None and again.user_turns == make_task(1).user_turns
+
+
+async def test_tasks_are_added_only_on_the_write_subject(settings: Settings) -> None:
+    """pool.rpc is open to read-only users, so it refuses AddTasks; pool.add takes it."""
+    from coevolve.shared.messages import AddTasks, ErrorReply, PoolReply, decode, encode
+
+    runner = ActorRunner(PoolStoreActor(settings))
+    bus = await Bus.connect(settings.bus, "test")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: runner.run(handle_signals=False))
+        client = PoolClient(bus)
+        with anyio.fail_after(30):
+            while True:
+                try:
+                    await client.stats()
+                    break
+                except Exception:
+                    await anyio.sleep(0.2)
+        refused = await bus.nc.request(POOL_RPC, encode(AddTasks(tasks=[make_task(1)])), timeout=10)
+        answer = decode(refused.data, PoolReply)  # type: ignore[arg-type]
+        assert isinstance(answer, ErrorReply) and "coevolve.pool.add" in answer.error
+        assert (await client.add_tasks([make_task(2)])).added == [make_task(2).id]
+        runner.request_stop()
+    await bus.close()

@@ -51,6 +51,7 @@ PUBLISH: dict[str, set[str]] = {
     "coevolve.verdicts": {"judge"},
     "coevolve.pool.task_added": {"pool_store"},
     "coevolve.pool.rpc": POOL_ASKERS,
+    "coevolve.pool.add": {"operator"},  # the read-only user cannot add tasks
     "coevolve.heartbeat.judge": {"judge"},
     "coevolve.metrics.learner": {"learner"},
     "coevolve.dlq.explorer": {"explorer"},
@@ -82,6 +83,7 @@ PUBLISH: dict[str, set[str]] = {
 # subject -> the users (besides admin) that may subscribe to it
 SUBSCRIBE: dict[str, set[str]] = {
     "coevolve.pool.rpc": {"pool_store"},
+    "coevolve.pool.add": {"pool_store"},
     "coevolve.policy.updates": {"rollout", "reader"},
     "coevolve.signals.>": {"reader"},
     "coevolve.verdicts": {"reader"},
