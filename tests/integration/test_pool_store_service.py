@@ -125,20 +125,25 @@ async def test_pool_store_service_api_and_idempotent_consumers(settings: Setting
         assert store.get_task("t100") is not None
 
 
+async def answering(bus: Bus) -> PoolClient:
+    """A pool client, once pool-store (just started) answers."""
+    client = PoolClient(bus)
+    with anyio.fail_after(30):
+        while True:
+            try:
+                await client.stats()
+                return client
+            except Exception:
+                await anyio.sleep(0.1)
+
+
 async def test_pool_client_raises_on_bad_requests(settings: Settings) -> None:
     settings = pool_settings(settings)
     runner = ActorRunner(PoolStoreActor(settings))
     bus = await Bus.connect(settings.bus, "test")
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: runner.run(handle_signals=False))
-        client = PoolClient(bus)
-        with anyio.fail_after(20):
-            while True:
-                try:
-                    await client.stats()
-                    break
-                except Exception:
-                    await anyio.sleep(0.1)
+        client = await answering(bus)
         with pytest.raises(PoolError, match="batch size"):
             await client.sample(0)
         runner.request_stop()
@@ -162,14 +167,7 @@ async def test_tasks_are_added_only_on_the_write_subject(settings: Settings) -> 
     bus = await Bus.connect(settings.bus, "test")
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: runner.run(handle_signals=False))
-        client = PoolClient(bus)
-        with anyio.fail_after(30):
-            while True:
-                try:
-                    await client.stats()
-                    break
-                except Exception:
-                    await anyio.sleep(0.2)
+        client = await answering(bus)
         refused = await bus.nc.request(POOL_RPC, encode(AddTasks(tasks=[make_task(1)])), timeout=10)
         answer = decode(refused.data, PoolReply)  # type: ignore[arg-type]
         assert isinstance(answer, ErrorReply) and "coevolve.pool.add" in answer.error
