@@ -64,6 +64,7 @@ from coevolve.cli.explore_cmd import choose_tasks, publish_requests
 from coevolve.cli.up import recorded_nats_url
 from coevolve.shared.bus import MSG_ID_HEADER, Bus, BusError
 from coevolve.shared.config import DEFAULT_RUN_DIR, BusSettings
+from coevolve.shared.credentials import run_bus_settings
 from coevolve.shared.messages import (
     ORIGINS,
     DecodeError,
@@ -226,7 +227,7 @@ def progress_line(counter: LoopCounter) -> str:
 
 
 async def watch_bus(
-    url: str,
+    settings: BusSettings,
     counter: LoopCounter,
     duration_s: float,
     *,
@@ -240,7 +241,6 @@ async def watch_bus(
     or until ``should_stop()``; ``task_status`` is set once the subscription is live.
     With ``seed_explorations``, that many seed-mode exploration requests (train-split
     tasks, as ``coevolve explore`` sends them) are published once it is."""
-    settings = BusSettings(url=url, connect_timeout_s=connect_timeout_s)
     bus = await Bus.connect(settings, name="bench-dataloop")
     try:
         with anyio.fail_after(connect_timeout_s):
@@ -554,7 +554,7 @@ def run(
         url = wait_for_nats_url(run_dir, process)
         watch = functools.partial(
             watch_bus,
-            url,
+            run_bus_settings(run_dir, url),
             counter,
             minutes * 60,
             should_stop=lambda: process.poll() is not None,

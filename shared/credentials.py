@@ -16,8 +16,8 @@ from pathlib import Path
 
 import msgspec
 
-from coevolve.shared.config import BusSettings
-from coevolve.shared.permissions import READER, USERS, authorization_config
+from coevolve.shared.config import NATS_CREDENTIALS_DIR, BusSettings
+from coevolve.shared.permissions import ADMIN, READER, USERS, authorization_config
 
 CREDENTIALS_ENV = "COEVOLVE_NATS_CREDS"
 CREDENTIALS_DIR_ENV = "COEVOLVE_NATS_CREDS_DIR"
@@ -103,6 +103,17 @@ def service_environment(settings: BusSettings, service: str) -> dict[str, str]:
     if settings.credentials or not folder or not (Path(folder) / f"{service}.json").is_file():
         return {}
     return {CREDENTIALS_ENV: str(Path(folder) / f"{service}.json")}
+
+
+def run_bus_settings(run_dir: Path, url: str, connect_timeout_s: float = 10.0) -> BusSettings:
+    """Settings to watch and drive a run that `coevolve up` started in ``run_dir`` (a
+    benchmark, the experiment): its server, as the admin user when `up` wrote credentials."""
+    folder = run_dir / NATS_CREDENTIALS_DIR
+    if not folder.is_dir():
+        return BusSettings(url=url, connect_timeout_s=connect_timeout_s)
+    return BusSettings(
+        url=url, connect_timeout_s=connect_timeout_s, credentials_dir=str(folder), user=ADMIN
+    )
 
 
 def ensure_llm_api_key(run_dir: Path) -> Path:

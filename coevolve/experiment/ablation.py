@@ -50,7 +50,7 @@ from coevolve.experiment import ARMS
 from coevolve.report.run_data import load_run, policy_files
 from coevolve.report.run_report import summarize_run
 from coevolve.shared.bus import Bus
-from coevolve.shared.config import BusSettings
+from coevolve.shared.credentials import run_bus_settings
 from coevolve.shared.messages import DecodeError, Exploration, TaskAdded, decode
 from coevolve.shared.nats_server import free_port
 from coevolve.shared.subjects import EXPLORATIONS, TASK_ADDED
@@ -306,7 +306,7 @@ async def control_arm(
     """Until ``spec.minutes``: keep the policy file current at each mark, count tasks
     added, and (random arm) send the paced exploration requests."""
     live = ArmLive()
-    bus = await Bus.connect(BusSettings(url=url, connect_timeout_s=10.0), name="experiment")
+    bus = await Bus.connect(run_bus_settings(run, url), name="experiment")
     rng = random.Random(seed)
     try:
         await bus.ensure_streams()
