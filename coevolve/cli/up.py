@@ -15,8 +15,8 @@ import msgspec
 import typer
 
 from coevolve.cli.events import EventPrinter, EventTracker, EventWatcherThread
-from coevolve.cli.lockstep_synthesis import DEFAULT_MAX_SIGNALS
 from coevolve.cli.options import ConfigOption, RunDirOption, settings_from
+from coevolve.schedules.synthesis import DEFAULT_MAX_SIGNALS
 from coevolve.shared.bus import BusError, declare_streams
 from coevolve.shared.config import NATS_CREDENTIALS_DIR, Settings
 from coevolve.shared.credentials import (
