@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import time
 from collections.abc import Callable
@@ -55,6 +56,17 @@ VERSION_WEIGHT_PATTERNS = ("policies/v{version}.safetensors", "policies/{version
 
 class PolicyChoiceError(ValueError):
     """``--policy`` names nothing that can be loaded."""
+
+
+def pick_tasks(tasks: list[Any], limit: int | None, sample: int | None, seed: int) -> list[Any]:
+    """The first ``limit`` tasks, or ``sample`` of them drawn with ``seed`` (kept in suite
+    order): turns of one entry sit side by side, so a sample spreads over more entries."""
+    if limit is not None and sample is not None:
+        raise typer.BadParameter("use --limit or --sample, not both", param_hint="--sample")
+    if sample is not None:
+        chosen = sorted(random.Random(seed).sample(range(len(tasks)), min(sample, len(tasks))))
+        return [tasks[i] for i in chosen]
+    return tasks[:limit] if limit is not None else tasks
 
 
 def _make_bfcl() -> Environment:
@@ -204,6 +216,13 @@ def eval_command(
     limit: Annotated[
         int | None, typer.Option("--limit", help="Only the first N entries.", min=1)
     ] = None,
+    sample: Annotated[
+        int | None,
+        typer.Option(
+            "--sample", help="N tasks drawn at random (with --seed) across the suite.", min=1
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of --sample.")] = 0,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print one JSON object on the last line of stdout.")
     ] = False,
@@ -253,9 +272,7 @@ def eval_command(
     configured = settings_from(config, None).tool_rendering  # installs it for this process
     configure_tool_rendering(tool_rendering or configured)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    tasks = suite_tasks(suite, split)
-    if limit is not None:
-        tasks = tasks[:limit]
+    tasks = pick_tasks(suite_tasks(suite, split), limit, sample, seed)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(policy).name or policy)
     trajectories = run_dir / "eval" / f"{suite}-{split}-{slug}-{stamp}.jsonl"
@@ -276,6 +293,8 @@ def eval_command(
         tasks, player, suite=suite, split=split, policy=policy, batch_size=batch_size
     )
     report.extra.update(extra)
+    if sample is not None:
+        report.extra.update(sample=sample, seed=seed)
     if json_output:
         typer.echo(report.describe(), err=True)
         typer.echo(json.dumps(report.to_json()))

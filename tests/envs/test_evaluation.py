@@ -126,6 +126,23 @@ def test_eval_command_split_limit_and_text_output() -> None:
     assert "over 7 entries" in result.stdout
 
 
+def test_eval_command_sample_spreads_over_entries_and_is_seeded() -> None:
+    args = ["--suite", "bfcl-turns-base", "--split", "eval", "--policy", "ground-truth"]
+    runs = [
+        CliRunner().invoke(_cli(), [*args, "--sample", "12", "--seed", str(seed), "--json"])
+        for seed in (0, 0, 1)
+    ]
+    assert all(r.exit_code == 0 for r in runs), runs[0].output
+    reports = [json.loads(r.stdout.strip().splitlines()[-1]) for r in runs]
+    ids = [[e["entry_id"] for e in report["entries"]] for report in reports]
+    assert len(ids[0]) == 12 and ids[0] == ids[1] and ids[0] != ids[2]
+    entries = {task_id.split("#")[0] for task_id in ids[0]}
+    assert len(entries) > 12 // 4  # the first 12 tasks would be about three entries' turns
+    assert reports[0]["sample"] == 12 and reports[0]["seed"] == 0
+    both = CliRunner().invoke(_cli(), [*args, "--sample", "3", "--limit", "3"])
+    assert both.exit_code != 0
+
+
 def test_eval_command_rejects_bad_choices() -> None:
     runner = CliRunner()
     assert runner.invoke(_cli(), ["--suite", "nope", "--policy", "ground-truth"]).exit_code != 0
