@@ -261,10 +261,16 @@ def trained_groups(run_dir: Path) -> set[str]:
     return set()
 
 
-def learner_resumed(run_dir: Path) -> bool:
+# what the learner logs when it restarts from its checkpoint, by the phase it was in
+RESUME_LINES = {"grpo": "resumed at step", "warm_start": "warm start resumes at"}
+
+
+def learner_resumes(run_dir: Path) -> list[str]:
+    """The phases (grpo, warm_start) a restarted learner resumed from its checkpoint."""
     with contextlib.suppress(OSError):
-        return "resumed at step" in (run_dir / "logs" / "learner.log").read_text(errors="replace")
-    return False
+        log = (run_dir / "logs" / "learner.log").read_text(errors="replace")
+        return [phase for phase, line in RESUME_LINES.items() if line in log]
+    return []
 
 
 # --------------------------------------------------------------------------- the bench
@@ -326,7 +332,8 @@ async def chaos(run_dir: Path, out_dir: Path, minutes: float, seed: int) -> dict
         **audit_pool(run_dir / "pool.duckdb"),
         "versions_non_monotonic": bus_audit["versions_non_monotonic"],
         "policy_versions": bus_audit["policy_versions"],
-        "learner_resumed_from_checkpoint": learner_resumed(run_dir),
+        "learner_resumed_from_checkpoint": bool(learner_resumes(run_dir)),
+        "learner_resumed_in": learner_resumes(run_dir),
         "services_alive_at_end": alive_at_end,
         "dead_letters_by_reason": bus_audit["dead_letters_by_reason"],
         "dead_letters_by_service": bus_audit["dead_letters_by_service"],

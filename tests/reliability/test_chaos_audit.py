@@ -7,7 +7,7 @@ from pathlib import Path
 
 import duckdb
 
-from coevolve.bench.chaos import audit_pool, fault_schedule
+from coevolve.bench.chaos import audit_pool, fault_schedule, learner_resumes
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.messages import RolloutResults, ScoreSample, Task
 from coevolve.shared.subjects import SERVICES
@@ -41,3 +41,17 @@ def test_the_pool_audit_counts_duplicate_rows(tmp_path: Path) -> None:
     with contextlib.closing(duckdb.connect(str(path))) as db:
         db.execute("INSERT INTO rollout_results SELECT * FROM rollout_results LIMIT 1")
     assert audit_pool(path)["duplicate_results"] == 1
+
+
+def test_a_learner_resume_is_found_in_either_phase(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    assert learner_resumes(tmp_path) == []
+    (logs / "learner.log").write_text("INFO warm start: SFT on 12 tasks for 2 epochs\n")
+    assert learner_resumes(tmp_path) == []
+    with (logs / "learner.log").open("a") as log:
+        log.write("INFO warm start resumes at epoch 2, batch 1\n")
+    assert learner_resumes(tmp_path) == ["warm_start"]
+    with (logs / "learner.log").open("a") as log:
+        log.write("INFO resumed at step 3, version 4\n")
+    assert learner_resumes(tmp_path) == ["grpo", "warm_start"]
