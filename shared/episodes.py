@@ -86,15 +86,24 @@ def run_group(
     max_steps: int = 12,
     *,
     id_prefix: str | None = None,
+    partial_credit: float = 0.0,
 ) -> list[Trajectory]:
     """``group_size`` episodes of ``task``, each in its own fresh environment.
 
     All still-running episodes generate together in one batched call per step.
     ``max_steps`` bounds the assistant messages per episode. With ``id_prefix`` the
     trajectory ids are derived from it (a redelivered job yields the same ids).
+    ``partial_credit``: see ``run_groups``.
     """
     return run_groups(
-        engine, env_factory, [task], group_size, params, max_steps, id_prefixes=[id_prefix]
+        engine,
+        env_factory,
+        [task],
+        group_size,
+        params,
+        max_steps,
+        id_prefixes=[id_prefix],
+        partial_credit=partial_credit,
     )[0]
 
 
@@ -106,8 +115,18 @@ def run_episode(
     max_steps: int = 12,
     *,
     id_prefix: str | None = None,
+    partial_credit: float = 0.0,
 ) -> Trajectory:
-    return run_group(engine, env_factory, task, 1, params, max_steps, id_prefix=id_prefix)[0]
+    return run_group(
+        engine,
+        env_factory,
+        task,
+        1,
+        params,
+        max_steps,
+        id_prefix=id_prefix,
+        partial_credit=partial_credit,
+    )[0]
 
 
 def run_groups(
@@ -120,8 +139,13 @@ def run_groups(
     *,
     id_prefixes: list[str | None] | None = None,
     on_step: StepCallback | None = None,
+    partial_credit: float = 0.0,
 ) -> list[list[Trajectory]]:
     """Several groups at once (one per task), all episodes batched together.
+
+    A trajectory's reward is the environment's score; with ``partial_credit`` w > 0 an
+    unsolved episode earns w times the environment's partial credit instead of 0 (keep
+    w below the signal threshold, so a reward above it still means solved).
 
     Per trajectory, ``timings.generate_s`` is the wall time of the batched generation
     calls it took part in, ``environment_s`` its reset, steps and scoring, ``total_s``
@@ -141,7 +165,7 @@ def run_groups(
         episodes = [episode for group in groups for episode in group]
         _run_until_done(engine, episodes, params, max_steps, on_step)
         return [
-            [_finish(episode, policy_version, prefix, params) for episode in group]
+            [_finish(episode, policy_version, prefix, params, partial_credit) for episode in group]
             for group, prefix in zip(groups, prefixes, strict=True)
         ]
     finally:
@@ -303,11 +327,17 @@ def _end(episode: _Episode, *, error: str | None, finished: bool = False) -> Non
 
 
 def _finish(
-    episode: _Episode, policy_version: int, id_prefix: str | None, params: SamplingParams
+    episode: _Episode,
+    policy_version: int,
+    id_prefix: str | None,
+    params: SamplingParams,
+    partial_credit: float = 0.0,
 ) -> Trajectory:
     started = time.perf_counter()
     try:
         reward = float(episode.env.score())
+        if reward < 1.0 and partial_credit > 0.0:
+            reward = partial_credit * float(episode.env.partial_credit())
     except Exception as exc:
         reward = 0.0
         failure = f"scoring error: {type(exc).__name__}: {exc}"

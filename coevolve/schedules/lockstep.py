@@ -46,7 +46,7 @@ Synthesizer = Callable[[list[RolloutGroup]], list[Task]]
 # it again (the service keeps it in its own checkpoint)
 WARM_START_CHECKPOINT = Path("lockstep") / "warm_start.pt"
 # the fields of LockstepConfig that the ``rollout`` section sets
-ROLLOUT_FIELDS = ("max_new_tokens", "max_steps", "temperature", "top_p")
+ROLLOUT_FIELDS = ("max_new_tokens", "max_steps", "temperature", "top_p", "partial_credit")
 
 
 def collect_groups(
@@ -55,10 +55,17 @@ def collect_groups(
     group_size: int,
     params: SamplingParams,
     max_steps: int,
+    partial_credit: float = 0.0,
 ) -> list[RolloutGroup]:
     """One group of ``group_size`` episodes per task, every episode in one batch."""
     groups = run_groups(
-        engine, lambda: make_environment("bfcl"), list(tasks), group_size, params, max_steps
+        engine,
+        lambda: make_environment("bfcl"),
+        list(tasks),
+        group_size,
+        params,
+        max_steps,
+        partial_credit=partial_credit,
     )
     return [
         RolloutGroup(
@@ -112,6 +119,7 @@ class LockstepConfig:
     max_steps: int = 2  # assistant messages per episode: the calls, then the closing reply
     temperature: float = 1.0
     top_p: float = 1.0
+    partial_credit: float = 0.0  # see RolloutConfig.partial_credit
     synthesize_every: int = 0  # 0: never
     seed: int = 0
 
@@ -180,7 +188,9 @@ class LockstepLoop:
         # the learner's version (after a warm start, 1): the groups are on-policy
         self.engine.policy_version = self.learner.version
         tasks = self.source(config.tasks_per_step)
-        groups = collect_groups(self.engine, tasks, config.group_size, params, config.max_steps)
+        groups = collect_groups(
+            self.engine, tasks, config.group_size, params, config.max_steps, config.partial_credit
+        )
         rolled = time.perf_counter()
         metrics = self.learner.step(groups)
         # same weights object: the engine serves the new version from the next rollout on

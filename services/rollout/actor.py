@@ -45,6 +45,10 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     device: str | None = None
     # two BFCL calls in one message take ~100 tokens; a cut call scores 0
     max_new_tokens: int = 128
+    # an unsolved episode's reward: this times its share of matched ground-truth calls
+    # (0: BFCL's 0/1 only). A policy that solves nothing yet still gets a gradient; kept
+    # under the signal threshold (0.5), so a reward above it still means solved
+    partial_credit: float = 0.4
     temperature: float = 1.0
     top_p: float = 1.0
     # assistant messages an episode may take per user turn (the calls, maybe a second
@@ -57,6 +61,10 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # take no job before the learner's first announced policy (its warm start): the base
     # model calls no tool, so its groups all score 0 and only take CPU from the warm start
     wait_for_policy: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.partial_credit < 1.0:
+            raise ValueError(f"rollout.partial_credit must be in [0, 1), got {self.partial_credit}")
 
 
 class RolloutActor(Actor):
@@ -184,6 +192,7 @@ class RolloutActor(Actor):
                 params,
                 max_steps=self.step_budget(job.task),
                 id_prefix=job.id,
+                partial_credit=self.config.partial_credit,
             ),
             abandon_on_cancel=True,
         )

@@ -67,4 +67,9 @@ class Environment(Protocol):
         """The episode's score in [0, 1]."""
         ...
 
+    def partial_credit(self) -> float:
+        """How close an unsolved episode came, in [0, 1] (reward shaping for training;
+        ``score`` stays the verdict)."""
+        ...
+
     def close(self) -> None: ...

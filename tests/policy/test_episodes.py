@@ -114,6 +114,26 @@ def test_ground_truth_script_scores_one_with_consistent_tokens(
     assert engine.tokenizer.decode(generated).count("<|im_end|>") == len(texts)
 
 
+def test_partial_credit_rewards_an_unsolved_episode_below_the_signal_threshold(
+    engine: TransformersEngine, task: Task
+) -> None:
+    first, second = task.ground_truth
+    # the first turn right, the second one's call made twice: unsolved, partly matched
+    texts = [format_tool_calls(first), "Done.", format_tool_calls([*second, *second]), "Done."]
+    rewards = []
+    for weight in (0.0, 0.4):
+        scripted = ScriptedPolicy(engine, list(texts))
+        episode = run_episode(scripted, bfcl, task, SamplingParams(), 10, partial_credit=weight)
+        rewards.append(episode.reward)
+    assert rewards[0] == 0.0  # BFCL's verdict: the state differs
+    assert rewards[1] == pytest.approx(0.4 * (1.0 + len(second) / (2 * len(second))) / 2)
+    solved_texts = [format_tool_calls(first), "Done.", format_tool_calls(second), "Done."]
+    solved = run_episode(
+        ScriptedPolicy(engine, solved_texts), bfcl, task, SamplingParams(), 10, partial_credit=0.4
+    )
+    assert solved.reward == 1.0
+
+
 def test_real_policy_group(policy: LoadedPolicy, engine: TransformersEngine, task: Task) -> None:
     params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=5)
     trajectories = run_group(engine, bfcl, task, group_size=2, params=params, max_steps=2)
@@ -206,6 +226,9 @@ class BrokenStepBfcl:
 
     def score(self) -> float:
         return self.inner.score()
+
+    def partial_credit(self) -> float:
+        return self.inner.partial_credit()
 
     def close(self) -> None:
         self.closed = True

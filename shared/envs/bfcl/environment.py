@@ -31,7 +31,12 @@ from coevolve.shared.envs.bfcl.instances import (
     function_table,
     public_state,
 )
-from coevolve.shared.envs.bfcl.scoring import EpisodeRecord, ScoreReport, score_episode
+from coevolve.shared.envs.bfcl.scoring import (
+    EpisodeRecord,
+    ScoreReport,
+    partial_credit,
+    score_episode,
+)
 from coevolve.shared.envs.bfcl.tasks import ENVIRONMENT_NAME, prior_ground_truth
 from coevolve.shared.envs.bfcl.validation import (
     CallLimits,
@@ -246,6 +251,12 @@ class BfclEnvironment:
             if not self._completed and self._end_reason:
                 self._report.message = f"{self._end_reason}; {self._report.message}"
         return self._report.score
+
+    def partial_credit(self) -> float:
+        """Matched ground-truth calls in [0, 1] (``scoring.partial_credit``)."""
+        if self._task is None:
+            raise EpisodeNotStartedError("call reset(task) first")
+        return partial_credit(self._task, self._record)
 
     def close(self) -> None:
         self._instances = {}

@@ -139,3 +139,49 @@ def record_call_strings(record: EpisodeRecord) -> list[list[list[str]]]:
         [[call_string(call.name, call.arguments) for call in step] for step in turn]
         for turn in record
     ]
+
+
+def partial_credit(task: Task, record: EpisodeRecord) -> float:
+    """How close an episode came to the ground truth's calls, in [0, 1]: per turn with
+    ground-truth calls, each is matched once by a model call (1 for the same function and
+    arguments, 0.5 for the same function), over the larger of the two call counts (so
+    extra calls cost), averaged over those turns. Arguments are compared after
+    validation, so defaults and type coercions do not count as differences.
+
+    A training signal for a policy that solves nothing yet (reward shaping); BFCL's verdict
+    is ``score_episode``, which evaluation keeps using.
+    """
+    functions = function_table(list(task.env_config.get("involved_classes", [])))
+    credits: list[float] = []
+    for offset, truth_calls in enumerate(task.ground_truth):
+        if not truth_calls:
+            continue
+        made = [call for step in record[offset] for call in step] if offset < len(record) else []
+        expected = [_validated_or_none(call, functions) for call in truth_calls]
+        unused = list(made)
+        matched = 0.0
+        for truth in expected:
+            name = truth.name if truth is not None else None
+            exact = next((c for c in unused if truth is not None and _same(c, truth)), None)
+            named = next((c for c in unused if c.name == name), None)
+            if exact is not None:
+                matched += 1.0
+                unused.remove(exact)
+            elif named is not None:
+                matched += 0.5
+                unused.remove(named)
+        credits.append(matched / max(len(truth_calls), len(made)))
+    return sum(credits) / len(credits) if credits else 0.0
+
+
+def _validated_or_none(
+    call: ToolCall, functions: Mapping[str, FunctionDoc]
+) -> ValidatedCall | None:
+    try:
+        return validate_call(call, functions)
+    except CallValidationError:
+        return None
+
+
+def _same(made: ValidatedCall, truth: ValidatedCall) -> bool:
+    return made.name == truth.name and made.arguments == truth.arguments
