@@ -23,6 +23,7 @@ BENCHMARKS = {
     "prompts": "first-prompt tokens of BFCL entries and turns, full vs compact tool rendering",
     "flood": "10,000 bad messages on every subject: good msgs/s with and without, dead letters",
     "chaos": "coevolve up under kill -9 of every service, a NATS and an LLM restart: audit",
+    "services": "coevolve up vs up --schedule lockstep: learner steps, accepted tasks per hour",
 }
 
 
