@@ -24,6 +24,7 @@ BENCHMARKS = {
     "flood": "10,000 bad messages on every subject: good msgs/s with and without, dead letters",
     "chaos": "coevolve up under kill -9 of every service, a NATS and an LLM restart: audit",
     "services": "coevolve up vs up --schedule lockstep: learner steps, accepted tasks per hour",
+    "sft": "SFT warm start, ours vs TRL SFTTrainer: s/step, peak RSS, loss tokens, losses",
 }
 
 
