@@ -1,19 +1,28 @@
 """The judge's work without the bus: a task candidate in, its verdict out.
 
-The judge service publishes what :func:`judge_candidate` returns; the lockstep schedule
-records it in the pool itself. Nothing here knows about NATS.
+Stages, cheapest first; the first that fails rejects the candidate and the later ones
+never run: replay (``replay.py``), the deterministic semantic checks (``checks.py``:
+arguments named, description covered, minimality, intent), the round trip if enabled
+(``roundtrip.py``, an LLM solver), then the LLM judge (``prompts.py``). Each check is a
+criterion of the verdict. The judge service publishes what :func:`judge_candidate`
+returns; the lockstep schedule records it in the pool itself. Nothing here knows about
+NATS.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Literal
 
 import anyio
 import msgspec
 from opentelemetry.trace import NoOpTracer, Tracer
 
+from coevolve.services.judge.checks import semantic_checks
 from coevolve.services.judge.prompts import JUDGE_SCHEMA, Judgment, decide, judge_messages
 from coevolve.services.judge.replay import ReplayCheck, replay_candidate
+from coevolve.services.judge.roundtrip import round_trip
 from coevolve.shared.envs import Environment, make_environment
 from coevolve.shared.llm import RoleLLM
 from coevolve.shared.messages import Task, TaskCandidate, Verdict, derived_id
@@ -24,6 +33,17 @@ from coevolve.shared.telemetry import current_trace_id
 class JudgeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_tokens: int = 200
     concurrency: int = 1
+    # deterministic checks after the replay (checks.py): no redundant state-changing call
+    minimality: bool = True
+    # the request names the calls' key values, uses what it quotes, and is about the
+    # functions called (similarity: all-MiniLM-L6-v2, or n-grams without it)
+    relevance: bool = True
+    relevance_backend: Literal["auto", "embedding", "ngram"] = "auto"
+    # an LLM solver given only the requests must reach the same result (roundtrip.py):
+    # one LLM call per turn; off, as with the default 0.5B model it rejects most sound
+    # tasks (docs/judge.md)
+    round_trip: bool = False
+    round_trip_max_tokens: int = 300
 
 
 @dataclass
@@ -39,12 +59,15 @@ class JudgeDeps:
 @dataclass(frozen=True)
 class Judged:
     verdict: Verdict
-    outcome: str  # accepted, rejected_by_replay, rejected_by_judge, judge_output_rejected
+    # accepted, rejected_by_replay, rejected_by_checks, rejected_by_round_trip,
+    # rejected_by_judge, judge_output_rejected
+    outcome: str
     rejection: Rejection | None  # the judge's unusable output, when it was one
 
 
 async def judge_candidate(candidate: TaskCandidate, deps: JudgeDeps) -> Judged:
-    """Replay the candidate's ground truth, then (if the replay passes) ask the judge role.
+    """Replay the candidate's ground truth, run the semantic checks, the round trip (if
+    enabled), then ask the judge role, stopping at the first stage that rejects it.
 
     The verdict's lineage carries the current trace id. Raises only ``LLMUnavailable``.
     """
@@ -54,17 +77,44 @@ async def judge_candidate(candidate: TaskCandidate, deps: JudgeDeps) -> Judged:
     def make_env() -> Environment:
         return make_environment(environment)
 
+    config = deps.config
     with deps.tracer.start_as_current_span("judge replay"):
         check = await anyio.to_thread.run_sync(replay_candidate, task, make_env)
     criteria = dict(check.criteria)
     rejection: Rejection | None = None
-    if not check.passed:
-        accepted, reasons, outcome = False, check.problems(), "rejected_by_replay"
-    else:
-        with deps.tracer.start_as_current_span("judge ask"):
-            judged = await ask_judgment(
-                deps.llm, task, check, deps.config.max_tokens, deps.judgments
+    accepted, reasons, outcome = False, check.problems(), "rejected_by_replay"
+    going = check.passed
+    if going:
+        with deps.tracer.start_as_current_span("judge checks"):
+            results = await anyio.to_thread.run_sync(
+                partial(
+                    semantic_checks,
+                    task,
+                    make_env,
+                    minimality=config.minimality,
+                    relevance=config.relevance,
+                    backend=config.relevance_backend,
+                )
             )
+        criteria.update({result.name: result.passed for result in results})
+        reasons = [reason for result in results for reason in result.reasons]
+        outcome = "rejected_by_checks"
+        going = all(result.passed for result in results)
+    if going and config.round_trip:
+        with deps.tracer.start_as_current_span("judge round trip"):
+            trip = await round_trip(
+                deps.llm,
+                task,
+                make_env,
+                max_tokens=config.round_trip_max_tokens,
+                counter=deps.judgments,
+            )
+        criteria[trip.name] = trip.passed
+        reasons, outcome = list(trip.reasons), "rejected_by_round_trip"
+        going = trip.passed
+    if going:
+        with deps.tracer.start_as_current_span("judge ask"):
+            judged = await ask_judgment(deps.llm, task, check, config.max_tokens, deps.judgments)
         if isinstance(judged, Rejection):
             rejection = judged
         accepted, reasons, llm_criteria, outcome = judgment_outcome(judged)

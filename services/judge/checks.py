@@ -1,0 +1,517 @@
+"""The judge's deterministic semantic checks: minimality and description relevance.
+
+They run after the replay (``replay.py``) and before any LLM, each a verdict criterion:
+
+- ``minimal``: dropping any single state-changing call from the ground truth changes the
+  final environment state; a call whose removal leaves the final state as it was is
+  redundant and the candidate is rejected naming it.
+- ``names_arguments``: the task's text names (or an earlier call returned) the salient
+  literal arguments of its calls (see :func:`salient_values`).
+- ``intent_matches``: the task's text is closer to the functions it calls (name and
+  description) than to most other functions the environment offers.
+
+Both need the calls traced one by one (:func:`trace_calls`): the state before and after
+each call, what it returned, and what the conversation showed before the first one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from coevolve.shared.envs import Environment
+from coevolve.shared.messages import Task, ToolCall
+from coevolve.shared.similarity import Backend, NearDuplicateIndex
+
+# What ends a turn in a traced run: an assistant message without a tool call.
+END_OF_TURN = "Done."
+
+# A string argument longer than this (characters or words) is free text (a message, a
+# tweet, a file's content): a description may paraphrase it, so it counts as named when
+# this share of its words appears.
+MAX_SALIENT_CHARS = 40
+MAX_SALIENT_WORDS = 5
+MIN_FREE_TEXT_SHARE = 0.5
+
+# Calibrated on the 373 train-split turns of bfcl-turns-base (their own query and
+# ground truth) against the same turns with a wrong argument value or another turn's
+# query; the numbers are in docs/judge.md. A task passes ``names_arguments`` when at most
+# MAX_UNNAMED of its salient values are neither named nor returned earlier and at least
+# MIN_NAMED_SHARE of them are.
+MAX_UNNAMED = 1
+MIN_NAMED_SHARE = 0.5
+
+# ``intent_matches``: the mean, over the distinct functions called, of the share of the
+# environment's other functions that are less similar to the task's text than the called
+# one must reach this.
+MIN_INTENT_PERCENTILE = 0.6
+
+# ``covers_description``: at most this many quoted literals of the request may go unused.
+MAX_UNCOVERED = 0
+
+_MONTHS: tuple[str, ...] = (
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+)
+_WORD = re.compile(r"[a-z0-9]+")
+_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+_ISO_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})$")
+_ENUM_IN_TEXT = re.compile(r"\[Enum\]:\s*(\[[^\]]*\])")
+_CODE = re.compile(r"^[A-Z]{3,5}$")
+_FILE_NAME = re.compile(r"^[\w.-]+\.[A-Za-z0-9]{1,5}$")
+# a quoted literal in a request: 'x' or "x" (not an apostrophe inside a word)
+_QUOTED = re.compile(r"(?:^|(?<=[\s(\[:,]))['\"‘“]([^'\"’”\n]{2,40}?)['\"’”](?=$|[\s.,;:!?)\]])")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check's outcome: its criterion name, whether it holds, and why not."""
+
+    name: str
+    passed: bool
+    reasons: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TracedCall:
+    turn: int
+    index: int  # position in its turn
+    call: ToolCall
+    ok: bool
+    observation: str
+    changed_state: bool
+
+
+@dataclass
+class CallTrace:
+    """The ground truth run call by call from the task's initial state.
+
+    ``final_state`` is None when the environment exposes no ``state()``.
+    """
+
+    context: list[tuple[str, str]]  # (role, content) of the conversation before the calls
+    calls: list[TracedCall]
+    final_state: dict[str, Any] | None
+    tools: list[dict[str, Any]]
+
+
+def call_text(call: ToolCall) -> str:
+    return f"{call.name}({json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)})"
+
+
+def _state_of(environment: Environment) -> dict[str, Any] | None:
+    state = getattr(environment, "state", None)
+    if not callable(state):
+        return None
+    value = state()
+    return dict(value) if isinstance(value, Mapping) else None
+
+
+def _run(
+    environment: Environment,
+    task: Task,
+    ground_truth: Sequence[Sequence[ToolCall]],
+    trace: bool,
+) -> tuple[list[TracedCall], list[tuple[str, str]], list[dict[str, Any]]]:
+    """Reset, run ``ground_truth`` turn by turn (each call its own step), end every turn.
+    Returns the traced calls (state compared around each only when ``trace``), the
+    context messages and the tools offered at the start."""
+    messages = environment.reset(task)
+    context: list[tuple[str, str]] = [(m.role, m.content) for m in messages]
+    tools = environment.tools()
+    traced: list[TracedCall] = []
+    for turn, calls in enumerate(ground_truth):
+        for index, call in enumerate(calls):
+            before = _state_of(environment) if trace else None
+            ok, observation = environment.execute(call)
+            changed = trace and before is not None and _state_of(environment) != before
+            traced.append(TracedCall(turn, index, call, ok, observation, changed))
+        environment.step(END_OF_TURN)
+    return traced, context, tools
+
+
+def trace_calls(task: Task, make_env: Callable[[], Environment]) -> CallTrace:
+    """Run ``task.ground_truth`` in a fresh environment, recording each call. Blocking."""
+    environment = make_env()
+    try:
+        calls, context, tools = _run(environment, task, task.ground_truth, trace=True)
+        final = _state_of(environment)
+    finally:
+        environment.close()
+    return CallTrace(context=context, calls=calls, final_state=final, tools=tools)
+
+
+def final_state_without(
+    task: Task, make_env: Callable[[], Environment], dropped: TracedCall
+) -> dict[str, Any] | None:
+    """The final state when ``dropped`` is left out of the ground truth."""
+    ground_truth = [
+        [c for i, c in enumerate(calls) if (turn, i) != (dropped.turn, dropped.index)]
+        for turn, calls in enumerate(task.ground_truth)
+    ]
+    environment = make_env()
+    try:
+        _run(environment, task, ground_truth, trace=False)
+        return _state_of(environment)
+    finally:
+        environment.close()
+
+
+# --------------------------------------------------------------------------- minimality
+
+
+def check_minimality(
+    task: Task, make_env: Callable[[], Environment], trace: CallTrace | None = None
+) -> CheckResult:
+    """Every state-changing call is needed: leaving out any one of them changes the final
+    state. Passes (with ``skipped`` in details) when the environment has no ``state()``."""
+    trace = trace or trace_calls(task, make_env)
+    if trace.final_state is None:
+        return CheckResult("minimal", True, details={"skipped": "environment has no state()"})
+    changing = [c for c in trace.calls if c.changed_state]
+    redundant = [c for c in changing if final_state_without(task, make_env, c) == trace.final_state]
+    reasons = [
+        f"redundant call: turn {c.turn + 1} call {c.index + 1} {call_text(c.call)} "
+        "(the final state is the same without it)"
+        for c in redundant
+    ]
+    details = {"state_changing_calls": len(changing), "redundant_calls": len(redundant)}
+    return CheckResult("minimal", not redundant, reasons, details)
+
+
+# --------------------------------------------------------------------------- relevance
+
+
+def _scalars(value: Any) -> Iterator[Any]:
+    if isinstance(value, Mapping):
+        for item in value.values():
+            yield from _scalars(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _scalars(item)
+    else:
+        yield value
+
+
+def is_salient(value: Any) -> bool:
+    """Whether a literal argument is one a task's text should name.
+
+    Salient: numbers other than 0 and 1 (amounts, ids, counts; 0 and 1 are mostly
+    positions and flags) and strings of at least 2 characters (names, ids, file names,
+    symbols, dates, and free text such as a message, which :func:`names` matches loosely).
+    Not salient: booleans, None, empty or one-character strings (modes such as ``"l"``).
+    """
+    if isinstance(value, bool) or value is None:
+        return False
+    if isinstance(value, int | float):
+        return value not in (0, 1)
+    if isinstance(value, str):
+        return len(value.strip()) >= 2
+    return False
+
+
+def is_free_text(value: str) -> bool:
+    """Longer than ``MAX_SALIENT_CHARS`` characters or ``MAX_SALIENT_WORDS`` words: a
+    message, a tweet, a file's content, which a request may quote or paraphrase."""
+    text = value.strip()
+    return len(text) > MAX_SALIENT_CHARS or len(text.split()) > MAX_SALIENT_WORDS
+
+
+def salient_values(calls: Sequence[ToolCall]) -> list[tuple[ToolCall, str, Any]]:
+    """(call, parameter, value) for every salient scalar in the calls' arguments (lists
+    and nested objects searched, under their top-level parameter), each distinct value
+    once (the first call passing it)."""
+    found: list[tuple[ToolCall, str, Any]] = []
+    seen: list[Any] = []
+    for call in calls:
+        for parameter, argument in call.arguments.items():
+            for value in _scalars(argument):
+                if is_salient(value) and value not in seen:
+                    seen.append(value)
+                    found.append((call, parameter, value))
+    return found
+
+
+def enum_options(tools: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], list[str]]:
+    """(function, parameter) -> the values its schema allows: a JSON-schema ``enum`` (also
+    of array items) or BFCL's ``[Enum]: [...]`` in the parameter's description."""
+    options: dict[tuple[str, str], list[str]] = {}
+    for tool in tools:
+        function = tool.get("function", tool)
+        properties = (function.get("parameters") or {}).get("properties") or {}
+        for parameter, spec in properties.items():
+            if not isinstance(spec, Mapping):
+                continue
+            items = spec.get("items") if isinstance(spec.get("items"), Mapping) else {}
+            allowed = spec.get("enum") or (items or {}).get("enum")
+            if not allowed:
+                found = _ENUM_IN_TEXT.search(str(spec.get("description", "")))
+                if found:
+                    try:
+                        allowed = json.loads(found.group(1))
+                    except ValueError:
+                        allowed = None
+            if isinstance(allowed, list) and allowed:
+                options[(str(function.get("name")), parameter)] = [str(v) for v in allowed]
+    return options
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def _stem(word: str) -> str:
+    return word[:-1] if len(word) > 3 and word.endswith("s") else word
+
+
+def _subsequence(short: str, long: str) -> bool:
+    letters = iter(long)
+    return all(letter in letters for letter in short)
+
+
+class TextIndex:
+    """What a text names, for :func:`names`: its words (and their stems), its word
+    sequence, and the numbers it writes."""
+
+    def __init__(self, text: str) -> None:
+        words = _words(text)
+        self.words = words
+        self.joined = f" {' '.join(words)} "
+        self.stems = {_stem(w) for w in words}
+        self.numbers = set()
+        for raw in _NUMBER.findall(text):
+            try:
+                self.numbers.add(float(raw.replace(",", "")))
+            except ValueError:
+                continue
+
+
+def abbreviates(index: TextIndex, code: str) -> bool:
+    """Whether a code (a ticker, an airport) abbreviates a name in the text: its letters in
+    order within one word or two adjacent ones, the first letter starting the name
+    (``nvda``: Nvidia, ``sfo``: San Francisco)."""
+    words = index.words
+    for position, word in enumerate(words):
+        if not word.startswith(code[0]):
+            continue
+        if _subsequence(code, word):
+            return True
+        if position + 1 < len(words) and _subsequence(code, word + words[position + 1]):
+            return True
+    return False
+
+
+def names(index: TextIndex, value: Any) -> bool:
+    """Whether the indexed text names ``value``: a number written with the same value, a
+    string whose words appear in order (or, failing that, each word or its stem anywhere;
+    a file name also without its extension), free text when ``MIN_FREE_TEXT_SHARE`` of
+    its words (3+ letters) appear, an ISO date also as month name and day, an
+    upper-case code also as the name it abbreviates (:func:`abbreviates`)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value) in index.numbers
+    text = str(value)
+    date = _ISO_DATE.match(text.strip())
+    if date:
+        month, day = int(date.group(2)), int(date.group(3))
+        if 1 <= month <= 12:
+            name = _MONTHS[month - 1]
+            month_named = _stem(name) in index.stems or name[:3] in index.stems
+            day_named = float(day) in index.numbers
+            if month_named and day_named:
+                return True
+    words = _words(text)
+    if not words:
+        return True
+    if f" {' '.join(words)} " in index.joined:
+        return True
+    if is_free_text(text):
+        content = {_stem(w) for w in words if len(w) >= 3}
+        return not content or len(content & index.stems) / len(content) >= MIN_FREE_TEXT_SHARE
+    if _CODE.match(text.strip()) and abbreviates(index, text.strip().lower()):
+        return True
+    if _FILE_NAME.match(text.strip()):
+        words = words[:-1]  # a file name, also without its extension
+    return all(_stem(w) in index.stems for w in words)
+
+
+def check_arguments_named(task: Task, trace: CallTrace) -> CheckResult:
+    """The task's text names its calls' salient argument values.
+
+    A value an earlier call returned (or the conversation showed) counts as named. A value
+    of an enumerated parameter ("all doors", "in START mode") counts only when the text
+    names one of its options: then it must be that one.
+    """
+    text = TextIndex(_task_text(task, with_context=True))
+    shown_before = [content for role, content in trace.context if role != "user"]
+    enums = enum_options(trace.tools)
+    unnamed: list[str] = []
+    total = 0
+    seen: list[Any] = []
+    for position, traced in enumerate(trace.calls):
+        earlier = "\n".join([*shown_before, *(c.observation for c in trace.calls[:position])])
+        shown = TextIndex(earlier)
+        for call, parameter, value in salient_values([traced.call]):
+            if value in seen:
+                continue
+            seen.append(value)
+            options = enums.get((call.name, parameter))
+            picks_none = options and not any(names(text, option) for option in options)
+            if picks_none:
+                continue  # an enumerated value the text chooses by meaning, not by name
+            total += 1
+            if not (names(text, value) or names(shown, value)):
+                unnamed.append(f"{call.name}: {value!r}")
+    named_share = 1.0 if total == 0 else (total - len(unnamed)) / total
+    passed = len(unnamed) <= MAX_UNNAMED and named_share >= MIN_NAMED_SHARE
+    reasons = (
+        []
+        if passed
+        else [
+            f"the task's text does not name {len(unnamed)} of {total} key argument values: "
+            + ", ".join(unnamed[:4])
+        ]
+    )
+    details = {"salient_values": total, "unnamed": len(unnamed), "named_share": named_share}
+    return CheckResult("names_arguments", passed, reasons, details)
+
+
+def _task_text(task: Task, with_context: bool = False) -> str:
+    parts = [task.description, *task.user_turns]
+    if with_context:
+        prior = task.env_config.get("prior_turns") or []
+        parts.extend(str(turn) for turn in prior)
+    return "\n".join(part for part in parts if part)
+
+
+def function_text(tool: Mapping[str, Any]) -> str:
+    """A function's name (split into words) and what it does, for similarity."""
+    function = tool.get("function", tool)
+    name = str(function.get("name", ""))
+    words = re.sub(r"([a-z])([A-Z])", r"\1 \2", name).replace("_", " ").lower()
+    hints = tool.get("compact")
+    description = ""
+    if isinstance(hints, Mapping) and isinstance(hints.get("description"), str):
+        description = hints["description"]
+    else:
+        description = str(function.get("description", ""))
+    return f"{words}: {' '.join(description.split())}"
+
+
+@lru_cache(maxsize=64)
+def _function_index(texts: tuple[str, ...], backend: Backend) -> NearDuplicateIndex:
+    return NearDuplicateIndex(list(texts), backend=backend)
+
+
+def intent_percentiles(
+    text: str, tools: Sequence[Mapping[str, Any]], used: Sequence[str], backend: Backend
+) -> dict[str, float]:
+    """For each used function name: the share of the other offered functions less similar
+    to ``text`` than it is."""
+    names_offered = [str(t.get("function", t).get("name", "")) for t in tools]
+    index = _function_index(tuple(function_text(t) for t in tools), backend)
+    scores = index.similarities(text)
+    out: dict[str, float] = {}
+    others = max(len(scores) - 1, 1)
+    for name in dict.fromkeys(used):
+        if name not in names_offered:
+            out[name] = 0.0
+            continue
+        own = scores[names_offered.index(name)]
+        out[name] = sum(1 for s in scores if s < own) / others
+    return out
+
+
+def check_intent(task: Task, trace: CallTrace, backend: Backend = "auto") -> CheckResult:
+    """The task's text is closer to the functions it calls than to most other functions
+    of its environment (mean percentile >= ``MIN_INTENT_PERCENTILE``)."""
+    used = [c.call.name for c in trace.calls]
+    if len(trace.tools) < 3 or not used:
+        return CheckResult("intent_matches", True, details={"skipped": "too few functions"})
+    percentiles = intent_percentiles(_task_text(task), trace.tools, used, backend)
+    mean = sum(percentiles.values()) / len(percentiles)
+    passed = mean >= MIN_INTENT_PERCENTILE
+    reasons = (
+        []
+        if passed
+        else [
+            "the task's text is not about the functions it calls (similarity percentile "
+            f"{mean:.2f} < {MIN_INTENT_PERCENTILE}: "
+            + ", ".join(f"{n} {p:.2f}" for n, p in percentiles.items())
+            + ")"
+        ]
+    )
+    return CheckResult("intent_matches", passed, reasons, {"intent_percentile": mean})
+
+
+def quoted_literals(text: str) -> list[str]:
+    """The short literals a request quotes ('notes.txt', "USR002")."""
+    return [literal.strip() for literal in _QUOTED.findall(text) if literal.strip()]
+
+
+def check_description_covered(task: Task, trace: CallTrace) -> CheckResult:
+    """What the request quotes is used: every quoted literal of the task's own turns
+    appears in its calls' arguments, in what they returned, or in the conversation
+    before them. A request quoting a file or an id no call touches asks for more than the
+    calls do (a dropped call, another request)."""
+    used = TextIndex(
+        "\n".join(
+            [
+                *(json_text(c.call.arguments) for c in trace.calls),
+                *(c.observation for c in trace.calls),
+                *(content for role, content in trace.context if role != "user"),
+            ]
+        )
+    )
+    literals = [q for turn in [task.description, *task.user_turns] for q in quoted_literals(turn)]
+    missing = [q for q in dict.fromkeys(literals) if not names(used, q)]
+    passed = len(missing) <= MAX_UNCOVERED
+    reasons = (
+        []
+        if passed
+        else ["no call uses what the request quotes: " + ", ".join(repr(q) for q in missing[:4])]
+    )
+    details = {"quoted": len(literals), "unused": len(missing)}
+    return CheckResult("covers_description", passed, reasons, details)
+
+
+def json_text(value: Any) -> str:
+    return " ".join(str(v) for v in _scalars(value))
+
+
+def semantic_checks(
+    task: Task,
+    make_env: Callable[[], Environment],
+    *,
+    minimality: bool = True,
+    relevance: bool = True,
+    backend: Backend = "auto",
+) -> list[CheckResult]:
+    """The enabled checks, cheapest first, over one traced run. Blocking (run it in a
+    worker thread); assumes the replay passed."""
+    if not (minimality or relevance):
+        return []
+    trace = trace_calls(task, make_env)
+    results: list[CheckResult] = []
+    if relevance:
+        results.append(check_arguments_named(task, trace))
+        results.append(check_description_covered(task, trace))
+    if minimality:
+        results.append(check_minimality(task, make_env, trace))
+    if relevance:
+        results.append(check_intent(task, trace, backend))
+    return results
