@@ -25,6 +25,7 @@ BENCHMARKS = {
     "chaos": "coevolve up under kill -9 of every service, a NATS and an LLM restart: audit",
     "services": "coevolve up vs up --schedule lockstep: learner steps, accepted tasks per hour",
     "sft": "SFT warm start, ours vs TRL SFTTrainer: s/step, peak RSS, loss tokens, losses",
+    "judge": "judge stages on BFCL train turns and corrupted copies: accept/reject rates, s/cand",
 }
 
 

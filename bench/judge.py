@@ -1,0 +1,567 @@
+"""Judge benchmark: how well each stage of the judge tells sound tasks from broken ones.
+
+A labelled set from BFCL's train-split per-turn tasks (``bfcl-turns-base``):
+
+- positives: a turn's user message and its ground-truth calls, as they are;
+- negatives: the same turn with one corruption each, where it applies:
+  ``wrong_function`` (one call swapped for another function of its class, with arguments
+  that function takes elsewhere in BFCL), ``wrong_argument`` (one literal argument
+  replaced by another value that parameter takes elsewhere, or a changed number),
+  ``dropped_call`` (one state-changing call left out) and ``other_description`` (the
+  user message of another turn whose calls share no function with this one's).
+  One more kind is reported on its own, outside the overall reject rate:
+  ``redundant_call`` (a state-changing call made twice in a row), what minimality is for.
+
+Each candidate goes through the judge's stages in its order: replay, minimality,
+relevance (arguments named, intent), round trip (an LLM solver must reach the same
+state), the LLM judge. A row per stage reports the accept rate of positives, the reject
+rate of negatives (overall and per corruption) and the seconds per candidate, each stage
+including the ones before it. The deterministic stages run on every candidate; the LLM
+stages on a fixed sample of the positives and their negatives (``llm_positives``), on the
+local llama.cpp server (Qwen2.5-Coder-0.5B, 1 thread) started here and stopped at the end.
+``--quick``: 10 positives and their negatives, every stage on all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from coevolve.services.judge.checks import (
+    CallTrace,
+    check_arguments_named,
+    check_description_covered,
+    check_intent,
+    check_minimality,
+    trace_calls,
+)
+from coevolve.services.judge.replay import replay_candidate
+from coevolve.shared.envs import Environment, make_environment
+from coevolve.shared.messages import Task, ToolCall
+
+CORRUPTIONS: tuple[str, ...] = (
+    "wrong_function",
+    "wrong_argument",
+    "dropped_call",
+    "other_description",
+)
+# reported on its own, not in the overall reject rate (the issue names the four above)
+EXTRA_CORRUPTIONS: tuple[str, ...] = ("redundant_call",)
+ALL_CORRUPTIONS = (*CORRUPTIONS, *EXTRA_CORRUPTIONS)
+SEED = 11
+QUICK_POSITIVES = 10
+FULL_LLM_POSITIVES = 24
+STAGES: tuple[str, ...] = (
+    "replay",
+    "+minimality",
+    "+relevance",
+    "+round_trip",
+    "judge (default: +LLM judge)",
+    "judge +round_trip",
+)
+
+
+@dataclass(frozen=True)
+class Labelled:
+    """A candidate task with its label: ``kind`` is ``positive`` or a corruption."""
+
+    task: Task
+    kind: str
+    source_id: str
+    note: str = ""
+
+    @property
+    def positive(self) -> bool:
+        return self.kind == "positive"
+
+
+# --------------------------------------------------------------------------- the set
+
+
+def _make_env() -> Environment:
+    return make_environment("bfcl")
+
+
+def value_pool(tasks: Sequence[Task]) -> dict[tuple[str, str], list[Any]]:
+    """(function, parameter) -> the distinct scalar values BFCL's ground truth passes."""
+    pool: dict[tuple[str, str], list[Any]] = {}
+    for task in tasks:
+        for calls in task.ground_truth:
+            for call in calls:
+                for name, value in call.arguments.items():
+                    if isinstance(value, str | int | float):
+                        values = pool.setdefault((call.name, name), [])
+                        if value not in values:
+                            values.append(value)
+    return pool
+
+
+def _class_of(task: Task, function: str) -> str | None:
+    from coevolve.shared.envs.bfcl.instances import function_table
+
+    doc = function_table(task.env_config["involved_classes"]).get(function)
+    return doc.class_name if doc else None
+
+
+def _with_calls(task: Task, calls: list[ToolCall], suffix: str) -> Task:
+    return msgspec.structs.replace(task, id=f"{task.id}~{suffix}", ground_truth=[calls])
+
+
+def wrong_function(
+    task: Task, pool: dict[tuple[str, str], list[Any]], rng: random.Random
+) -> Labelled | None:
+    """One call swapped for another function of its class whose required parameters
+    can be filled from ``pool`` (or from the replaced call's arguments of the same name)."""
+    from coevolve.shared.envs.bfcl.catalog import function_docs
+
+    calls = task.ground_truth[0]
+    for position in rng.sample(range(len(calls)), len(calls)):
+        original = calls[position]
+        class_name = _class_of(task, original.name)
+        if class_name is None:
+            continue
+        used = {c.name for c in calls}
+        options = [d for d in function_docs(class_name) if d.name not in used]
+        rng.shuffle(options)
+        for doc in options:
+            arguments: dict[str, Any] = {}
+            for parameter in doc.required:
+                values = pool.get((doc.name, parameter))
+                if values:
+                    arguments[parameter] = rng.choice(values)
+                elif parameter in original.arguments:
+                    arguments[parameter] = original.arguments[parameter]
+                else:
+                    break
+            else:
+                replacement = ToolCall(name=doc.name, arguments=arguments)
+                swapped = [*calls[:position], replacement, *calls[position + 1 :]]
+                note = f"{original.name} -> {doc.name}"
+                return Labelled(_with_calls(task, swapped, "wf"), "wrong_function", task.id, note)
+    return None
+
+
+def _other_value(value: Any, values: Sequence[Any], rng: random.Random) -> Any | None:
+    others = [v for v in values if type(v) is type(value) and v != value]
+    if others:
+        return rng.choice(others)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value * 2 + 3
+    if isinstance(value, float):
+        return round(value * 1.5 + 2.5, 2)
+    return None
+
+
+def wrong_argument(
+    task: Task, pool: dict[tuple[str, str], list[Any]], rng: random.Random
+) -> Labelled | None:
+    """One literal (string or number) argument replaced by another value BFCL passes to
+    that parameter (a changed number when it has none)."""
+    calls = task.ground_truth[0]
+    slots = [
+        (position, name)
+        for position, call in enumerate(calls)
+        for name, value in call.arguments.items()
+        if isinstance(value, str | int | float) and not isinstance(value, bool)
+    ]
+    rng.shuffle(slots)
+    for position, name in slots:
+        call = calls[position]
+        value = call.arguments[name]
+        replacement = _other_value(value, pool.get((call.name, name), []), rng)
+        if replacement is None:
+            continue
+        changed = ToolCall(name=call.name, arguments={**call.arguments, name: replacement})
+        corrupted = [*calls[:position], changed, *calls[position + 1 :]]
+        note = f"{call.name}.{name}: {value!r} -> {replacement!r}"
+        return Labelled(_with_calls(task, corrupted, "wa"), "wrong_argument", task.id, note)
+    return None
+
+
+def dropped_call(task: Task, trace: CallTrace, rng: random.Random) -> Labelled | None:
+    """One state-changing call of the turn left out."""
+    changing = [c for c in trace.calls if c.changed_state]
+    if not changing:
+        return None
+    dropped = rng.choice(changing)
+    calls = [c for i, c in enumerate(task.ground_truth[0]) if i != dropped.index]
+    note = f"dropped {dropped.call.name}"
+    return Labelled(_with_calls(task, calls, "dc"), "dropped_call", task.id, note)
+
+
+def redundant_call(task: Task, trace: CallTrace, rng: random.Random) -> Labelled | None:
+    """One state-changing call made twice in a row (an idempotent one leaves the first
+    without effect on the final state)."""
+    changing = [c for c in trace.calls if c.changed_state]
+    if not changing:
+        return None
+    doubled = rng.choice(changing)
+    calls = list(task.ground_truth[0])
+    calls.insert(doubled.index + 1, doubled.call)
+    note = f"doubled {doubled.call.name}"
+    return Labelled(_with_calls(task, calls, "rc"), "redundant_call", task.id, note)
+
+
+def other_description(task: Task, others: Sequence[Task], rng: random.Random) -> Labelled | None:
+    """The user message of another scenario's turn, over the same classes where one
+    exists, whose calls share no function with this turn's."""
+    used = {c.name for c in task.ground_truth[0]}
+    classes = set(task.env_config["involved_classes"])
+
+    def disjoint(other: Task) -> bool:
+        return other.source_entry != task.source_entry and not (
+            used & {c.name for c in other.ground_truth[0]}
+        )
+
+    same = [o for o in others if disjoint(o) and set(o.env_config["involved_classes"]) & classes]
+    choices = same or [o for o in others if disjoint(o)]
+    if not choices:
+        return None
+    other = rng.choice(choices)
+    corrupted = msgspec.structs.replace(task, id=f"{task.id}~od", user_turns=list(other.user_turns))
+    return Labelled(corrupted, "other_description", task.id, f"query of {other.id}")
+
+
+def labelled_set(
+    positives: int | None = None, seed: int = SEED
+) -> tuple[list[Labelled], dict[str, int]]:
+    """Positives (``positives`` of the train turns, a seeded sample; all when None) and
+    their negatives; with how many of each corruption did not apply."""
+    from coevolve.shared.envs.bfcl.tasks import load_tasks, suite_tasks
+
+    rng = random.Random(seed)
+    train = suite_tasks("bfcl-turns-base", "train")
+    chosen = train if positives is None else rng.sample(train, min(positives, len(train)))
+    pool = value_pool(load_tasks("multi_turn_base"))
+    items: list[Labelled] = []
+    skipped: Counter[str] = Counter()
+    for task in chosen:
+        items.append(Labelled(task, "positive", task.id))
+        trace = trace_calls(task, _make_env)
+        made = {
+            "wrong_function": wrong_function(task, pool, rng),
+            "wrong_argument": wrong_argument(task, pool, rng),
+            "dropped_call": dropped_call(task, trace, rng),
+            "other_description": other_description(task, train, rng),
+            "redundant_call": redundant_call(task, trace, rng),
+        }
+        for kind, negative in made.items():
+            if negative is None:
+                skipped[kind] += 1
+            else:
+                items.append(negative)
+    return items, dict(skipped)
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+@dataclass
+class Outcome:
+    """What each stage said about one candidate (None: not run, an earlier stage failed)."""
+
+    item: Labelled
+    passed: dict[str, bool | None] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+
+
+def _timed(outcome: Outcome, stage: str, work: Callable[[], bool]) -> bool:
+    started = time.perf_counter()
+    ok = work()
+    outcome.seconds[stage] = time.perf_counter() - started
+    outcome.passed[stage] = ok
+    return ok
+
+
+def deterministic_stages(item: Labelled, backend: str) -> Outcome:
+    """Replay, minimality, relevance on one candidate; every check runs, even after a
+    failure (its standalone catch is reported too)."""
+    outcome = Outcome(item)
+    task = item.task
+
+    def replay() -> bool:
+        check = replay_candidate(task, _make_env)
+        outcome.reasons.extend(check.problems())
+        return check.passed
+
+    _timed(outcome, "replay", replay)
+    started = time.perf_counter()
+    trace = trace_calls(task, _make_env)
+    trace_s = time.perf_counter() - started
+
+    def minimal() -> bool:
+        result = check_minimality(task, _make_env, trace)
+        outcome.reasons.extend(result.reasons)
+        return result.passed
+
+    def relevant() -> bool:
+        results = (
+            check_arguments_named(task, trace),
+            check_description_covered(task, trace),
+            check_intent(task, trace, backend),  # type: ignore[arg-type]
+        )
+        for result in results:
+            outcome.passed[result.name] = result.passed
+            outcome.reasons.extend(result.reasons)
+        return all(result.passed for result in results)
+
+    _timed(outcome, "minimality", minimal)
+    _timed(outcome, "relevance", relevant)
+    outcome.seconds["minimality"] += trace_s / 2
+    outcome.seconds["relevance"] += trace_s / 2
+    return outcome
+
+
+def deterministic_pass(outcome: Outcome) -> bool:
+    return all(outcome.passed.get(s) for s in ("replay", "minimality", "relevance"))
+
+
+async def llm_stages(outcomes: Sequence[Outcome], llm: Any, max_tokens: int) -> None:
+    """Round trip and the LLM judge on the candidates that pass the deterministic
+    stages (the others never reach them)."""
+    from coevolve.services.judge.handler import ask_judgment, judgment_outcome
+    from coevolve.services.judge.roundtrip import round_trip
+    from coevolve.shared.structured import RejectionCounter
+
+    counter = RejectionCounter()
+    for outcome in outcomes:
+        if not deterministic_pass(outcome):
+            continue
+        task = outcome.item.task
+        started = time.perf_counter()
+        trip = await round_trip(llm, task, _make_env)
+        outcome.seconds["round_trip"] = time.perf_counter() - started
+        outcome.passed["round_trip"] = trip.passed
+        outcome.reasons.extend(trip.reasons)
+        started = time.perf_counter()
+        check = await asyncio.to_thread(replay_candidate, task, _make_env)
+        judged = await ask_judgment(llm, task, check, max_tokens, counter)
+        accepted, reasons, _, _ = judgment_outcome(judged)
+        outcome.seconds["llm_judge"] = time.perf_counter() - started
+        outcome.passed["llm_judge"] = accepted
+        if not accepted:
+            outcome.reasons.extend(reasons)
+
+
+def stage_accepts(outcome: Outcome, stage: str) -> bool | None:
+    """Whether the pipeline up to ``stage`` accepts; None when it was not measured."""
+    det = ("replay", "minimality", "relevance")
+    plan = {
+        "replay": det[:1],
+        "+minimality": det[:2],
+        "+relevance": det,
+        "+round_trip": (*det, "round_trip"),
+        "judge (default: +LLM judge)": (*det, "llm_judge"),
+        "judge +round_trip": (*det, "round_trip", "llm_judge"),
+    }[stage]
+    for name in plan:
+        value = outcome.passed.get(name)
+        if value is False:
+            return False
+        if value is None:
+            return None
+    return True
+
+
+def stage_seconds(outcome: Outcome, stage: str) -> float:
+    names = {
+        "replay": ("replay",),
+        "+minimality": ("replay", "minimality"),
+        "+relevance": ("replay", "minimality", "relevance"),
+        "+round_trip": ("replay", "minimality", "relevance", "round_trip"),
+        "judge (default: +LLM judge)": ("replay", "minimality", "relevance", "llm_judge"),
+        "judge +round_trip": ("replay", "minimality", "relevance", "round_trip", "llm_judge"),
+    }[stage]
+    # a pipeline stops at the first failed stage: later ones cost nothing
+    total = 0.0
+    for name in names:
+        total += outcome.seconds.get(name, 0.0)
+        if outcome.passed.get(name) is False:
+            break
+    return total
+
+
+def summarize(outcomes: Sequence[Outcome], stage: str) -> dict[str, Any]:
+    """Accept rate of positives, reject rate of negatives (all and per corruption) and
+    seconds per candidate of the pipeline up to ``stage``, over the candidates where it
+    was measured."""
+    measured: list[tuple[Outcome, bool]] = []
+    for o in outcomes:
+        accepted = stage_accepts(o, stage)
+        if accepted is not None:
+            measured.append((o, accepted))
+    positives = [a for o, a in measured if o.item.positive]
+    negatives = [(o.item.kind, a) for o, a in measured if not o.item.positive]
+    counted = [(k, a) for k, a in negatives if k in CORRUPTIONS]
+    row: dict[str, Any] = {
+        "positives": len(positives),
+        "negatives": len(counted),
+        "accept_rate_positive": _rate(sum(positives), len(positives)),
+        "reject_rate_negative": _rate(sum(not a for _, a in counted), len(counted)),
+        "reject_rate_by_corruption": {},
+        "seconds_per_candidate": round(
+            sum(stage_seconds(o, stage) for o, _ in measured) / max(len(measured), 1), 4
+        ),
+    }
+    for kind in ALL_CORRUPTIONS:
+        of_kind = [a for k, a in negatives if k == kind]
+        row["reject_rate_by_corruption"][kind] = _rate(sum(not a for a in of_kind), len(of_kind))
+    return row
+
+
+def standalone(outcomes: Sequence[Outcome]) -> dict[str, dict[str, float | None]]:
+    """Per check, the share of each kind of candidate it rejects on its own."""
+    checks = (
+        "replay",
+        "minimality",
+        "names_arguments",
+        "covers_description",
+        "intent_matches",
+        "round_trip",
+        "llm_judge",
+    )
+    kinds = ("positive", *ALL_CORRUPTIONS)
+    table: dict[str, dict[str, float | None]] = {}
+    for check in checks:
+        table[check] = {}
+        for kind in kinds:
+            values = [
+                o.passed[check]
+                for o in outcomes
+                if o.item.kind == kind and o.passed.get(check) is not None
+            ]
+            table[check][kind] = _rate(sum(not v for v in values), len(values))
+    return table
+
+
+def _rate(count: int, total: int) -> float | None:
+    return round(count / total, 3) if total else None
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _judge_llm(server: Any) -> Any:
+    from coevolve.shared.llm import OpenAIBackend, RoleLLM, role_settings
+    from coevolve.shared.llm.roles import local_endpoint
+
+    settings = role_settings({"default": {"temperature": 0.0}})["judge"]
+    endpoint = local_endpoint(settings, server.base_url, server.api_key, server.alias)
+    return RoleLLM("judge", OpenAIBackend(endpoint), settings)
+
+
+async def _with_llm(outcomes: Sequence[Outcome], run_dir: Path, max_tokens: int) -> None:
+    from coevolve.shared.llm.server import LlamaServer, ServerSettings
+
+    server = LlamaServer(
+        ServerSettings(n_threads=1, n_ctx=8192), log_file=run_dir / "logs" / "llm.log"
+    )
+    await asyncio.to_thread(server.start)
+    llm = _judge_llm(server)
+    try:
+        await llm_stages(outcomes, llm, max_tokens)
+    finally:
+        await llm.client.aclose()
+        await asyncio.to_thread(server.stop)
+
+
+def run(quick: bool) -> dict[str, Any]:
+    from coevolve.services.judge.handler import JudgeConfig
+    from coevolve.shared.similarity import embedding_available
+
+    config = JudgeConfig()
+    backend = config.relevance_backend
+    if backend == "auto":
+        backend = "embedding" if embedding_available() else "ngram"
+    started = time.perf_counter()
+    items, skipped = labelled_set(QUICK_POSITIVES if quick else None)
+    build_s = time.perf_counter() - started
+    outcomes = [deterministic_stages(item, backend) for item in items]
+    llm_count = QUICK_POSITIVES if quick else FULL_LLM_POSITIVES
+    sample_ids = {
+        o.item.source_id
+        for o in random.Random(SEED).sample(
+            [o for o in outcomes if o.item.positive],
+            min(llm_count, sum(o.item.positive for o in outcomes)),
+        )
+    }
+    sampled = [o for o in outcomes if o.item.source_id in sample_ids]
+    with tempfile.TemporaryDirectory(prefix="coevolve-bench-judge-") as tmp:
+        asyncio.run(_with_llm(sampled, Path(tmp), config.max_tokens))
+    counts = Counter(o.item.kind for o in outcomes)
+    report: dict[str, Any] = {
+        "benchmark": "judge",
+        "quick": quick,
+        "suite": "bfcl-turns-base (train split)",
+        "relevance_backend": backend,
+        "candidates": len(outcomes),
+        "by_kind": {kind: counts.get(kind, 0) for kind in ("positive", *ALL_CORRUPTIONS)},
+        "corruption_not_applicable": skipped,
+        "llm_sample_positives": len(sample_ids),
+        "llm_sample_candidates": len(sampled),
+        "build_seconds": round(build_s, 2),
+        "stages": {stage: summarize(outcomes, stage) for stage in STAGES},
+        "stages_on_llm_sample": {stage: summarize(sampled, stage) for stage in STAGES},
+        "standalone_reject_rate": standalone(outcomes),
+        "target": {"reject_rate_negative": 0.9, "accept_rate_positive": 0.8},
+    }
+    full = report["stages"]["judge (default: +LLM judge)"]
+    report["target_met"] = bool(
+        full["reject_rate_negative"] is not None
+        and full["accept_rate_positive"] is not None
+        and full["reject_rate_negative"] >= 0.9
+        and full["accept_rate_positive"] >= 0.8
+    )
+    report["rejected_positives"] = [
+        {"id": o.item.task.id, "reasons": o.reasons[:3]}
+        for o in outcomes
+        if o.item.positive and not all(v for v in o.passed.values() if v is not None)
+    ][:40]
+    print_table(report)
+    return report
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0%}"
+
+    for key, title in (
+        ("stages", "all candidates"),
+        ("stages_on_llm_sample", f"LLM sample ({report['llm_sample_candidates']} candidates)"),
+    ):
+        table = Table(title=f"judge stages, {title}, {report['relevance_backend']} relevance")
+        columns = ("stage", "pos", "neg", "accept pos", "reject neg", *ALL_CORRUPTIONS, "s/cand")
+        for column in columns:
+            table.add_column(column, justify="left" if column == "stage" else "right")
+        for stage, row in report[key].items():
+            table.add_row(
+                stage,
+                str(row["positives"]),
+                str(row["negatives"]),
+                pct(row["accept_rate_positive"]),
+                pct(row["reject_rate_negative"]),
+                *(pct(row["reject_rate_by_corruption"][k]) for k in ALL_CORRUPTIONS),
+                f"{row['seconds_per_candidate']:.3f}",
+            )
+        Console().print(table)
+    table = Table(title="each check on its own: share rejected")
+    for column in ("check", "positive", *ALL_CORRUPTIONS):
+        table.add_column(column, justify="left" if column == "check" else "right")
+    for check, row in report["standalone_reject_rate"].items():
+        table.add_row(check, *(pct(row[k]) for k in ("positive", *ALL_CORRUPTIONS)))
+    Console().print(table)
