@@ -11,6 +11,7 @@ from coevolve.shared.envs.bfcl.scoring import EpisodeRecord, partial_credit
 from coevolve.shared.envs.bfcl.tasks import suite_tasks
 from coevolve.shared.envs.bfcl.validation import ValidatedCall, validate_call
 from coevolve.shared.messages import Task, ToolCall
+from coevolve.shared.toolcalls import format_tool_calls
 
 
 def tasks_with_calls(n: int) -> list[Task]:
@@ -73,3 +74,20 @@ def test_rollout_refuses_a_weight_that_would_pass_for_solved() -> None:
     for bad in (1.0, -0.1):
         with pytest.raises(ValueError, match="partial_credit"):
             RolloutConfig(partial_credit=bad)
+
+
+def test_a_refused_call_of_the_right_function_earns_half() -> None:
+    task = tasks_with_calls(1)[0]
+    truth = task.ground_truth[0]
+    names = [call.name for call in truth]
+    # every call refused (say, wrong arguments): half credit each
+    assert partial_credit(task, [[]], [names]) == pytest.approx(0.5)
+    # refused calls of functions the turn does not use earn nothing and cost
+    assert partial_credit(task, record_of(task, truth), [["no_such_function"]]) == pytest.approx(
+        len(truth) / (len(truth) + 1)
+    )
+    env = BfclEnvironment()
+    env.reset(task)
+    bad_call = ToolCall(name=names[0], arguments={"bogus": 1})
+    env.step(format_tool_calls([bad_call]))
+    assert env.partial_credit() == pytest.approx(0.5 / len(truth))

@@ -80,6 +80,8 @@ class BfclEnvironment:
         self._instances: Instances = {}
         self._functions: dict[str, FunctionDoc] = {}
         self._record: EpisodeRecord = []
+        # per turn, the names of calls refused by validation (partial credit counts them)
+        self._refused: list[list[str]] = []
         self._turn = 0
         self._first_turn = 0
         self._steps = 0
@@ -147,6 +149,7 @@ class BfclEnvironment:
             involved, task.initial_state, bool(config.get("long_context"))
         )
         self._record = [[]]
+        self._refused = [[]]
         self._turn = 0
         self._first_turn = 0
         self._steps = 0
@@ -256,7 +259,7 @@ class BfclEnvironment:
         """Matched ground-truth calls in [0, 1] (``scoring.partial_credit``)."""
         if self._task is None:
             raise EpisodeNotStartedError("call reset(task) first")
-        return partial_credit(self._task, self._record)
+        return partial_credit(self._task, self._record, self._refused)
 
     def close(self) -> None:
         self._instances = {}
@@ -311,6 +314,7 @@ class BfclEnvironment:
         self._turn += 1
         self._steps_in_turn = 0
         self._record.append([])
+        self._refused.append([])
         self._refresh_functions()
         self._check_budget()
         if self._done:
@@ -332,6 +336,8 @@ class BfclEnvironment:
         try:
             validated = validate_call(call, self._functions, self.limits)
         except CallValidationError as exc:
+            if self._refused:
+                self._refused[-1].append(call.name)
             return False, f"Error: {exc}"
         step_calls.append(validated)
         outcome = dispatch(self._instances, validated)

@@ -141,12 +141,16 @@ def record_call_strings(record: EpisodeRecord) -> list[list[list[str]]]:
     ]
 
 
-def partial_credit(task: Task, record: EpisodeRecord) -> float:
-    """How close an episode came to the ground truth's calls, in [0, 1]: per turn with
-    ground-truth calls, each is matched once by a model call (1 for the same function and
-    arguments, 0.5 for the same function), over the larger of the two call counts (so
-    extra calls cost), averaged over those turns. Arguments are compared after
-    validation, so defaults and type coercions do not count as differences.
+def partial_credit(
+    task: Task, record: EpisodeRecord, refused: Sequence[Sequence[str]] = ()
+) -> float:
+    """How close an episode came to the ground truth's calls, in [0, 1].
+
+    Per turn with ground-truth calls, each is matched once: 1 by a made call with the same
+    function and arguments (compared after validation, so defaults and coercions do not
+    count), else 0.5 by a made or refused call (``refused[turn]``: names of calls that
+    failed validation, e.g. a wrong argument) of the same function. The sum is divided by
+    the larger of the two call counts (so extra calls cost); turns are averaged.
 
     A training signal for a policy that solves nothing yet (reward shaping); BFCL's verdict
     is ``score_episode``, which evaluation keeps using.
@@ -157,20 +161,25 @@ def partial_credit(task: Task, record: EpisodeRecord) -> float:
         if not truth_calls:
             continue
         made = [call for step in record[offset] for call in step] if offset < len(record) else []
+        unused_names = list(refused[offset]) if offset < len(refused) else []
+        attempts = len(made) + len(unused_names)
         expected = [_validated_or_none(call, functions) for call in truth_calls]
         unused = list(made)
         matched = 0.0
-        for truth in expected:
-            name = truth.name if truth is not None else None
+        for truth, call in zip(expected, truth_calls, strict=True):
             exact = next((c for c in unused if truth is not None and _same(c, truth)), None)
-            named = next((c for c in unused if c.name == name), None)
             if exact is not None:
                 matched += 1.0
                 unused.remove(exact)
-            elif named is not None:
+                continue
+            named = next((c for c in unused if c.name == call.name), None)
+            if named is not None:
                 matched += 0.5
                 unused.remove(named)
-        credits.append(matched / max(len(truth_calls), len(made)))
+            elif call.name in unused_names:
+                matched += 0.5
+                unused_names.remove(call.name)
+        credits.append(matched / max(len(truth_calls), attempts))
     return sum(credits) / len(credits) if credits else 0.0
 
 
