@@ -19,7 +19,8 @@ rate of negatives (overall and per corruption) and the seconds per candidate, ea
 including the ones before it. The deterministic stages run on every candidate; the LLM
 stages on a fixed sample of the positives and their negatives (``llm_positives``), on the
 local llama.cpp server (Qwen2.5-Coder-0.5B, 1 thread) started here and stopped at the end.
-``--quick``: 10 positives and their negatives, every stage on all of them.
+``--quick``: 10 positives and their negatives, the LLM stages on 3 of those positives and
+their negatives.
 """
 
 from __future__ import annotations
@@ -59,14 +60,17 @@ EXTRA_CORRUPTIONS: tuple[str, ...] = ("redundant_call",)
 ALL_CORRUPTIONS = (*CORRUPTIONS, *EXTRA_CORRUPTIONS)
 SEED = 11
 QUICK_POSITIVES = 10
-FULL_LLM_POSITIVES = 24
+# The LLM stages cost about 80 s per candidate that reaches them on 2 shared cores (a round
+# trip of ~55 s, a judgment of ~25 s, Qwen2.5-Coder-0.5B on 1 thread): a small sample.
+QUICK_LLM_POSITIVES = 3
+FULL_LLM_POSITIVES = 6
 STAGES: tuple[str, ...] = (
     "replay",
     "+minimality",
     "+relevance",
     "+round_trip",
-    "judge (default: +LLM judge)",
-    "judge +round_trip",
+    "+llm_judge (default)",
+    "+round_trip+llm_judge",
 )
 
 
@@ -275,6 +279,7 @@ class Outcome:
     passed: dict[str, bool | None] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
+    llm_sampled: bool = False  # the LLM stages were run on it (if it got that far)
 
 
 def _timed(outcome: Outcome, stage: str, work: Callable[[], bool]) -> bool:
@@ -358,13 +363,15 @@ async def llm_stages(outcomes: Sequence[Outcome], llm: Any, max_tokens: int) -> 
 def stage_accepts(outcome: Outcome, stage: str) -> bool | None:
     """Whether the pipeline up to ``stage`` accepts; None when it was not measured."""
     det = ("replay", "minimality", "relevance")
+    if stage not in ("replay", "+minimality", "+relevance") and not outcome.llm_sampled:
+        return None
     plan = {
         "replay": det[:1],
         "+minimality": det[:2],
         "+relevance": det,
         "+round_trip": (*det, "round_trip"),
-        "judge (default: +LLM judge)": (*det, "llm_judge"),
-        "judge +round_trip": (*det, "round_trip", "llm_judge"),
+        "+llm_judge (default)": (*det, "llm_judge"),
+        "+round_trip+llm_judge": (*det, "round_trip", "llm_judge"),
     }[stage]
     for name in plan:
         value = outcome.passed.get(name)
@@ -381,8 +388,8 @@ def stage_seconds(outcome: Outcome, stage: str) -> float:
         "+minimality": ("replay", "minimality"),
         "+relevance": ("replay", "minimality", "relevance"),
         "+round_trip": ("replay", "minimality", "relevance", "round_trip"),
-        "judge (default: +LLM judge)": ("replay", "minimality", "relevance", "llm_judge"),
-        "judge +round_trip": ("replay", "minimality", "relevance", "round_trip", "llm_judge"),
+        "+llm_judge (default)": ("replay", "minimality", "relevance", "llm_judge"),
+        "+round_trip+llm_judge": ("replay", "minimality", "relevance", "round_trip", "llm_judge"),
     }[stage]
     # a pipeline stops at the first failed stage: later ones cost nothing
     total = 0.0
@@ -489,7 +496,7 @@ def run(quick: bool) -> dict[str, Any]:
     items, skipped = labelled_set(QUICK_POSITIVES if quick else None)
     build_s = time.perf_counter() - started
     outcomes = [deterministic_stages(item, backend) for item in items]
-    llm_count = QUICK_POSITIVES if quick else FULL_LLM_POSITIVES
+    llm_count = QUICK_LLM_POSITIVES if quick else FULL_LLM_POSITIVES
     sample_ids = {
         o.item.source_id
         for o in random.Random(SEED).sample(
@@ -498,6 +505,8 @@ def run(quick: bool) -> dict[str, Any]:
         )
     }
     sampled = [o for o in outcomes if o.item.source_id in sample_ids]
+    for outcome in sampled:
+        outcome.llm_sampled = True
     with tempfile.TemporaryDirectory(prefix="coevolve-bench-judge-") as tmp:
         asyncio.run(_with_llm(sampled, Path(tmp), config.max_tokens))
     counts = Counter(o.item.kind for o in outcomes)
@@ -517,7 +526,7 @@ def run(quick: bool) -> dict[str, Any]:
         "standalone_reject_rate": standalone(outcomes),
         "target": {"reject_rate_negative": 0.9, "accept_rate_positive": 0.8},
     }
-    full = report["stages"]["judge (default: +LLM judge)"]
+    full = report["stages"]["+llm_judge (default)"]
     report["target_met"] = bool(
         full["reject_rate_negative"] is not None
         and full["accept_rate_positive"] is not None
@@ -540,12 +549,22 @@ def print_table(report: dict[str, Any]) -> None:
     def pct(value: float | None) -> str:
         return "-" if value is None else f"{value:.0%}"
 
+    console = Console(width=150)
+    short = {
+        "wrong_function": "wrong fn",
+        "wrong_argument": "wrong arg",
+        "dropped_call": "dropped",
+        "other_description": "other desc",
+        "redundant_call": "(doubled)",
+    }
+
     for key, title in (
         ("stages", "all candidates"),
         ("stages_on_llm_sample", f"LLM sample ({report['llm_sample_candidates']} candidates)"),
     ):
         table = Table(title=f"judge stages, {title}, {report['relevance_backend']} relevance")
-        columns = ("stage", "pos", "neg", "accept pos", "reject neg", *ALL_CORRUPTIONS, "s/cand")
+        kinds = tuple(short[k] for k in ALL_CORRUPTIONS)
+        columns = ("stage", "pos", "neg", "accept pos", "reject neg", *kinds, "s/cand")
         for column in columns:
             table.add_column(column, justify="left" if column == "stage" else "right")
         for stage, row in report[key].items():
@@ -558,10 +577,10 @@ def print_table(report: dict[str, Any]) -> None:
                 *(pct(row["reject_rate_by_corruption"][k]) for k in ALL_CORRUPTIONS),
                 f"{row['seconds_per_candidate']:.3f}",
             )
-        Console().print(table)
+        console.print(table)
     table = Table(title="each check on its own: share rejected")
-    for column in ("check", "positive", *ALL_CORRUPTIONS):
+    for column in ("check", "positive", *(short[k] for k in ALL_CORRUPTIONS)):
         table.add_column(column, justify="left" if column == "check" else "right")
     for check, row in report["standalone_reject_rate"].items():
         table.add_row(check, *(pct(row[k]) for k in ("positive", *ALL_CORRUPTIONS)))
-    Console().print(table)
+    console.print(table)

@@ -2,16 +2,21 @@
 
 They run after the replay (``replay.py``) and before any LLM, each a verdict criterion:
 
+- ``names_arguments``: the task's text names (or an earlier call returned) the salient
+  literal arguments of its calls (:func:`is_salient`, :func:`names`);
+- ``covers_description``: what the request quotes and the numbers it writes are used by
+  the calls (or shown by them);
 - ``minimal``: dropping any single state-changing call from the ground truth changes the
   final environment state; a call whose removal leaves the final state as it was is
-  redundant and the candidate is rejected naming it.
-- ``names_arguments``: the task's text names (or an earlier call returned) the salient
-  literal arguments of its calls (see :func:`salient_values`).
+  redundant and the candidate is rejected naming it;
 - ``intent_matches``: the task's text is closer to the functions it calls (name and
-  description) than to most other functions the environment offers.
+  description) than to most other functions the environment offers (all-MiniLM-L6-v2
+  embeddings, or the n-gram cosine without the model; ``coevolve.shared.similarity``).
 
-Both need the calls traced one by one (:func:`trace_calls`): the state before and after
-each call, what it returned, and what the conversation showed before the first one.
+They share one traced run of the calls (:func:`trace_calls`): the state before and after
+each call, what it returned, what the conversation showed before the first one, and the
+functions offered. "State" is what the environment's ``state()`` returns (for BFCL, the
+API instances' public attributes, what BFCL's state checker compares).
 """
 
 from __future__ import annotations
@@ -37,21 +42,32 @@ MAX_SALIENT_CHARS = 40
 MAX_SALIENT_WORDS = 5
 MIN_FREE_TEXT_SHARE = 0.5
 
-# Calibrated on the 373 train-split turns of bfcl-turns-base (their own query and
-# ground truth) against the same turns with a wrong argument value or another turn's
-# query; the numbers are in docs/judge.md. A task passes ``names_arguments`` when at most
-# MAX_UNNAMED of its salient values are neither named nor returned earlier and at least
-# MIN_NAMED_SHARE of them are.
+# Thresholds calibrated on the 373 train-split turns of bfcl-turns-base and their
+# corruptions (bench/judge.py; 373 wrong function, 328 wrong argument, 216 dropped call,
+# 373 other description). With all-MiniLM-L6-v2 the replay and these checks together
+# accept 80.2% of the turns as BFCL has them and reject 89.6% of the corrupted ones
+# (wrong function 88.4%, wrong argument 87.7%, dropped call 88.9%, other description
+# 92.9%); with the n-gram backend 81.0% and 86.2%. Stricter settings trade one for the
+# other: no unnamed value at all accepts 77% and rejects 94% of wrong arguments.
+#
+# ``names_arguments``: at most MAX_UNNAMED salient values neither named nor returned
+# earlier, and at least MIN_NAMED_SHARE of them named (alone: accepts 93.0% of the turns,
+# rejects 49.1% of wrong arguments; most unnamed values in sound turns are derived: an
+# airport code for a city, an amount computed from the state, an id looked up).
 MAX_UNNAMED = 1
 MIN_NAMED_SHARE = 0.5
 
-# ``intent_matches``: the mean, over the distinct functions called, of the share of the
-# environment's other functions that are less similar to the task's text than the called
-# one must reach this.
-MIN_INTENT_PERCENTILE = 0.6
+# ``intent_matches``: per called function, the share of the environment's other functions
+# less similar to the task's text; the mean of the better half of those (intent_score)
+# must reach this, per similarity backend (embedding alone: accepts 87.2%, rejects 82.4%
+# of other descriptions and 55.8% of wrong functions).
+MIN_INTENT_SCORE: dict[str, float] = {"embedding": 0.85, "ngram": 0.75}
 
-# ``covers_description``: at most this many quoted literals of the request may go unused.
+# ``covers_description``: at most this many quoted literals of the request, and this many
+# numbers it writes (other than 0, 1 and years), may go unused (alone: accepts 94.2%,
+# rejects 35.6% of dropped calls).
 MAX_UNCOVERED = 0
+MAX_UNUSED_NUMBERS = 1
 
 _MONTHS: tuple[str, ...] = (
     "january",
@@ -69,6 +85,8 @@ _MONTHS: tuple[str, ...] = (
 )
 _WORD = re.compile(r"[a-z0-9]+")
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+# a number standing alone in a request ("100 shares", "$700"), not part of a name
+_REQUEST_NUMBER = re.compile(r"(?<![\w.])\$?(\d[\d,]*(?:\.\d+)?)(?!\w)")
 _ISO_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})$")
 _ENUM_IN_TEXT = re.compile(r"\[Enum\]:\s*(\[[^\]]*\])")
 _CODE = re.compile(r"^[A-Z]{3,5}$")
@@ -419,9 +437,9 @@ def _function_index(texts: tuple[str, ...], backend: Backend) -> NearDuplicateIn
 
 def intent_percentiles(
     text: str, tools: Sequence[Mapping[str, Any]], used: Sequence[str], backend: Backend
-) -> dict[str, float]:
-    """For each used function name: the share of the other offered functions less similar
-    to ``text`` than it is."""
+) -> tuple[dict[str, float], str]:
+    """For each used function name, the share of the other offered functions less similar
+    to ``text`` than it is; and the similarity backend that measured it."""
     names_offered = [str(t.get("function", t).get("name", "")) for t in tools]
     index = _function_index(tuple(function_text(t) for t in tools), backend)
     scores = index.similarities(text)
@@ -433,41 +451,65 @@ def intent_percentiles(
             continue
         own = scores[names_offered.index(name)]
         out[name] = sum(1 for s in scores if s < own) / others
-    return out
+    return out, index.backend
+
+
+def intent_score(percentiles: Mapping[str, float]) -> float:
+    """The mean of the better half of the called functions' percentiles: a request names
+    what it wants, not every prerequisite (the brake pedal pressed before starting the
+    engine, the folder entered before a file is made)."""
+    ranked = sorted(percentiles.values(), reverse=True)
+    kept = ranked[: (len(ranked) + 1) // 2]
+    return sum(kept) / len(kept) if kept else 1.0
 
 
 def check_intent(task: Task, trace: CallTrace, backend: Backend = "auto") -> CheckResult:
     """The task's text is closer to the functions it calls than to most other functions
-    of its environment (mean percentile >= ``MIN_INTENT_PERCENTILE``)."""
+    of its environment (:func:`intent_score` >= ``MIN_INTENT_SCORE`` of the backend)."""
     used = [c.call.name for c in trace.calls]
     if len(trace.tools) < 3 or not used:
         return CheckResult("intent_matches", True, details={"skipped": "too few functions"})
-    percentiles = intent_percentiles(_task_text(task), trace.tools, used, backend)
-    mean = sum(percentiles.values()) / len(percentiles)
-    passed = mean >= MIN_INTENT_PERCENTILE
+    percentiles, measured_by = intent_percentiles(_task_text(task), trace.tools, used, backend)
+    score = intent_score(percentiles)
+    threshold = MIN_INTENT_SCORE[measured_by]
+    passed = score >= threshold
     reasons = (
         []
         if passed
         else [
-            "the task's text is not about the functions it calls (similarity percentile "
-            f"{mean:.2f} < {MIN_INTENT_PERCENTILE}: "
+            "the task's text is not about the functions it calls (similarity rank "
+            f"{score:.2f} < {threshold} by {measured_by}: "
             + ", ".join(f"{n} {p:.2f}" for n, p in percentiles.items())
             + ")"
         ]
     )
-    return CheckResult("intent_matches", passed, reasons, {"intent_percentile": mean})
+    details = {"intent_score": score, "backend": measured_by}
+    return CheckResult("intent_matches", passed, reasons, details)
 
 
 def quoted_literals(text: str) -> list[str]:
-    """The short literals a request quotes ('notes.txt', "USR002")."""
+    """The literals a request quotes ('notes.txt', "USR002", a message to send)."""
     return [literal.strip() for literal in _QUOTED.findall(text) if literal.strip()]
 
 
+def request_numbers(text: str) -> list[float]:
+    """The numbers a request writes, other than 0, 1 and years."""
+    numbers = []
+    for raw in _REQUEST_NUMBER.findall(text):
+        try:
+            value = float(raw.replace(",", ""))
+        except ValueError:
+            continue
+        if value not in (0, 1) and not 1900 <= value <= 2100:
+            numbers.append(value)
+    return numbers
+
+
 def check_description_covered(task: Task, trace: CallTrace) -> CheckResult:
-    """What the request quotes is used: every quoted literal of the task's own turns
-    appears in its calls' arguments, in what they returned, or in the conversation
-    before them. A request quoting a file or an id no call touches asks for more than the
-    calls do (a dropped call, another request)."""
+    """What the request quotes and the numbers it writes are used: each appears in the
+    calls' arguments, in what they returned, or in what the conversation showed before
+    them. A request with a file, an id, a message or an amount no call touches asks for
+    more than the calls do (a dropped call, another request)."""
     used = TextIndex(
         "\n".join(
             [
@@ -477,15 +519,22 @@ def check_description_covered(task: Task, trace: CallTrace) -> CheckResult:
             ]
         )
     )
-    literals = [q for turn in [task.description, *task.user_turns] for q in quoted_literals(turn)]
+    requests = [task.description, *task.user_turns]
+    literals = [q for request in requests for q in quoted_literals(request)]
     missing = [q for q in dict.fromkeys(literals) if not names(used, q)]
-    passed = len(missing) <= MAX_UNCOVERED
-    reasons = (
-        []
-        if passed
-        else ["no call uses what the request quotes: " + ", ".join(repr(q) for q in missing[:4])]
-    )
-    details = {"quoted": len(literals), "unused": len(missing)}
+    numbers = [n for request in requests for n in request_numbers(request)]
+    unused = [n for n in dict.fromkeys(numbers) if n not in used.numbers]
+    passed = len(missing) <= MAX_UNCOVERED and len(unused) <= MAX_UNUSED_NUMBERS
+    reasons = []
+    if not passed:
+        what = [repr(q[:60]) for q in missing[:3]] + [f"{n:g}" for n in unused[:3]]
+        reasons.append("no call uses what the request names: " + ", ".join(what))
+    details = {
+        "quoted": len(literals),
+        "unused": len(missing),
+        "numbers": len(numbers),
+        "unused_numbers": len(unused),
+    }
     return CheckResult("covers_description", passed, reasons, details)
 
 

@@ -1,0 +1,166 @@
+"""The judge's deterministic checks on real BFCL train-split turns in a real environment."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import msgspec
+import pytest
+
+from coevolve.services.judge.checks import (
+    TextIndex,
+    check_arguments_named,
+    check_description_covered,
+    check_intent,
+    check_minimality,
+    enum_options,
+    is_free_text,
+    is_salient,
+    names,
+    semantic_checks,
+    trace_calls,
+)
+from coevolve.shared.envs import Environment, make_environment
+from coevolve.shared.envs.bfcl.tasks import suite_tasks
+from coevolve.shared.messages import Task, ToolCall
+
+
+@cache
+def _train_turns() -> dict[str, Task]:
+    return {task.id: task for task in suite_tasks("bfcl-turns-base", "train")}
+
+
+def turn(task_id: str) -> Task:
+    return msgspec.structs.replace(_train_turns()[task_id])
+
+
+def bfcl() -> Environment:
+    return make_environment("bfcl")
+
+
+def with_calls(task: Task, calls: list[ToolCall]) -> Task:
+    return msgspec.structs.replace(task, ground_truth=[calls])
+
+
+def with_request(task: Task, request: str) -> Task:
+    return msgspec.structs.replace(task, user_turns=[request])
+
+
+# multi_turn_base_2#t0: "Go into document folder and ... create a document titled
+# 'TeamNotes.txt' ..." -> cd(documents), touch(TeamNotes.txt)
+CREATE = "multi_turn_base_2#t0"
+# multi_turn_base_38#t0: find 'findings_report' in 'SuperResearch', remove it and the folder
+REMOVE = "multi_turn_base_38#t0"
+# multi_turn_base_62#t1: "verify that all the doors on my car are securely locked"
+DOORS = "multi_turn_base_62#t1"
+# multi_turn_base_100#t0: "I've got my eye on Nvidia ... its current stock price" -> NVDA
+STOCK = "multi_turn_base_100#t0"
+
+
+def test_ground_truth_turns_pass_every_check() -> None:
+    for task_id in (CREATE, DOORS, STOCK):
+        task = turn(task_id)
+        results = semantic_checks(task, bfcl, backend="ngram")
+        assert [r.name for r in results] == [
+            "names_arguments",
+            "covers_description",
+            "minimal",
+            "intent_matches",
+        ]
+        assert all(r.passed for r in results), (task_id, [r.reasons for r in results])
+
+
+def test_a_redundant_state_changing_call_is_named() -> None:
+    task = turn(CREATE)
+    calls = [
+        *task.ground_truth[0],
+        ToolCall(name="echo", arguments={"content": "draft", "file_name": "TeamNotes.txt"}),
+        ToolCall(name="echo", arguments={"content": "ideas", "file_name": "TeamNotes.txt"}),
+    ]
+    result = check_minimality(with_calls(task, calls), bfcl)
+    assert not result.passed
+    # the first echo is overwritten by the second: the final state is the same without it
+    assert result.details == {"state_changing_calls": 3, "redundant_calls": 1}
+    assert len(result.reasons) == 1
+    assert "turn 1 call 3 echo(" in result.reasons[0] and '"draft"' in result.reasons[0]
+
+
+def test_reads_are_not_state_changing_calls() -> None:
+    task = turn(CREATE)
+    calls = [*task.ground_truth[0], ToolCall(name="ls"), ToolCall(name="pwd")]
+    trace = trace_calls(with_calls(task, calls), bfcl)
+    # cd moves a private cursor: not part of the state BFCL compares
+    assert [c.changed_state for c in trace.calls] == [False, True, False, False]
+    assert check_minimality(with_calls(task, calls), bfcl, trace).passed
+
+
+def test_a_wrong_symbol_is_not_named_by_the_request() -> None:
+    task = turn(STOCK)
+    assert check_arguments_named(task, trace_calls(task, bfcl)).passed  # NVDA: Nvidia
+    tesla = with_calls(task, [ToolCall(name="get_stock_info", arguments={"symbol": "TSLA"})])
+    result = check_arguments_named(tesla, trace_calls(tesla, bfcl))
+    assert not result.passed
+    assert "get_stock_info: 'TSLA'" in result.reasons[0]
+
+
+def test_one_unnamed_value_among_several_is_tolerated_two_are_not() -> None:
+    task = turn(CREATE)  # cd(documents) named as "document folder", touch('TeamNotes.txt')
+    one = [task.ground_truth[0][0], ToolCall(name="touch", arguments={"file_name": "Budget.txt"})]
+    result = check_arguments_named(with_calls(task, one), trace_calls(with_calls(task, one), bfcl))
+    assert result.passed and result.details["unnamed"] == 1
+    two = [
+        ToolCall(name="cd", arguments={"folder": "Archived"}),
+        ToolCall(name="touch", arguments={"file_name": "Budget.txt"}),
+    ]
+    corrupted = with_calls(task, two)
+    result = check_arguments_named(corrupted, trace_calls(corrupted, bfcl))
+    assert not result.passed and result.details["unnamed"] == 2
+
+
+def test_an_enumerated_value_counts_only_when_the_request_names_an_option() -> None:
+    task = turn(DOORS)  # "all the doors": lockDoors(door=[driver, passenger, ...])
+    trace = trace_calls(task, bfcl)
+    assert enum_options(trace.tools)[("lockDoors", "door")][:2] == ["driver", "passenger"]
+    assert check_arguments_named(task, trace).passed
+    # naming one door but locking another is a wrong value
+    named = with_request(task, "Please lock the passenger door of my car.")
+    calls = [ToolCall(name="lockDoors", arguments={"unlock": False, "door": ["driver"]})]
+    corrupted = with_calls(named, calls)
+    result = check_arguments_named(corrupted, trace_calls(corrupted, bfcl))
+    assert not result.passed and "'driver'" in result.reasons[0]
+
+
+def test_salience_and_naming() -> None:
+    assert not is_salient(True) and not is_salient("") and not is_salient("l")
+    assert not is_salient(1) and not is_salient(0.0)
+    assert is_salient("TeamNotes.txt") and is_salient(12446) and is_salient("USR002")
+    message = "Meeting notes and project details for the whole team."
+    assert is_salient(message) and is_free_text(message) and not is_free_text("USR002")
+    assert names(TextIndex("send the project notes and details of the meeting"), message)
+    assert not names(TextIndex("send my regards to the whole family"), message)
+    index = TextIndex("Book it for December 15, 2026; put 1,500 dollars on report_final.")
+    assert names(index, "2026-12-15") and names(index, 1500) and names(index, 1500.0)
+    assert names(index, "report_final.txt")  # a file name without its extension
+    assert not names(index, "2026-12-16") and not names(index, 150)
+
+
+def test_a_dropped_call_leaves_a_quoted_name_unused() -> None:
+    task = turn(REMOVE)
+    kept = [c for c in task.ground_truth[0] if c.name != "rm"]
+    corrupted = with_calls(task, kept)
+    result = check_description_covered(corrupted, trace_calls(corrupted, bfcl))
+    assert not result.passed
+    assert "'findings_report'" in result.reasons[0]
+    assert check_description_covered(task, trace_calls(task, bfcl)).passed
+
+
+@pytest.mark.parametrize("backend", ["ngram"])
+def test_a_request_about_something_else_fails_the_intent(backend: str) -> None:
+    task = turn(CREATE)
+    other = with_request(
+        task, "Open a new support ticket with priority 4 about my broken laptop screen."
+    )
+    result = check_intent(other, trace_calls(other, bfcl), backend)  # type: ignore[arg-type]
+    assert not result.passed
+    assert "not about the functions it calls" in result.reasons[0]
+    assert check_intent(task, trace_calls(task, bfcl), backend).passed  # type: ignore[arg-type]
