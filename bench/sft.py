@@ -30,8 +30,11 @@ as *text* prompt-completion rows (decoded prompt, decoded completion), one row p
 example (prompt: up to the first assistant token) and one row per assistant message;
 whether TRL's tokens are ours and how many tokens carry loss.
 
-Reported for each trainer: seconds per step (the mean over steps 2..K: step 1 carries
-one-time costs, reported apart as ``first_step_s``), peak RSS (the whole process, and
+Reported for each trainer: seconds per step, wall and CPU (the mean over steps 2..K:
+step 1 carries one-time costs, reported apart as ``first_step_s``; ours builds its
+examples inside it, ``examples_build_s`` says how long that takes; with one torch thread
+CPU seconds are what a step costs even when other work shares the cores, wall seconds
+are not), peak RSS (the whole process, and
 during training alone after resetting the high-water mark), loss tokens per example
 (equal when both mask the prompt and the observations), first and last loss.
 
@@ -191,15 +194,17 @@ def train_ours(policy: Any, tasks: list[Any], setup: Setup, config: Any) -> dict
 
     per_epoch = math.ceil(setup.examples / config.batch_size)
     ends: list[float] = []
+    cpu_ends: list[float] = []
     losses: list[float] = []
 
     def progress(step: int, _total: int, loss: float) -> None:
         ends.append(time.perf_counter())
+        cpu_ends.append(time.process_time())
         losses.append(loss)
         if step >= setup.steps:
             raise _Enough
 
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     with contextlib.suppress(_Enough):
         warm_start(
             policy,
@@ -212,7 +217,13 @@ def train_ours(policy: Any, tasks: list[Any], setup: Setup, config: Any) -> dict
             micro_batch_size=MICRO_BATCH,
             seed=setup.seed,
         )
-    return {"started": started, "step_ends": ends, "losses": losses}
+    return {
+        "started": started,
+        "step_ends": ends,
+        "started_cpu": started_cpu,
+        "step_cpu_ends": cpu_ends,
+        "losses": losses,
+    }
 
 
 def train_trl(
@@ -230,11 +241,13 @@ def train_trl(
         [{"input_ids": e.input_ids, "completion_mask": supervised_mask(e)} for e in rows]
     )
     ends: list[float] = []
+    cpu_ends: list[float] = []
     losses: list[float] = []
 
     class Timer(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             ends.append(time.perf_counter())
+            cpu_ends.append(time.process_time())
 
         def on_log(
             self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any
@@ -292,11 +305,13 @@ def train_trl(
     memory_before = memory_mb()
     reset = reset_peak_rss()
     torch_seed(setup.seed)
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     trainer.train()
     return {
         "started": started,
         "step_ends": ends,
+        "started_cpu": started_cpu,
+        "step_cpu_ends": cpu_ends,
         "losses": losses,
         "checks": checks,
         "memory_before_training": memory_before,
@@ -356,7 +371,9 @@ def worker(trainer: str, setup: Setup, out: Path) -> None:
     policy = load_policy(learner.model, run_dir=run_dir, device=learner.device, finetune="lora")
     load_s = time.perf_counter() - loaded
     tasks = choose_tasks(policy, setup.examples, config.max_len, setup.seed)
+    building = time.perf_counter()
     built, _ = build_examples(policy, tasks)
+    build_s = time.perf_counter() - building  # ours repeats it inside its first step
     examples = [truncate(e, config.max_len) for e in built]
     report: dict[str, Any] = {
         "trainer": trainer,
@@ -365,6 +382,7 @@ def worker(trainer: str, setup: Setup, out: Path) -> None:
         "lora": asdict(policy.lora) if policy.lora else None,
         "torch_threads": torch.get_num_threads(),
         "load_s": round(load_s, 1),
+        "examples_build_s": round(build_s, 1),
         "tasks": [t.id for t in tasks],
         "loss_tokens_by_task": {e.task_id: e.supervised_tokens for e in examples},
         "tokens_by_task": {e.task_id: len(e.input_ids) for e in examples},
@@ -388,16 +406,31 @@ def worker(trainer: str, setup: Setup, out: Path) -> None:
 # ---------------------------------------------------------------------- the benchmark
 
 
-def timing(report: dict[str, Any]) -> dict[str, Any]:
-    """Seconds per step (steps 2..K), the first step's, and the total from the call."""
-    ends = report["step_ends"]
-    started = report["started"]
+def _per_step(started: float, ends: Sequence[float]) -> tuple[float | None, float | None]:
+    """The mean of steps 2..K and the first step (from the call), in seconds."""
     later = [b - a for a, b in itertools.pairwise(ends)]
+    return (
+        round(sum(later) / len(later), 2) if later else None,
+        round(ends[0] - started, 2) if ends else None,
+    )
+
+
+def timing(report: dict[str, Any]) -> dict[str, Any]:
+    """Wall and CPU seconds per step (steps 2..K), the first step's, and the total from
+    the call. CPU seconds (one thread) hold when other work shares the cores; wall
+    seconds do not."""
+    ends = report["step_ends"]
+    s_per_step, first = _per_step(report["started"], ends)
+    cpu_per_step, cpu_first = _per_step(
+        report.get("started_cpu", 0.0), report.get("step_cpu_ends", [])
+    )
     return {
         "steps": len(ends),
-        "s_per_step": round(sum(later) / len(later), 2) if later else None,
-        "first_step_s": round(ends[0] - started, 2) if ends else None,
-        "train_s": round(ends[-1] - started, 2) if ends else None,
+        "s_per_step": s_per_step,
+        "cpu_s_per_step": cpu_per_step,
+        "first_step_s": first,
+        "first_step_cpu_s": cpu_first,
+        "train_s": round(ends[-1] - report["started"], 2) if ends else None,
     }
 
 
@@ -410,6 +443,7 @@ def summarize(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
         before = report["memory_before_training"]
         trainers[name] = {
             **timing(report),
+            "examples_build_s": report.get("examples_build_s"),
             "peak_rss_mb": after["peak_mb"] if report["peak_reset"] else None,
             "rss_before_training_mb": before["rss_mb"],
             "peak_rss_mb_whole_process": max(after["peak_mb"], before["peak_mb"]),
@@ -450,8 +484,10 @@ def summarize(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
     result["loss_tokens_equal"] = lt["ours"] == lt["trl"]
     speed = [trainers[n]["s_per_step"] for n in TRAINERS]
     memory = [trainers[n]["peak_rss_mb"] for n in TRAINERS]
+    cpu = [trainers[n]["cpu_s_per_step"] for n in TRAINERS]
     result["trl_over_ours"] = {
         "s_per_step": round(speed[1] / speed[0], 3) if speed[0] and speed[1] else None,
+        "cpu_s_per_step": round(cpu[1] / cpu[0], 3) if cpu[0] and cpu[1] else None,
         "peak_rss": round(memory[1] / memory[0], 3) if memory[0] and memory[1] else None,
     }
     return result
@@ -528,16 +564,18 @@ def print_table(result: dict[str, Any]) -> None:
     trainers = result["trainers"]
     rows = (
         ("s / step (steps 2..K)", "s_per_step"),
-        ("first step (s, with setup)", "first_step_s"),
+        ("CPU s / step (steps 2..K)", "cpu_s_per_step"),
+        ("first step (s, ours: + examples)", "first_step_s"),
+        ("first step (CPU s)", "first_step_cpu_s"),
         ("peak RSS in training (MB)", "peak_rss_mb"),
         ("RSS before training (MB)", "rss_before_training_mb"),
         ("first loss", "first_loss"),
         ("last loss", "last_loss"),
     )
-    print(f"{'':<30}" + "".join(f"{name:>12}" for name in trainers))
+    print(f"{'':<34}" + "".join(f"{name:>12}" for name in trainers))
     for label, key in rows:
         cells = "".join(f"{'-' if t[key] is None else t[key]:>12}" for t in trainers.values())
-        print(f"{label:<30}{cells}")
+        print(f"{label:<34}{cells}")
     tokens = result["loss_tokens_per_example"]
     for name, counts in tokens.items():
         print(f"loss tokens per example, {name}: {counts}")
@@ -554,7 +592,10 @@ def print_table(result: dict[str, Any]) -> None:
             f"TRL's tokens a prefix of ours: {check['tokens_are_a_prefix_of_ours']}"
         )
     ratio = result["trl_over_ours"]
-    print(f"TRL / ours: s per step {ratio['s_per_step']}, peak RSS {ratio['peak_rss']}")
+    print(
+        f"TRL / ours: s per step {ratio['s_per_step']}, CPU s per step "
+        f"{ratio['cpu_s_per_step']}, peak RSS {ratio['peak_rss']}"
+    )
     print(f"result: {result['bench_dir']}/result.json")
 
 

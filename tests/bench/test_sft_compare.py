@@ -65,11 +65,18 @@ def test_text_rows_one_per_example_or_one_per_message() -> None:
 
 
 def test_timing_leaves_the_first_step_apart() -> None:
-    report = {"started": 100.0, "step_ends": [130.0, 140.0, 152.0]}
+    report = {
+        "started": 100.0,
+        "step_ends": [130.0, 140.0, 152.0],
+        "started_cpu": 5.0,
+        "step_cpu_ends": [25.0, 33.0, 41.0],
+    }
     assert sft.timing(report) == {
         "steps": 3,
         "s_per_step": 11.0,
+        "cpu_s_per_step": 8.0,
         "first_step_s": 30.0,
+        "first_step_cpu_s": 20.0,
         "train_s": 52.0,
     }
     assert sft.timing({"started": 0.0, "step_ends": []})["s_per_step"] is None
@@ -86,6 +93,8 @@ def report(trainer: str, seconds: list[float], peak: float, loss_tokens: dict[st
         "tokens_by_task": {"a": 100, "b": 120},
         "started": 0.0,
         "step_ends": seconds,
+        "started_cpu": 0.0,
+        "step_cpu_ends": [x / 2 for x in seconds],
         "losses": [1.5, 1.2],
         "peak_reset": True,
         "memory_before_training": {"rss_mb": 500.0, "peak_mb": 600.0},
@@ -120,7 +129,7 @@ def test_summary_compares_speed_memory_and_loss_tokens() -> None:
 
     assert result["trainers"]["ours"]["s_per_step"] == 10.0
     assert result["trainers"]["trl"]["s_per_step"] == 20.0
-    assert result["trl_over_ours"] == {"s_per_step": 2.0, "peak_rss": 2.0}
+    assert result["trl_over_ours"] == {"s_per_step": 2.0, "cpu_s_per_step": 2.0, "peak_rss": 2.0}
     assert result["loss_tokens_equal"] is True
     assert result["loss_tokens_per_example"]["trl_text_one_row_per_example"] == [30, 40]
     assert result["trainers"]["ours"]["first_loss"] == 1.5
