@@ -54,13 +54,18 @@ from coevolve.shared.subjects import (
 log = logging.getLogger(__name__)
 
 
+def default_seed_grains() -> dict[str, float]:
+    # imported when needed: the BFCL task tables load bfcl_eval
+    from coevolve.shared.envs.bfcl.tasks import DEFAULT_SEED_GRAINS
+
+    return dict(DEFAULT_SEED_GRAINS)
+
+
 class PoolStoreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     db_file: str = "pool.duckdb"
     seed_environments: list[str] = msgspec.field(default_factory=lambda: ["bfcl"])
     # shares of per-turn tasks and whole entries in the seed pool (see seed_tasks_for)
-    seed_grains: dict[str, float] = msgspec.field(
-        default_factory=lambda: {"turns": 0.8, "entries": 0.2}
-    )
+    seed_grains: dict[str, float] = msgspec.field(default_factory=default_seed_grains)
     mix: dict[str, float] = msgspec.field(
         default_factory=lambda: {"seed": 0.5, "explored": 0.25, "synthesized": 0.25}
     )
@@ -206,7 +211,7 @@ def seed_tasks_for(environment: str, grains: dict[str, float] | None = None) -> 
 
     For BFCL: per-turn tasks (``env_config["grain"] == "turn"``, ids ``<entry>#t<turn>``)
     beside whole entries, in the shares ``grains`` gives (``turns`` / ``entries``, default
-    0.8 / 0.2; the pool holds them in that proportion, so uniform sampling within the
+    per-turn only; the pool holds them in that proportion, so uniform sampling within the
     seed origin sees them in it).
     """
     if environment == "bfcl":

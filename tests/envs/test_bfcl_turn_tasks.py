@@ -150,7 +150,8 @@ def test_miss_func_turns_carry_the_functions_of_their_turn() -> None:
 def test_seed_pool_mixes_turns_and_entries_by_the_configured_shares() -> None:
     train_ids = {t.id for t in seed_tasks()}
     for grains, turns_share in (
-        (None, 0.8),
+        (None, 1.0),
+        ({"turns": 0.8, "entries": 0.2}, 0.8),
         ({"turns": 1, "entries": 1}, 0.5),
         ({"turns": 0.3, "entries": 0.7}, 0.3),
     ):
@@ -161,7 +162,7 @@ def test_seed_pool_mixes_turns_and_entries_by_the_configured_shares() -> None:
         assert {t.source_entry or t.id for t in pool} <= train_ids
         assert [t.id for t in seed_pool(grains)] == [t.id for t in pool]
     assert all(grain_of(t) == "entry" for t in seed_pool({"entries": 1.0}))
-    from_actor = seed_tasks_for("bfcl", {"turns": 0.8, "entries": 0.2})
+    from_actor = seed_tasks_for("bfcl", {"turns": 1.0, "entries": 0.0})
     assert [t.id for t in from_actor] == [t.id for t in seed_pool()]
     with pytest.raises(ConfigError, match="seed_grains"):
         seed_tasks_for("bfcl", {"turn": 1.0})

@@ -60,8 +60,10 @@ TURN_SUITES: dict[str, str] = {
 }
 SUITES: dict[str, str] = {**ENTRY_SUITES, **TURN_SUITES}
 
-# The seed pool's default share of per-turn tasks and of whole entries.
-DEFAULT_SEED_GRAINS: dict[str, float] = {"turns": 0.8, "entries": 0.2}
+# The seed pool's default share of per-turn tasks and of whole entries. Per-turn only: on
+# 2 CPU cores a group of 8 whole 5-turn entries held the one rollout worker for over 16
+# minutes (a per-turn group: about a minute), so no policy update came in that time.
+DEFAULT_SEED_GRAINS: dict[str, float] = {"turns": 1.0, "entries": 0.0}
 
 SPLIT_SALT = "coevolve-bfcl-split-v1"
 
@@ -215,7 +217,7 @@ def seed_tasks() -> list[Task]:
 def seed_pool(grains: Mapping[str, float] | None = None) -> list[Task]:
     """The train half of multi_turn_base as the task pool starts: whole entries and
     per-turn tasks mixed by ``grains`` (shares of ``turns`` and ``entries``, default
-    0.8 / 0.2).
+    ``DEFAULT_SEED_GRAINS``).
 
     Everything of the grain that is short of its share is kept; the other grain is thinned
     (a fixed choice, the same on every run) until the shares hold. Per-turn tasks are marked
