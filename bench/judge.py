@@ -63,7 +63,7 @@ QUICK_POSITIVES = 10
 # The LLM stages cost about 80 s per candidate that reaches them on 2 shared cores (a round
 # trip of ~55 s, a judgment of ~25 s, Qwen2.5-Coder-0.5B on 1 thread): a small sample.
 QUICK_LLM_POSITIVES = 3
-FULL_LLM_POSITIVES = 6
+FULL_LLM_POSITIVES = 10
 STAGES: tuple[str, ...] = (
     "replay",
     "+minimality",
@@ -453,6 +453,10 @@ def standalone(outcomes: Sequence[Outcome]) -> dict[str, dict[str, float | None]
     return table
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    return round(sum(values) / len(values), 2) if values else None
+
+
 def _rate(count: int, total: int) -> float | None:
     return round(count / total, 3) if total else None
 
@@ -524,6 +528,10 @@ def run(quick: bool) -> dict[str, Any]:
         "stages": {stage: summarize(outcomes, stage) for stage in STAGES},
         "stages_on_llm_sample": {stage: summarize(sampled, stage) for stage in STAGES},
         "standalone_reject_rate": standalone(outcomes),
+        "llm_seconds_per_call": {
+            stage: _mean([o.seconds[stage] for o in sampled if stage in o.seconds])
+            for stage in ("round_trip", "llm_judge")
+        },
         "target": {"reject_rate_negative": 0.9, "accept_rate_positive": 0.8},
     }
     full = report["stages"]["+llm_judge (default)"]
@@ -584,3 +592,5 @@ def print_table(report: dict[str, Any]) -> None:
     for check, row in report["standalone_reject_rate"].items():
         table.add_row(check, *(pct(row[k]) for k in ("positive", *ALL_CORRUPTIONS)))
     console.print(table)
+    calls = report["llm_seconds_per_call"]
+    console.print(f"LLM seconds per call (candidates that reached it): {calls}")

@@ -44,6 +44,9 @@ class JudgeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # tasks (docs/judge.md)
     round_trip: bool = False
     round_trip_max_tokens: int = 300
+    # the judge role's rating last; off, a candidate that passes every check above is
+    # accepted (docs/judge.md: the default 0.5B model rejects nearly every sound task)
+    llm_judge: bool = True
 
 
 @dataclass
@@ -112,7 +115,9 @@ async def judge_candidate(candidate: TaskCandidate, deps: JudgeDeps) -> Judged:
         criteria[trip.name] = trip.passed
         reasons, outcome = list(trip.reasons), "rejected_by_round_trip"
         going = trip.passed
-    if going:
+    if going and not config.llm_judge:
+        accepted, reasons, outcome = True, [], "accepted"
+    elif going:
         with deps.tracer.start_as_current_span("judge ask"):
             judged = await ask_judgment(deps.llm, task, check, config.max_tokens, deps.judgments)
         if isinstance(judged, Rejection):

@@ -85,9 +85,16 @@ def test_a_redundant_call_is_rejected_naming_it() -> None:
     assert asked == 1 and "minimal" not in judged.verdict.criteria
 
 
+def test_without_the_llm_judge_the_checks_decide() -> None:
+    judged, asked = judge(train_turn("multi_turn_base_2#t0"), llm_judge=False)
+    assert asked == 0 and judged.outcome == "accepted" and judged.verdict.accepted
+    assert judged.verdict.reasons == [] and judged.verdict.criteria["minimal"] is True
+
+
 def test_config_switches_default_on_and_refuses_unknown_keys() -> None:
     config = JudgeConfig()
     assert config.minimality and config.relevance and not config.round_trip
+    assert config.llm_judge
     decoded = msgspec.convert({"relevance": False}, JudgeConfig)
     assert decoded.relevance is False
     try:
