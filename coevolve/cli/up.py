@@ -221,14 +221,15 @@ def run_lockstep_schedule(
     """The lockstep loop on the run's pool (seeded when empty), the data loop's LLM roles
     and service sections taken from ``settings`` as the async services take them."""
     from coevolve.cli.lockstep_cmd import run_lockstep
-    from coevolve.services.pool_store.actor import seed_tasks_for
+    from coevolve.services.pool_store.actor import PoolStoreConfig, seed_tasks_for
     from coevolve.services.pool_store.store import PoolStore
 
     run = settings.run_dir
     pool_path = run / "pool.duckdb"
     with PoolStore(pool_path) as store:
         if sum(store.stats().tasks_by_origin.values()) == 0:
-            store.add_tasks(seed_tasks_for("bfcl"))
+            grains = settings.section("pool_store", PoolStoreConfig).seed_grains
+            store.add_tasks(seed_tasks_for("bfcl", grains))
     synthesis = f"synthesis every {synthesize_every}" if synthesize_every else "no synthesis"
     typer.echo(f"lockstep schedule on {pool_path}: {iterations} steps, {synthesis}")
     run_lockstep(
