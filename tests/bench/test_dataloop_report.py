@@ -140,7 +140,7 @@ async def test_counts_families_signal_kinds_and_verdicts_on_a_real_bus(
 ) -> None:
     counter = LoopCounter()
     async with anyio.create_task_group() as tg:
-        await tg.start(watch_bus, nats_server.url, counter, 60.0)
+        await tg.start(watch_bus, BusSettings(url=nats_server.url), counter, 60.0)
         await publish_data_loop(nats_server.url)
         with anyio.fail_after(10):
             while counter.counts["heartbeats"] < 1:
@@ -170,13 +170,17 @@ async def test_counts_families_signal_kinds_and_verdicts_on_a_real_bus(
 def test_watch_bus_stops_at_its_duration(nats_server: NatsServer) -> None:
     counter = LoopCounter()
     started = time.monotonic()
-    anyio.run(watch_bus, nats_server.url, counter, 1.0)
+    anyio.run(watch_bus, BusSettings(url=nats_server.url), counter, 1.0)
     assert 0.9 <= time.monotonic() - started < 5.0
 
 
 def test_seed_explorations_are_published_and_counted(nats_server: NatsServer) -> None:
     counter = LoopCounter()
-    anyio.run(functools.partial(watch_bus, nats_server.url, counter, 1.5, seed_explorations=2))
+    anyio.run(
+        functools.partial(
+            watch_bus, BusSettings(url=nats_server.url), counter, 1.5, seed_explorations=2
+        )
+    )
     # the subscription was live before the requests went out: it saw both
     assert counter.counts["exploration_requests"] == 2
 
