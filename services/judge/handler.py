@@ -44,9 +44,10 @@ class JudgeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # tasks (docs/judge.md)
     round_trip: bool = False
     round_trip_max_tokens: int = 300
-    # the judge role's rating last; off, a candidate that passes every check above is
-    # accepted (docs/judge.md: the default 0.5B model rejects nearly every sound task)
-    llm_judge: bool = True
+    # the judge role's rating last. Off by default: with the default 0.5B model it rejected
+    # all 7 sound turns that reached it (docs/judge.md), so a candidate that passes every
+    # check above is accepted; turn it on with a stronger judge endpoint
+    llm_judge: bool = False
 
 
 @dataclass

@@ -57,6 +57,7 @@ def data_loop_settings(tmp_path: Path, fake: RoleFakeLLM, **services: Any) -> Se
         llm=fake.llm_section(),
         explorer={"rounds": 1, "max_steps": 2},
         abstractor={"max_tasks": 5, "leak_backend": "ngram"},
+        judge={"llm_judge": True},  # these tests cover the judge role's path too
         **services,
     )
     return settings

@@ -31,6 +31,14 @@ CRITERIA_TRUE = {
 }
 
 
+# pool-store settings whose seed pool holds whole entries too (the default is per-turn
+# only), so the groups of filesystem_seed_tasks are of tasks in the pool
+POOL_WITH_ENTRIES: dict[str, object] = {
+    "feed_jobs": False,
+    "seed_grains": {"turns": 0.8, "entries": 0.2},
+}
+
+
 def filesystem_seed_tasks(count: int) -> list[Task]:
     """Seed (train-split) tasks with a file system, whose turns the eval leak guard does
     not flag (so a copy of them is caught as a pool duplicate, not as a leak)."""

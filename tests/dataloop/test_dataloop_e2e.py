@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from dataloop_fake_llm import RoleFakeLLM
 from dataloop_harness import (
+    POOL_WITH_ENTRIES,
     WellFormedBrain,
     filesystem_seed_tasks,
     mixed_group,
@@ -48,9 +49,10 @@ async def test_rollout_group_to_accepted_task_with_lineage_in_one_trace(
     fake = RoleFakeLLM(brain).start()
     settings.services.update(
         llm=fake.llm_section(),
-        pool_store={"feed_jobs": False},
+        pool_store=POOL_WITH_ENTRIES,
         explorer={"rounds": 1, "max_steps": 2},
         abstractor={"max_tasks": 5, "leak_backend": "ngram"},
+        judge={"llm_judge": True},  # these tests cover the judge role's path too
     )
     monitor, explorer = SignalMonitorActor(settings), ExplorerActor(settings)
     abstractor, judge = AbstractorActor(settings), JudgeActor(settings)

@@ -11,6 +11,7 @@ import anyio
 import pytest
 from dataloop_fake_llm import RoleFakeLLM
 from dataloop_harness import (
+    POOL_WITH_ENTRIES,
     WellFormedBrain,
     filesystem_seed_tasks,
     mixed_group,
@@ -44,11 +45,12 @@ async def test_three_explorers_two_judges_process_each_message_once(settings: Se
     fake = RoleFakeLLM(brain).start()
     settings.services.update(
         llm=fake.llm_section(),
-        pool_store={"feed_jobs": False},
+        pool_store=POOL_WITH_ENTRIES,
         explorer={"rounds": 1, "max_steps": 2},
         # The good drafts differ only in a folder name; de-duplication is covered in
         # test_dataloop_e2e and would (rightly) drop all but the first here.
         abstractor={"max_tasks": 2, "leak_backend": "ngram", "dedup_threshold": 1.5},
+        judge={"llm_judge": True},  # these tests cover the judge role's path too
     )
     monitor = SignalMonitorActor(settings)
     explorers = [ExplorerActor(settings) for _ in range(3)]

@@ -16,7 +16,14 @@ import time
 from pathlib import Path
 
 import pytest
-from dataloop_harness import filesystem_seed_tasks, mixed_group, running, wait_for_pool, wait_until
+from dataloop_harness import (
+    POOL_WITH_ENTRIES,
+    filesystem_seed_tasks,
+    mixed_group,
+    running,
+    wait_for_pool,
+    wait_until,
+)
 
 from coevolve.services.abstractor.actor import AbstractorActor
 from coevolve.services.explorer.actor import ExplorerActor
@@ -52,7 +59,7 @@ async def test_local_model_turns_a_boundary_signal_into_an_accepted_task(
         run_dir=CACHE_DIR,
     )
     settings.services.update(
-        pool_store={"feed_jobs": False},
+        pool_store=POOL_WITH_ENTRIES,
         abstractor={
             "max_tasks": 1,
             "max_turns": 1,

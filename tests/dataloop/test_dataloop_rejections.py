@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import pytest
 from dataloop_fake_llm import Answer, RoleFakeLLM
 from dataloop_harness import (
+    POOL_WITH_ENTRIES,
     WellFormedBrain,
     filesystem_seed_tasks,
     mixed_group,
@@ -76,10 +77,11 @@ async def test_malformed_outputs_are_counted_rejections_and_services_go_on(
     fake = RoleFakeLLM(FirstAnswerMalformed()).start()
     settings.services.update(
         llm=fake.llm_section(),
-        pool_store={"feed_jobs": False},
+        pool_store=POOL_WITH_ENTRIES,
         explorer={"rounds": 1, "max_steps": 2},
         # the good drafts differ only in a folder name: no de-duplication between them
         abstractor={"max_tasks": 1, "leak_backend": "ngram", "dedup_threshold": 1.5},
+        judge={"llm_judge": True},  # these tests cover the judge role's path too
     )
     explorer, abstractor, judge = (
         ExplorerActor(settings),

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from dataloop_harness import filesystem_seed_tasks, mixed_group, running, wait_for_pool, wait_until
+from dataloop_harness import (
+    POOL_WITH_ENTRIES,
+    filesystem_seed_tasks,
+    mixed_group,
+    running,
+    wait_for_pool,
+    wait_until,
+)
 
 from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.services.signal_monitor.actor import SignalMonitorActor
@@ -20,7 +27,7 @@ pytestmark = pytest.mark.anyio
 async def test_signals_published_and_state_survives_a_restart(settings: Settings) -> None:
     first, second = filesystem_seed_tasks(2)
     settings.services.update(
-        pool_store={"feed_jobs": False},
+        pool_store=POOL_WITH_ENTRIES,
         signal_monitor={"detectors": {"kinds": ["boundary", "forgetting"], "cooldown_s": 0}},
     )
     bus = await Bus.connect(settings.bus, "test")
@@ -64,7 +71,7 @@ async def test_a_group_waits_for_pool_store(settings: Settings) -> None:
     """Without pool-store the task cannot be fetched: the group is handed back, then
     processed once pool-store is up."""
     [task] = filesystem_seed_tasks(1)
-    settings.services.update(pool_store={"feed_jobs": False})
+    settings.services.update(pool_store=POOL_WITH_ENTRIES)
     bus = await Bus.connect(settings.bus, "test")
     await bus.ensure_streams()
     monitor = SignalMonitorActor(settings)
