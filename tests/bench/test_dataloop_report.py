@@ -247,7 +247,12 @@ print(grandchild.pid, flush=True)
 time.sleep(120)
 """
 
-OBEDIENT = "import time; print('ready', flush=True); time.sleep(120)"
+# SIGINT's default handler restored: a shell starts background jobs with SIGINT ignored,
+# and a child inherits that (so does a test run launched with `&`)
+OBEDIENT = (
+    "import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "print('ready', flush=True); time.sleep(120)"
+)
 
 
 def start_child(code: str, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
