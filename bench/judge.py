@@ -69,7 +69,7 @@ STAGES: tuple[str, ...] = (
     "+minimality",
     "+relevance",
     "+round_trip",
-    "+llm_judge (default)",
+    "+llm_judge",
     "+round_trip+llm_judge",
 )
 
@@ -370,7 +370,7 @@ def stage_accepts(outcome: Outcome, stage: str) -> bool | None:
         "+minimality": det[:2],
         "+relevance": det,
         "+round_trip": (*det, "round_trip"),
-        "+llm_judge (default)": (*det, "llm_judge"),
+        "+llm_judge": (*det, "llm_judge"),
         "+round_trip+llm_judge": (*det, "round_trip", "llm_judge"),
     }[stage]
     for name in plan:
@@ -388,7 +388,7 @@ def stage_seconds(outcome: Outcome, stage: str) -> float:
         "+minimality": ("replay", "minimality"),
         "+relevance": ("replay", "minimality", "relevance"),
         "+round_trip": ("replay", "minimality", "relevance", "round_trip"),
-        "+llm_judge (default)": ("replay", "minimality", "relevance", "llm_judge"),
+        "+llm_judge": ("replay", "minimality", "relevance", "llm_judge"),
         "+round_trip+llm_judge": ("replay", "minimality", "relevance", "round_trip", "llm_judge"),
     }[stage]
     # a pipeline stops at the first failed stage: later ones cost nothing
@@ -534,7 +534,7 @@ def run(quick: bool) -> dict[str, Any]:
         },
         "target": {"reject_rate_negative": 0.9, "accept_rate_positive": 0.8},
     }
-    full = report["stages"]["+llm_judge (default)"]
+    full = report["stages"]["+llm_judge"]
     report["target_met"] = bool(
         full["reject_rate_negative"] is not None
         and full["accept_rate_positive"] is not None
