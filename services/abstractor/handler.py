@@ -20,6 +20,7 @@ import anyio
 import msgspec
 from opentelemetry.trace import NoOpTracer, Tracer
 
+from coevolve.services.abstractor.completion import complete_requests
 from coevolve.services.abstractor.prompts import (
     AbstractionOutput,
     CandidateDraft,
@@ -46,6 +47,8 @@ class AbstractorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     max_turns: int = 3
     max_tokens: int = 600
     constrain_calls: bool = True
+    # add the argument values a request leaves out as a "Details:" clause (completion.py)
+    complete_values: bool = True
     dedup_threshold: float = 0.7
     dedup_backend: SimilarityBackend = "ngram"
     dedup_refresh_s: float = 120.0
@@ -186,6 +189,10 @@ async def abstract(exploration: Exploration, deps: AbstractorDeps) -> Abstractio
             drop(*unusable)
             continue
         task = draft_to_task(draft, exploration, index, signal_evidence=exploration.signal_evidence)
+        if config.complete_values:
+            task, added = await anyio.to_thread.run_sync(complete_requests, task)
+            if added:
+                log.info("exploration %s: draft %d: %d values added", exploration.id, index, added)
         leak = await leak_of(deps, task)
         if leak is not None:
             drop("eval_leak", leak)

@@ -3,7 +3,7 @@
 They run after the replay (``replay.py``) and before any LLM, each a verdict criterion:
 
 - ``names_arguments``: the task's text names (or an earlier call returned) the salient
-  literal arguments of its calls (:func:`is_salient`, :func:`names`);
+  literal arguments of its calls (``shared.argument_values.is_salient``, :func:`names`);
 - ``covers_description``: what the request quotes and the numbers it writes are used by
   the calls (or shown by them);
 - ``minimal``: dropping any single state-changing call from the ground truth changes the
@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from coevolve.shared.argument_values import salient_values, scalars
 from coevolve.shared.envs import Environment
 from coevolve.shared.messages import Task, ToolCall
 from coevolve.shared.similarity import Backend, NearDuplicateIndex
@@ -216,54 +217,11 @@ def check_minimality(
 # --------------------------------------------------------------------------- relevance
 
 
-def _scalars(value: Any) -> Iterator[Any]:
-    if isinstance(value, Mapping):
-        for item in value.values():
-            yield from _scalars(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from _scalars(item)
-    else:
-        yield value
-
-
-def is_salient(value: Any) -> bool:
-    """Whether a literal argument is one a task's text should name.
-
-    Salient: numbers other than 0 and 1 (amounts, ids, counts; 0 and 1 are mostly
-    positions and flags) and strings of at least 2 characters (names, ids, file names,
-    symbols, dates, and free text such as a message, which :func:`names` matches loosely).
-    Not salient: booleans, None, empty or one-character strings (modes such as ``"l"``).
-    """
-    if isinstance(value, bool) or value is None:
-        return False
-    if isinstance(value, int | float):
-        return value not in (0, 1)
-    if isinstance(value, str):
-        return len(value.strip()) >= 2
-    return False
-
-
 def is_free_text(value: str) -> bool:
     """Longer than ``MAX_SALIENT_CHARS`` characters or ``MAX_SALIENT_WORDS`` words: a
     message, a tweet, a file's content, which a request may quote or paraphrase."""
     text = value.strip()
     return len(text) > MAX_SALIENT_CHARS or len(text.split()) > MAX_SALIENT_WORDS
-
-
-def salient_values(calls: Sequence[ToolCall]) -> list[tuple[ToolCall, str, Any]]:
-    """(call, parameter, value) for every salient scalar in the calls' arguments (lists
-    and nested objects searched, under their top-level parameter), each distinct value
-    once (the first call passing it)."""
-    found: list[tuple[ToolCall, str, Any]] = []
-    seen: list[Any] = []
-    for call in calls:
-        for parameter, argument in call.arguments.items():
-            for value in _scalars(argument):
-                if is_salient(value) and value not in seen:
-                    seen.append(value)
-                    found.append((call, parameter, value))
-    return found
 
 
 def enum_options(tools: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], list[str]]:
@@ -540,7 +498,7 @@ def check_description_covered(task: Task, trace: CallTrace) -> CheckResult:
 
 
 def json_text(value: Any) -> str:
-    return " ".join(str(v) for v in _scalars(value))
+    return " ".join(str(v) for v in scalars(value))
 
 
 def semantic_checks(

@@ -148,8 +148,12 @@ class MathBrain(WellFormedBrain):
     def abstractor(self, request: dict[str, Any]) -> dict[str, Any]:
         draft = {
             "description": "Add two numbers and report the total.",
-            "user_turns": ["Please add the numbers 1234 and 4321 together and tell me the total."],
-            "ground_truth": [[{"name": "add", "arguments": {"a": 1234, "b": 4321}}]],
+            "turns": [
+                {
+                    "request": "Please add the numbers 1234 and 4321 and tell me the total.",
+                    "calls": [{"name": "add", "arguments": {"a": 1234, "b": 4321}}],
+                }
+            ],
         }
         return {"tasks": [draft]}
 

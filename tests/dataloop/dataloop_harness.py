@@ -139,15 +139,17 @@ class WellFormedBrain:
         drafts: list[dict[str, Any]] = [
             {
                 "description": "Create a folder and confirm it by listing the directory.",
-                "user_turns": [
-                    f"Please create a new directory called '{folder}' right here in my "
-                    "current working folder.",
-                    "Then list every item in the current folder so I can confirm that the "
-                    "new directory exists.",
-                ],
-                "ground_truth": [
-                    [{"name": "mkdir", "arguments": {"dir_name": folder}}],
-                    [{"name": "ls", "arguments": {}}],
+                "turns": [
+                    {
+                        "request": f"Please create a new directory called '{folder}' right "
+                        "here in my current working folder.",
+                        "calls": [{"name": "mkdir", "arguments": {"dir_name": folder}}],
+                    },
+                    {
+                        "request": "Then list every item in the current folder so I can "
+                        "confirm that the new directory exists.",
+                        "calls": [{"name": "ls", "arguments": {}}],
+                    },
                 ],
             }
         ]
@@ -159,33 +161,43 @@ class WellFormedBrain:
         if kind == "unknown_function":
             return {
                 "description": "Defragment the disk.",
-                "user_turns": ["Please defragment my whole disk right now, thank you."],
-                "ground_truth": [[{"name": "defragment_disk", "arguments": {}}]],
+                "turns": [
+                    {
+                        "request": "Please defragment my whole disk right now, thank you.",
+                        "calls": [{"name": "defragment_disk", "arguments": {}}],
+                    }
+                ],
             }
         if kind == "eval_leak":
             return {
                 "description": "An evaluation query, copied.",
-                "user_turns": [self.eval_query],
-                "ground_truth": [[{"name": "ls", "arguments": {}}]],
+                "turns": [{"request": self.eval_query, "calls": [{"name": "ls", "arguments": {}}]}],
             }
         if kind == "duplicate":
             assert self.parent is not None
             return {
                 "description": "The explored task again.",
-                "user_turns": list(self.parent.user_turns),
-                "ground_truth": [
-                    [{"name": c.name, "arguments": c.arguments} for c in turn]
-                    for turn in self.parent.ground_truth
+                "turns": [
+                    {
+                        "request": request,
+                        "calls": [{"name": c.name, "arguments": c.arguments} for c in calls],
+                    }
+                    for request, calls in zip(
+                        self.parent.user_turns, self.parent.ground_truth, strict=True
+                    )
                 ],
             }
         if kind == "replay_failure":
             return {
                 "description": "Enter a folder that does not exist.",
-                "user_turns": [
-                    "Go into the folder named 'no_such_folder_anywhere' and stay there please."
-                ],
-                "ground_truth": [
-                    [{"name": "cd", "arguments": {"folder": "no_such_folder_anywhere"}}]
+                "turns": [
+                    {
+                        "request": "Go into the folder named 'no_such_folder_anywhere' and "
+                        "stay there please.",
+                        "calls": [
+                            {"name": "cd", "arguments": {"folder": "no_such_folder_anywhere"}}
+                        ],
+                    }
                 ],
             }
         raise ValueError(kind)

@@ -15,11 +15,11 @@ from coevolve.services.judge.checks import (
     check_minimality,
     enum_options,
     is_free_text,
-    is_salient,
     names,
     semantic_checks,
     trace_calls,
 )
+from coevolve.shared.argument_values import is_salient
 from coevolve.shared.envs import Environment, make_environment
 from coevolve.shared.envs.bfcl.tasks import suite_tasks
 from coevolve.shared.messages import Task, ToolCall

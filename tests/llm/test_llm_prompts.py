@@ -14,6 +14,7 @@ from xgrammar.testing import _is_grammar_accept_string
 from coevolve.services.abstractor.prompts import (
     AbstractionOutput,
     CandidateDraft,
+    DraftTurn,
     abstraction_messages,
     candidate_schema,
     draft_problems,
@@ -245,12 +246,14 @@ def exploration_of(task: Task) -> Exploration:
 
 DRAFT = CandidateDraft(
     description="Create a notes file in documents.",
-    user_turns=["Go to documents and create a.txt."],
-    ground_truth=[
-        [
-            ToolCall(name="cd", arguments={"folder": "documents"}),
-            ToolCall(name="touch", arguments={"file_name": "a.txt"}),
-        ]
+    turns=[
+        DraftTurn(
+            request="Go to documents and create a.txt.",
+            calls=[
+                ToolCall(name="cd", arguments={"folder": "documents"}),
+                ToolCall(name="touch", arguments={"file_name": "a.txt"}),
+            ],
+        )
     ],
 )
 
@@ -283,12 +286,14 @@ def test_draft_problems(bfcl: tuple[Task, list[Any]]) -> None:
     _, tools = bfcl
     names = {t["function"]["name"] for t in tools}
     assert draft_problems(DRAFT, names) == []
-    invented = msgspec.structs.replace(DRAFT, ground_truth=[[ToolCall(name="teleport")]])
+    invented = msgspec.structs.replace(
+        DRAFT, turns=[DraftTurn(request="Teleport me.", calls=[ToolCall(name="teleport")])]
+    )
     assert draft_problems(invented, names) == ["calls functions that do not exist: teleport"]
-    mismatched = msgspec.structs.replace(DRAFT, user_turns=["a", "b"])
-    assert draft_problems(mismatched, names) == ["2 user turns but 1 action lists"]
-    empty = CandidateDraft(description=" ", user_turns=[], ground_truth=[[]])
-    assert len(draft_problems(empty, names)) == 4
+    silent = CandidateDraft(description="x", turns=[DraftTurn(request="List it.", calls=[])])
+    assert draft_problems(silent, names) == ["a turn without calls"]
+    empty = CandidateDraft(description=" ", turns=[])
+    assert len(draft_problems(empty, names)) == 3
 
 
 def test_draft_to_task_keeps_state_and_lineage(bfcl: tuple[Task, list[Any]]) -> None:
