@@ -4,10 +4,10 @@ The bench runs its own nats-server (``up`` uses it through ``NATS_URL``) so it c
 and restart it with its store kept. At a random moment of the run (seeded), each of these
 happens once:
 
-- ``kill -9`` of every service's process group, each waiting (up to ``BUSY_WAIT_S``, a
-  tenth of the run at most) for the service to be busy (heartbeat ``in_flight > 0``: the
-  learner in a step, rollout in a group, the explorer in an exploration, pool-store in a
-  write);
+- ``kill -9`` of every service's process group, each waiting (until ``BUSY_UNTIL`` of the
+  run at most) for the service to be busy: the learner in a GRPO step (heartbeat phase
+  ``GRPO_STEP_PHASE``), the others with ``in_flight > 0`` (rollout in a group, the
+  explorer in an exploration, pool-store in a write);
 - NATS stopped for ``NATS_DOWN_S`` and restarted on the same port and store;
 - the LLM endpoint (a ``llama_cpp.server`` process under ``up``) killed, when there is one.
 
@@ -46,6 +46,7 @@ from coevolve.cli.up import supervised_services
 from coevolve.shared.bus import MSG_ID_HEADER, Bus
 from coevolve.shared.config import DEFAULT_RUN_DIR, BusSettings
 from coevolve.shared.messages import (
+    GRPO_STEP_PHASE,
     DeadLetter,
     DecodeError,
     Heartbeat,
@@ -62,7 +63,7 @@ from coevolve.shared.subjects import (
     metrics_subject,
 )
 
-BUSY_WAIT_S = 120.0
+BUSY_UNTIL = 0.9  # a fault waits for its target to be busy until this share of the run
 NATS_DOWN_S = 5.0
 LEARNER_CHECKPOINT_GROUPS = Path("checkpoints/learner.groups.json")
 
@@ -154,8 +155,18 @@ def _descendants(root: int) -> list[tuple[int, str]]:
     return found
 
 
+def is_busy(beat: Heartbeat | None) -> bool:
+    """Whether a service is mid-work: the learner in a GRPO step, another with work in
+    hand."""
+    if beat is None:
+        return False
+    if beat.service == "learner":
+        return beat.phase == GRPO_STEP_PHASE
+    return beat.in_flight > 0
+
+
 async def inject(
-    busy_wait_s: float,
+    busy_deadline: float,
     fault: Fault,
     started: float,
     run_dir: Path,
@@ -164,14 +175,9 @@ async def inject(
     server: NatsServer,
 ) -> None:
     if fault.kind == "kill":
-        deadline = time.monotonic() + busy_wait_s
-        while time.monotonic() < deadline:
-            beat = view.beats.get(fault.target)
-            if beat is not None and beat.in_flight > 0:
-                break
+        while time.monotonic() < busy_deadline and not is_busy(view.beats.get(fault.target)):
             await anyio.sleep(0.2)
-        beat = view.beats.get(fault.target)
-        fault.busy = beat is not None and beat.in_flight > 0
+        fault.busy = is_busy(view.beats.get(fault.target))
         child = supervised_services(run_dir).get(fault.target, {})
         pid = child.get("pid")
         if not isinstance(pid, int):
@@ -296,14 +302,20 @@ async def chaos(run_dir: Path, out_dir: Path, minutes: float, seed: int) -> dict
     faults = fault_schedule(minutes, seed)
     alive_at_end: dict[str, str] = {}
     try:
+        busy_deadline = started + BUSY_UNTIL * minutes * 60
+
+        async def fire(fault: Fault) -> None:
+            await anyio.sleep(max(0.0, started + fault.at_s - time.monotonic()))
+            if up.poll() is not None:
+                raise RuntimeError(f"coevolve up exited with {up.returncode}")
+            await inject(busy_deadline, fault, started, run_dir, up, view, server)
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch, server.url, view)
-            for fault in faults:
-                await anyio.sleep(max(0.0, started + fault.at_s - time.monotonic()))
-                if up.poll() is not None:
-                    raise RuntimeError(f"coevolve up exited with {up.returncode}")
-                busy_wait_s = min(BUSY_WAIT_S, minutes * 6.0)  # a tenth of the run at most
-                await inject(busy_wait_s, fault, started, run_dir, up, view, server)
+            # each fault waits for its own moment and target, so one wait delays no other
+            async with anyio.create_task_group() as faulting:
+                for fault in faults:
+                    faulting.start_soon(fire, fault)
             await anyio.sleep(max(0.0, started + minutes * 60 - time.monotonic()))
             alive_at_end = {
                 name: str(child.get("state"))

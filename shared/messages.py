@@ -339,6 +339,10 @@ class Heartbeat(Message):
     detail: str = ""
 
 
+# the learner's heartbeat phase while it runs a GRPO step (what `bench chaos` waits for)
+GRPO_STEP_PHASE = "grpo step"
+
+
 class Metric(Message):
     service: str
     name: str

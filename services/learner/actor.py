@@ -35,7 +35,7 @@ import msgspec
 from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig, StepMetrics
 from coevolve.shared.actor import Actor, Consumer, Delivery
 from coevolve.shared.config import Settings
-from coevolve.shared.messages import RolloutGroup, Task
+from coevolve.shared.messages import GRPO_STEP_PHASE, RolloutGroup, Task
 from coevolve.shared.subjects import LEARNER_GROUPS_CONSUMER
 
 log = logging.getLogger(__name__)
@@ -280,6 +280,7 @@ class LearnerActor(Actor):
                 return
             learner = self.learner
             assert learner is not None
+            self.report_progress(GRPO_STEP_PHASE, detail=f"{len(batch)} groups")
             try:
                 metrics = await anyio.to_thread.run_sync(
                     learner.step, [w.group for w in batch], abandon_on_cancel=True
@@ -297,6 +298,7 @@ class LearnerActor(Actor):
                 for waiting in batch:
                     waiting.error = exc
             finally:
+                self.clear_progress()
                 for waiting in batch:
                     waiting.done.set()
 

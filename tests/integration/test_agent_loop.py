@@ -10,6 +10,7 @@ from __future__ import annotations
 import anyio
 import pytest
 import torch
+from nats.aio.msg import Msg
 
 from coevolve.services.learner.actor import LearnerActor
 from coevolve.services.pool_store.actor import PoolStoreActor
@@ -19,9 +20,15 @@ from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
-from coevolve.shared.messages import PolicyVersion, RolloutGroup, decode
+from coevolve.shared.messages import (
+    GRPO_STEP_PHASE,
+    Heartbeat,
+    PolicyVersion,
+    RolloutGroup,
+    decode,
+)
 from coevolve.shared.pool_client import PoolClient
-from coevolve.shared.subjects import POLICY_UPDATES, ROLLOUT_GROUPS
+from coevolve.shared.subjects import POLICY_UPDATES, ROLLOUT_GROUPS, heartbeat_subject
 
 pytestmark = pytest.mark.anyio
 
@@ -94,6 +101,12 @@ async def test_learner_publishes_weights_that_rollout_loads_identically(
         task_id=task.id, origin="seed", policy_version=0, trajectories=trajectories
     )
     updates = await bus.nc.subscribe(POLICY_UPDATES)
+    phases: list[str] = []
+
+    async def beats(msg: Msg) -> None:
+        phases.append(decode(msg.data, Heartbeat).phase)
+
+    await bus.nc.subscribe(heartbeat_subject("learner"), cb=beats)
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: runner.run(handle_signals=False))
         await bus.publish(ROLLOUT_GROUPS, group)
@@ -101,6 +114,8 @@ async def test_learner_publishes_weights_that_rollout_loads_identically(
         assert update.version == 0  # announced at start-up (no warm start)
         update = decode((await updates.next_msg(timeout=240)).data, PolicyVersion)
         assert update.version == 1 and update.step == 1
+        # the heartbeat says when a step runs (what `bench chaos` waits for to kill it)
+        assert GRPO_STEP_PHASE in phases
         with anyio.fail_after(30):
             while learner_actor.last_metrics is None:
                 await anyio.sleep(0.1)

@@ -7,9 +7,15 @@ from pathlib import Path
 
 import duckdb
 
-from coevolve.bench.chaos import audit_pool, fault_schedule, learner_resumes
+from coevolve.bench.chaos import audit_pool, fault_schedule, is_busy, learner_resumes
 from coevolve.services.pool_store.store import PoolStore
-from coevolve.shared.messages import RolloutResults, ScoreSample, Task
+from coevolve.shared.messages import (
+    GRPO_STEP_PHASE,
+    Heartbeat,
+    RolloutResults,
+    ScoreSample,
+    Task,
+)
 from coevolve.shared.subjects import SERVICES
 
 
@@ -22,6 +28,27 @@ def test_every_fault_happens_once_in_the_middle_of_the_run() -> None:
     assert [f.at_s for f in faults] == sorted(f.at_s for f in faults)
     assert fault_schedule(10.0, seed=3) == faults
     assert fault_schedule(10.0, seed=4) != faults
+
+
+def beat(service: str, phase: str = "running", in_flight: int = 0) -> Heartbeat:
+    return Heartbeat(
+        service=service,
+        instance="i",
+        pid=1,
+        host="h",
+        started_at=0.0,
+        phase=phase,
+        in_flight=in_flight,
+    )
+
+
+def test_the_learner_is_busy_only_in_a_grpo_step() -> None:
+    # holding groups while it waits for more is not a step
+    assert not is_busy(beat("learner", in_flight=2))
+    assert not is_busy(beat("learner", phase="warm start", in_flight=1))
+    assert is_busy(beat("learner", phase=GRPO_STEP_PHASE, in_flight=2))
+    assert is_busy(beat("rollout", in_flight=1))
+    assert not is_busy(beat("rollout")) and not is_busy(None)
 
 
 def test_the_pool_audit_counts_duplicate_rows(tmp_path: Path) -> None:
