@@ -54,7 +54,8 @@ class MonitorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, fr
     threshold: float = 0.5
     window: int = 10
     rare_theta: float = 0.05
-    rare_min_actions: int = 200
+    # about 4 minutes of rollout on a 2-core CPU (200 took 9: the first signal came at 17 min)
+    rare_min_actions: int = 100
     uncertainty_quantile: float = 0.9
     uncertainty_min_samples: int = 50
     reservoir_size: int = 2048
