@@ -42,7 +42,9 @@ def ablation(
     eval_tasks: Annotated[
         int,
         typer.Option(
-            help="Held-out bfcl-turns-base eval-split tasks per evaluation (the first N).", min=1
+            help="Held-out bfcl-turns-base eval-split tasks per evaluation: one seeded "
+            "sample of N spread over entries, the same for every policy.",
+            min=1,
         ),
     ] = 40,
     eval_max_steps: Annotated[

@@ -376,7 +376,9 @@ def evaluate(
         return dict(read_json(cache))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     argv = [sys.executable, "-m", "coevolve", "eval", "--suite", EVAL_SUITE, "--split", EVAL_SPLIT]
-    argv += ["--policy", str(weights), "--limit", str(tasks), "--max-steps", str(max_steps)]
+    # the same seeded sample, spread over entries, for every policy: paired across arms
+    argv += ["--policy", str(weights), "--sample", str(tasks), "--seed", "0"]
+    argv += ["--max-steps", str(max_steps)]
     argv += ["--json", "--run-dir", str(run)]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
