@@ -192,6 +192,7 @@ class InteractionStep(Part):
     history: list[ChatMessage]
     action: ToolCall
     observation: str
+    ok: bool = True  # the call ran without an error
 
 
 class ExplorationRound(Part):

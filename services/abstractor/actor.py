@@ -11,9 +11,10 @@ draft is dropped, with a counted reason, when it
   ``dedup_threshold`` of a user turn already in the pool, or of a candidate this instance
   published since its last look at the pool: ``near_duplicate``.
 
-Before those checks a usable draft is repaired: the exploration step that produced a
-token or id one of its calls uses is put back before that call (``prerequisites.py``),
-and each request gets the argument values it leaves out (``completion.py``).
+Before those checks a usable draft is repaired against the exploration log: calls that
+only failed there are dropped, and the step that produced a token or id one of its calls
+uses is put back before that call (``log_repairs.py``); then each request gets the
+argument values it leaves out (``completion.py``).
 
 Survivors become :class:`TaskCandidate` s with ids derived from the exploration id and the
 draft's position, their lineage filled by ``draft_to_task``. The pool's user turns are

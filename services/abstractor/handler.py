@@ -21,7 +21,7 @@ import msgspec
 from opentelemetry.trace import NoOpTracer, Tracer
 
 from coevolve.services.abstractor.completion import complete_requests
-from coevolve.services.abstractor.prerequisites import with_prerequisites
+from coevolve.services.abstractor.log_repairs import with_prerequisites, without_failed_calls
 from coevolve.services.abstractor.prompts import (
     AbstractionOutput,
     CandidateDraft,
@@ -48,8 +48,9 @@ class AbstractorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     max_turns: int = 3
     max_tokens: int = 600
     constrain_calls: bool = True
-    # put back the exploration step that produced a token or id a call uses (prerequisites.py)
-    restore_prerequisites: bool = True
+    # drop calls that only failed in the exploration log; put back the step that produced
+    # a token or id a call uses (log_repairs.py)
+    repair_from_log: bool = True
     # add the argument values a request leaves out as a "Details:" clause (completion.py)
     complete_values: bool = True
     dedup_threshold: float = 0.7
@@ -192,10 +193,17 @@ async def abstract(exploration: Exploration, deps: AbstractorDeps) -> Abstractio
             drop(*unusable)
             continue
         task = draft_to_task(draft, exploration, index, signal_evidence=exploration.signal_evidence)
-        if config.restore_prerequisites:
+        if config.repair_from_log:
+            task, dropped = without_failed_calls(task, exploration)
             task, inserted = with_prerequisites(task, exploration)
-            if inserted:
-                log.info("exploration %s: draft %d: %d calls back", exploration.id, index, inserted)
+            if dropped or inserted:
+                log.info(
+                    "exploration %s: draft %d: %d failed calls dropped, %d producers put back",
+                    exploration.id,
+                    index,
+                    dropped,
+                    inserted,
+                )
         if config.complete_values:
             task, added = await anyio.to_thread.run_sync(complete_requests, task)
             if added:

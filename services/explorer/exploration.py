@@ -116,13 +116,14 @@ async def explore_round(
             result = await anyio.to_thread.run_sync(environment.step, text)
             tool_messages = [m for m in result.observations if m.role == "tool"]
             observation = "\n".join(m.content for m in tool_messages) or "(no result)"
-            if result.info.get("errors"):
-                stats.failed_calls += 1
+            failed = bool(result.info.get("errors"))
+            stats.failed_calls += int(failed)
             steps.append(
                 InteractionStep(
                     history=clipped(history[-limits.history_messages :], limits.history_chars),
                     action=call,
                     observation=observation,
+                    ok=not failed,
                 )
             )
             stats.steps += 1

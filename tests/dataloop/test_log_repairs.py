@@ -1,4 +1,4 @@
-"""The abstractor puts back the call that produced a value a draft uses (a login's token)."""
+"""The abstractor repairs a draft against its exploration log."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import msgspec
 
-from coevolve.services.abstractor.prerequisites import with_prerequisites
+from coevolve.services.abstractor.log_repairs import with_prerequisites, without_failed_calls
 from coevolve.services.judge.replay import replay_candidate
 from coevolve.shared.envs import Environment, make_environment
 from coevolve.shared.envs.bfcl.tasks import suite_tasks
@@ -77,3 +77,23 @@ def test_the_login_that_made_the_token_is_put_back_before_the_booking() -> None:
     assert replay_candidate(repaired, bfcl).criteria["replay_succeeded"]
     # a task that already logs in gets nothing twice
     assert with_prerequisites(repaired, exploration) == (repaired, 0)
+
+
+def test_a_call_that_only_failed_in_the_log_is_dropped() -> None:
+    task = {t.id: t for t in suite_tasks("bfcl-turns-base", "train")}[BOOKING]
+    exploration, booking = explored(task)
+    wrong = ToolCall(name="cancel_booking", arguments={"access_token": "x", "booking_id": "nope"})
+    environment = bfcl()
+    environment.reset(task)
+    ok, refused = environment.execute(wrong)
+    environment.close()
+    assert not ok
+    failing = InteractionStep(history=[], action=wrong, observation=refused, ok=False)
+    exploration.rounds[0].steps.append(failing)
+
+    draft = msgspec.structs.replace(task, ground_truth=[[booking, wrong], [wrong]])
+    repaired, dropped = without_failed_calls(draft, exploration)
+    # the second turn keeps its only call: a turn is never emptied
+    assert (repaired.ground_truth, dropped) == ([[booking], [wrong]], 1)
+    exploration.rounds[0].steps.append(InteractionStep(history=[], action=wrong, observation="{}"))
+    assert without_failed_calls(draft, exploration) == (draft, 0)  # it also succeeded once

@@ -1,4 +1,9 @@
-"""Put back the calls a draft needs but left out: those that produced a value it uses.
+"""Repair a draft against its exploration log: calls that only failed there are dropped,
+calls that produced a value the draft uses are put back.
+
+A small model copies failed attempts into its drafts although it is told not to; a call
+identical to one that failed in the log, and never succeeded there, is left out (unless
+it is the turn's only call: then the judge decides).
 
 An exploration logs in (``authenticate_travel`` returns a token), then books a flight with
 that token. A small model drafts the booking alone; replayed from the start state, the
@@ -18,10 +23,6 @@ from coevolve.shared.messages import Exploration, InteractionStep, Task, ToolCal
 MIN_CHARS = 6
 
 
-def _failed(observation: str) -> bool:
-    return observation.lstrip().startswith('{"error"')
-
-
 def producing_step(value: object, steps: list[InteractionStep]) -> InteractionStep | None:
     """The first successful step whose observation writes ``value`` (a string of
     ``MIN_CHARS`` or more characters that its own arguments do not already contain)."""
@@ -29,9 +30,27 @@ def producing_step(value: object, steps: list[InteractionStep]) -> InteractionSt
         return None
     for step in steps:
         passed = {v for _, _, v in salient_values([step.action])}
-        if value in step.observation and value not in passed and not _failed(step.observation):
+        if value in step.observation and value not in passed and step.ok:
             return step
     return None
+
+
+def without_failed_calls(task: Task, exploration: Exploration) -> tuple[Task, int]:
+    """``task`` without the calls that only failed in the exploration, and how many."""
+    steps = [step for round_ in exploration.rounds for step in round_.steps]
+    succeeded = [step.action for step in steps if step.ok]
+    failed = [step.action for step in steps if not step.ok]
+    turns: list[list[ToolCall]] = []
+    dropped = 0
+    for calls in task.ground_truth:
+        kept = [call for call in calls if call not in failed or call in succeeded]
+        if not kept:
+            kept = list(calls)
+        dropped += len(calls) - len(kept)
+        turns.append(kept)
+    if not dropped:
+        return task, 0
+    return msgspec.structs.replace(task, ground_truth=turns), dropped
 
 
 def with_prerequisites(task: Task, exploration: Exploration) -> tuple[Task, int]:
