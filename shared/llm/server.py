@@ -60,7 +60,13 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, f
     # box or a machine of its own).
     n_threads: int = 1
     n_batch: int = 512
-    cache: bool = True  # RAM cache of prompt states (prefix reuse across roles)
+    # RAM cache of prompt states (prefix reuse across roles). Off: llama-cpp-python counts
+    # only a state's KV against cache_size, but each state also copies the logits buffer
+    # (n_batch x 151,936 floats, 311 MB here), so the cache grew past its size; with the
+    # server's default logits for every position (n_ctx x vocab, 5 GB a copy) it reached
+    # 13.6 GB and was OOM-killed in two 30-minute runs. Without it the server still reuses
+    # the previous prompt's prefix.
+    cache: bool = False
     cache_size_mb: int = 1024
     start_timeout_s: float = 180.0
 
@@ -174,6 +180,10 @@ class LlamaServer:
             str(threads),
             "--n_gpu_layers",
             "0",
+            # the roles never ask for logprobs: keep logits of the last position only, not a
+            # (n_ctx x vocab) float32 buffer (5 GB at 8,192 tokens)
+            "--logits_all",
+            "false",
             "--verbose",
             "false",
         ]

@@ -398,3 +398,29 @@ def test_every_role_schema_becomes_a_grammar_without_falling_back(
     action = json_schema_to_gbnf(json.dumps(schemas["action"]))
     for name in tool_names(tools):
         assert f'\\"{name}\\"' in action  # each function name is a literal of the grammar
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def resident_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_the_server_stays_small_across_distinct_prompts(
+    llama_server: LlamaServer, clients: RoleClients
+) -> None:
+    """Two 30-minute runs had the server OOM-killed at 13.6 GB: every cached prompt state
+    copied a (positions x vocabulary) logits buffer that the cache did not count."""
+    llm = clients["judge"]
+    for topic in ("folders", "stocks", "flights"):
+        prompt = f"List ten facts about {topic}. " + " ".join(f"{topic}{n}" for n in range(150))
+        messages = [{"role": "user", "content": prompt}]
+        response = run(llm.chat(messages, max_tokens=4, temperature=0.0))
+        assert isinstance(response, LLMResponse)
+    process = llama_server.process
+    assert process is not None
+    assert resident_mib(process.pid) < 1536
