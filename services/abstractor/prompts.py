@@ -11,6 +11,7 @@ list), and :func:`draft_to_task` builds the candidate :class:`Task` with its lin
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ ChatMessages = list[dict[str, str]]
 MAX_TASKS = 3
 MAX_TURNS = 3
 MAX_CALLS_PER_TURN = 5
+MIN_REQUEST_WORDS = 3
 STEP_CHARS = 500
 EXPLORATION_CHARS = 5000
 
@@ -171,6 +173,12 @@ def abstraction_messages(exploration: Exploration, max_tasks: int = MAX_TASKS) -
     return [{"role": "system", "content": ABSTRACTOR_SYSTEM}, {"role": "user", "content": user}]
 
 
+def request_words(request: str, functions: set[str]) -> list[str]:
+    """The request's words that are not a function name (a 0.5B model wrote the request
+    "authenticate_travel" for an accepted task)."""
+    return [word for word in re.findall(r"[\w']+", request) if word not in functions]
+
+
 def draft_problems(draft: CandidateDraft, known_functions: set[str]) -> list[str]:
     """Why ``draft`` cannot become a task; [] when it can."""
     problems: list[str] = []
@@ -178,6 +186,10 @@ def draft_problems(draft: CandidateDraft, known_functions: set[str]) -> list[str
         problems.append("empty description")
     if not draft.user_turns or any(not turn.strip() for turn in draft.user_turns):
         problems.append("missing or empty user turn")
+    elif any(
+        len(request_words(turn, known_functions)) < MIN_REQUEST_WORDS for turn in draft.user_turns
+    ):
+        problems.append(f"a request of fewer than {MIN_REQUEST_WORDS} words besides function names")
     if not draft.turns or not all(turn.calls for turn in draft.turns):
         problems.append("a turn without calls")
     unknown = sorted({call.name for turn in draft.ground_truth for call in turn} - known_functions)

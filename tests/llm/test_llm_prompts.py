@@ -287,11 +287,18 @@ def test_draft_problems(bfcl: tuple[Task, list[Any]]) -> None:
     names = {t["function"]["name"] for t in tools}
     assert draft_problems(DRAFT, names) == []
     invented = msgspec.structs.replace(
-        DRAFT, turns=[DraftTurn(request="Teleport me.", calls=[ToolCall(name="teleport")])]
+        DRAFT, turns=[DraftTurn(request="Teleport me home.", calls=[ToolCall(name="teleport")])]
     )
     assert draft_problems(invented, names) == ["calls functions that do not exist: teleport"]
-    silent = CandidateDraft(description="x", turns=[DraftTurn(request="List it.", calls=[])])
+    silent = CandidateDraft(description="x", turns=[DraftTurn(request="List it all.", calls=[])])
     assert draft_problems(silent, names) == ["a turn without calls"]
+    # a request that is a function's name is not what a user asks
+    named = msgspec.structs.replace(
+        DRAFT, turns=[msgspec.structs.replace(DRAFT.turns[0], request="touch")]
+    )
+    assert draft_problems(named, names) == [
+        "a request of fewer than 3 words besides function names"
+    ]
     empty = CandidateDraft(description=" ", turns=[])
     assert len(draft_problems(empty, names)) == 3
 
