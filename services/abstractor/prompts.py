@@ -174,9 +174,11 @@ def abstraction_messages(exploration: Exploration, max_tasks: int = MAX_TASKS) -
 
 
 def request_words(request: str, functions: set[str]) -> list[str]:
-    """The request's words that are not a function name (a 0.5B model wrote the request
-    "authenticate_travel" for an accepted task)."""
-    return [word for word in re.findall(r"[\w']+", request) if word not in functions]
+    """The request's plain words: letters only, not a function's name. A 0.5B model wrote
+    the requests "authenticate_travel" and "get_exchange_rate({}) -> {'exchanged_value':
+    0.5}" for tasks the judge accepted once their values were filled in."""
+    words = re.findall(r"[A-Za-z0-9_']+", request)
+    return [w for w in words if re.fullmatch(r"[A-Za-z][a-z']*", w) and w not in functions]
 
 
 def draft_problems(draft: CandidateDraft, known_functions: set[str]) -> list[str]:
@@ -189,7 +191,7 @@ def draft_problems(draft: CandidateDraft, known_functions: set[str]) -> list[str
     elif any(
         len(request_words(turn, known_functions)) < MIN_REQUEST_WORDS for turn in draft.user_turns
     ):
-        problems.append(f"a request of fewer than {MIN_REQUEST_WORDS} words besides function names")
+        problems.append(f"a request of fewer than {MIN_REQUEST_WORDS} plain words")
     if not draft.turns or not all(turn.calls for turn in draft.turns):
         problems.append("a turn without calls")
     unknown = sorted({call.name for turn in draft.ground_truth for call in turn} - known_functions)

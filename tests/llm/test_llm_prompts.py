@@ -292,13 +292,11 @@ def test_draft_problems(bfcl: tuple[Task, list[Any]]) -> None:
     assert draft_problems(invented, names) == ["calls functions that do not exist: teleport"]
     silent = CandidateDraft(description="x", turns=[DraftTurn(request="List it all.", calls=[])])
     assert draft_problems(silent, names) == ["a turn without calls"]
-    # a request that is a function's name is not what a user asks
-    named = msgspec.structs.replace(
-        DRAFT, turns=[msgspec.structs.replace(DRAFT.turns[0], request="touch")]
-    )
-    assert draft_problems(named, names) == [
-        "a request of fewer than 3 words besides function names"
-    ]
+    # a function's name, or a log line, is not what a user asks
+    for request in ("touch", "get_exchange_rate({}) -> {'exchanged_value': 0.5}"):
+        turn = msgspec.structs.replace(DRAFT.turns[0], request=request)
+        named = msgspec.structs.replace(DRAFT, turns=[turn])
+        assert draft_problems(named, names) == ["a request of fewer than 3 plain words"]
     empty = CandidateDraft(description=" ", turns=[])
     assert len(draft_problems(empty, names)) == 3
 
