@@ -21,6 +21,7 @@ from nats.aio.subscription import Subscription
 from coevolve.shared.bus import Bus, BusError
 from coevolve.shared.config import BusSettings
 from coevolve.shared.messages import (
+    GRPO_STEP_PHASE,
     DeadLetter,
     Heartbeat,
     Metric,
@@ -180,6 +181,9 @@ class EventTracker:
             if shown.phase == beat.phase and now - shown.at < self.progress_every_s:
                 return
         self._shown[key] = _Shown(beat.phase, beat.progress_done, now)
+        back_from_step = shown is not None and shown.phase == GRPO_STEP_PHASE
+        if beat.phase == GRPO_STEP_PHASE or (back_from_step and beat.phase == "running"):
+            return  # a GRPO step has its own line, the policy it makes
         text = progress_text(beat.phase, beat.progress_done, beat.progress_total, beat.detail)
         self.printer.line(beat.service, text)
 

@@ -18,6 +18,7 @@ from coevolve.cli.events import (
 from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import (
+    GRPO_STEP_PHASE,
     Heartbeat,
     Metric,
     PolicyVersion,
@@ -243,10 +244,14 @@ def test_progress_lines_are_throttled_but_a_new_phase_prints_at_once() -> None:
     beat("warm start", 2, at=5.5)
     beat("warm start", 2, at=6.0)  # no change
     beat("running", at=6.5)  # a new phase does not wait
+    beat(GRPO_STEP_PHASE, at=7.0)  # a step and the return from it: the policy line says it
+    beat("running", at=8.0)
+    beat("warm start failed", at=9.0)
     assert [line[10:].split(maxsplit=1)[1] for line in lines] == [
         "warm start 0/16",
         "warm start 2/16",
         "running",
+        "warm start failed",
     ]
 
 
