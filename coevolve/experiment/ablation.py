@@ -393,6 +393,30 @@ def evaluate(
     return kept
 
 
+def code_version() -> str | None:
+    """The checkout's commit (``+dirty`` with uncommitted changes), so a report can tell
+    arms that ran on different code apart (an experiment may be resumed days later)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{commit}+dirty" if dirty else commit
+
+
 def run_arm(
     spec: ExperimentSpec,
     out: Path,
@@ -425,6 +449,7 @@ def run_arm(
         "arm": arm,
         "seed": seed,
         "minutes": spec.minutes,
+        "code_version": code_version(),
         "started_at": wall_started,
         "requests_sent": live.requests_sent,
         "added_minutes": live.added_minutes,

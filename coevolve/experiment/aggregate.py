@@ -296,11 +296,14 @@ def _markdown(
     differences: dict[str, dict[float, Interval]],
 ) -> str:
     done = ", ".join(f"{r['arm']} s{r['seed']}" for r in results) or "none yet"
+    versions = sorted({str(r.get("code_version")) for r in results})
     parts = [
         "# Synthesis ablation: none vs random vs coevolve",
         "",
         f"Spec: {json.dumps(spec, sort_keys=True) if spec else 'unknown'}.",
         f"Finished arm x seed: {done}.",
+        f"Code: {', '.join(versions) or 'none yet'}"
+        + (" (**arms ran on different code**)" if len(versions) > 1 else "."),
         "",
         "## Held-out success",
         "",

@@ -52,7 +52,9 @@ def test_paired_bootstrap_spans_the_seeds_and_the_tasks() -> None:
         paired_bootstrap_interval({})
 
 
-def write_result(out: Path, arm: str, seed: int, scores: dict[str, float]) -> None:
+def write_result(
+    out: Path, arm: str, seed: int, scores: dict[str, float], code: str = "c0ffee"
+) -> None:
     accuracy = sum(scores.values()) / len(scores)
     summary = {
         "learner_steps": 10 + seed,
@@ -67,6 +69,7 @@ def write_result(out: Path, arm: str, seed: int, scores: dict[str, float]) -> No
         "arm": arm,
         "seed": seed,
         "minutes": 10.0,
+        "code_version": code,
         "added_minutes": [3.0, 7.5] if arm != "none" else [],
         "marks": [
             {"minute": 10.0, "policy_version": 3, "eval": {"accuracy": accuracy, "scores": scores}}
@@ -127,6 +130,15 @@ def test_experiment_report_renders(experiment_dir: Path) -> None:
         in text
     )
     assert "| none | 2 |" in text and "none yet" in text  # no candidates in none
+    assert "Code: c0ffee." in text
+
+
+def test_the_report_says_when_arms_ran_on_different_code(tmp_path: Path) -> None:
+    out = tmp_path / "ablation"
+    write_result(out, "coevolve", 0, {"t1": 1.0}, code="c0ffee")
+    write_result(out, "random", 0, {"t1": 0.0}, code="decade+dirty")
+    text = render_experiment_report(out).read_text()
+    assert "Code: c0ffee, decade+dirty (**arms ran on different code**)" in text
 
 
 def test_report_of_an_empty_experiment(tmp_path: Path) -> None:
