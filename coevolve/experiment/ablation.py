@@ -21,6 +21,7 @@ start (learner checkpoint, ``policies/v1``, pool file), so they differ only from
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -393,28 +394,30 @@ def evaluate(
     return kept
 
 
-def code_version() -> str | None:
-    """The checkout's commit (``+dirty`` with uncommitted changes), so a report can tell
-    arms that ran on different code apart (an experiment may be resumed days later)."""
+CODE_DIRS = ("coevolve", "services", "shared", "bench")
+
+
+def code_version(commit: str = "HEAD") -> str | None:
+    """The code an arm ran: git's tree ids of the package directories at ``commit``
+    (shortened, ``+dirty`` when they have uncommitted changes), so a report can tell arms
+    that ran on different code apart, and a commit that changes only docs changes nothing
+    (an experiment may be resumed days later). None outside a git checkout."""
     root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+
     try:
-        commit = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
+        trees = [git("rev-parse", f"{commit}:{name}") for name in CODE_DIRS]
+        dirty = commit == "HEAD" and bool(
+            git("status", "--porcelain", "--untracked-files=no", "--", *CODE_DIRS)
+        )
     except (OSError, subprocess.SubprocessError):
         return None
-    return f"{commit}+dirty" if dirty else commit
+    version = hashlib.sha256(" ".join(trees).encode()).hexdigest()[:12]
+    return f"{version}+dirty" if dirty else version
 
 
 def run_arm(

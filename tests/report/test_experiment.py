@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from coevolve.experiment.ablation import (
     ExperimentSpec,
     Pacer,
     arm_settings,
+    code_version,
     pending,
     result_path,
     run_experiment,
@@ -219,3 +221,11 @@ def test_arms_lay_their_settings_over_the_base_configuration() -> None:
         "reservoir_seed": 2,
     }
     assert base["services"]["signal_monitor"]["detectors"]["kinds"] == ["rare"]  # untouched
+
+
+def test_code_version_names_the_package_trees() -> None:
+    version = code_version()
+    if version is None:
+        pytest.skip("not a git checkout")
+    assert re.fullmatch(r"[0-9a-f]{12}(\+dirty)?", version)
+    assert code_version("no-such-commit") is None
