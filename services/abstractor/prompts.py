@@ -143,10 +143,6 @@ Answer with one JSON object: "tasks", a list of tasks, each with "description" (
 sentence) and "turns": a list of {{"request": <the user's request>, "calls": [{{"name": \
 <function>, "arguments": {{<argument>: <value>}}}}, ...]}}.
 
-The shape of one task, with made-up functions (use only the functions of the log): \
-{{"description": "Set a morning alarm and confirm it.", "turns": [{{"request": "Please set \
-an alarm for 07:30 and then show me all my alarms.", "calls": [{{"name": "set_alarm", \
-"arguments": {{"time": "07:30"}}}}, {{"name": "list_alarms", "arguments": {{}}}}]}}]}}
 A request is plain English a person would say, never a function name or a log line."""
 
 
