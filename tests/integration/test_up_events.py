@@ -91,13 +91,15 @@ def heartbeat(phase: str, done: int | None = None, total: int | None = None) -> 
     )
 
 
-async def wait_for_line(lines: list[str], pattern: str, timeout: float = 10.0) -> str:
-    with anyio.fail_after(timeout):
+async def wait_for_line(lines: list[str], pattern: str, timeout: float = 30.0) -> str:
+    # generous: a loaded 2-core CI box once took over 10 s for one of these lines
+    with anyio.move_on_after(timeout):
         while True:
             for line in lines:
                 if re.fullmatch(STAMP + pattern, line):
                     return line
             await anyio.sleep(0.05)
+    raise AssertionError(f"no line matching {pattern!r} within {timeout} s; lines: {lines}")
 
 
 class Watching:
