@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import ssl
 from typing import Any, TypeVar
@@ -153,7 +154,10 @@ class Bus:
                 log.debug("nats error: %s", exc)
 
         async def on_disconnect() -> None:
-            log.info("nats disconnected; reconnecting")
+            log.info("nats disconnected")
+
+        async def on_reconnect() -> None:
+            log.info("nats reconnected")
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settings.connect_timeout_s
@@ -169,6 +173,7 @@ class Bus:
                     reconnect_time_wait=0.5,
                     error_cb=on_error,
                     disconnected_cb=on_disconnect,
+                    reconnected_cb=on_reconnect,
                     **options,
                 )
             )
@@ -266,9 +271,16 @@ class Bus:
         return decode(reply.data, reply_type)
 
     async def close(self, timeout: float = 5.0) -> None:
+        """Flush what was published, then close.
+
+        Not ``drain``: messages a pull subscription fetched and nobody handles any more
+        held it for its whole timeout and left an asyncio error in every service's log at
+        every stop; unacked, JetStream redelivers them anyway.
+        """
         if self.nc.is_closed:
             return
         try:
-            await asyncio.wait_for(self.nc.drain(), timeout)
-        except (TimeoutError, nats.errors.Error):
-            await self.nc.close()
+            await self.nc.flush(max(1, math.ceil(timeout)))  # the client takes whole seconds
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning("nats flush before close failed: %r", exc)
+        await self.nc.close()

@@ -71,7 +71,11 @@ def start_probe(settings: Settings, record: Path, sleep_s: float) -> subprocess.
         "PROBE_RECORD": str(record),
         "PROBE_SLEEP_S": str(sleep_s),
     }
-    return subprocess.Popen([sys.executable, "-m", "tests.integration.probe"], cwd=ROOT, env=env)
+    # its log (stderr) next to the record, for tests that read how it stopped
+    with record.with_suffix(".log").open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.probe"], cwd=ROOT, env=env, stderr=log
+        )
 
 
 async def connect(settings: Settings) -> Bus:
@@ -244,6 +248,9 @@ def test_sigterm_drains_in_flight_work_and_exits_zero(settings: Settings, tmp_pa
         assert code == 0
         assert time.monotonic() - sent < 10
         assert "done cand-slow" in record_lines(record)  # the in-flight handler finished
+        log = record.with_suffix(".log").read_text()
+        assert "stopped" in log
+        assert "Traceback" not in log, log
     finally:
         if probe.poll() is None:
             probe.kill()
