@@ -187,6 +187,7 @@ def plot_data_loop(results: list[dict[str, Any]], path: Path) -> Path:
     if results:
         growth.set_xlabel("minutes since start", fontsize=9)
         growth.set_ylabel("tasks", fontsize=9)
+        plots.count_axis(growth)
         growth.grid(alpha=0.3)
         growth.legend(fontsize=7)
     kinds: dict[str, float] = defaultdict(float)

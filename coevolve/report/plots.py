@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -45,6 +46,12 @@ def empty_note(ax: Axes, text: str = "none yet") -> None:
     ax.set_yticks([])
 
 
+def count_axis(ax: Axes) -> None:
+    """A y axis of counts: whole numbers from 0 (a flat zero line otherwise centres on 0)."""
+    ax.set_ylim(bottom=0, top=max(1.0, ax.get_ylim()[1]))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def lines(
     ax: Axes,
     series: Mapping[str, Series],
@@ -55,9 +62,10 @@ def lines(
     step: bool = False,
     marker: str | None = None,
     legend: bool = False,
+    counts: bool = False,
 ) -> None:
     """One line per named series; "none yet" when every series is empty. A legend is
-    drawn for several series, or for one when ``legend``."""
+    drawn for several series, or for one when ``legend``; ``counts``: see count_axis."""
     ax.set_title(title, fontsize=10)
     drawn = False
     for name, (xs, ys) in series.items():
@@ -74,6 +82,8 @@ def lines(
     ax.set_xlabel(xlabel, fontsize=9)
     ax.set_ylabel(ylabel, fontsize=9)
     ax.grid(alpha=0.3)
+    if counts:
+        count_axis(ax)
     if legend or len(series) > 1:
         ax.legend(fontsize=8)
 

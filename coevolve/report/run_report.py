@@ -194,6 +194,7 @@ def plot_signals(data: RunData, path: Path) -> Path:
         ylabel="signals",
         step=True,
         legend=True,
+        counts=True,
     )
     plots.bars(
         totals,
@@ -225,6 +226,7 @@ def plot_pool(data: RunData, path: Path) -> Path:
         ylabel="tasks",
         step=True,
         legend=True,
+        counts=True,
     )
     return plots.save(figure, path)
 
@@ -240,7 +242,14 @@ def plot_verdicts(data: RunData, summary: RunSummary, path: Path) -> Path:
     }
     if not data.verdicts:
         series = {}
-    plots.lines(over_time, series, title="verdicts (cumulative)", ylabel="candidates", step=True)
+    plots.lines(
+        over_time,
+        series,
+        title="verdicts (cumulative)",
+        ylabel="candidates",
+        step=True,
+        counts=True,
+    )
     plots.bars(
         reasons,
         {reason: float(n) for reason, n in summary.top_reasons},

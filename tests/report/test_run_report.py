@@ -7,6 +7,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from coevolve.cli import app
+from coevolve.report import plots
 from coevolve.report.run_data import load_run
 from coevolve.report.run_report import _uniform_share_series, render_run_report, summarize_run
 from tests.report.conftest import SyntheticRun
@@ -97,3 +98,13 @@ def test_uniform_share_per_learner_step_and_over_the_pool(synthetic_run: Synthet
     assert list(shares) == [0.0, 0.5, 0.0, 1.0]
     assert list(minutes) == [1.0, 2.0, 3.0, 200 / 60]
     assert list(series["pool (all groups so far)"][1]) == [0.0, 0.5, 2 / 3]
+
+
+def test_a_count_axis_starts_at_zero_with_whole_numbers_even_when_nothing_was_added() -> None:
+    _, (flat, rising) = plots.panels(2)
+    plots.lines(flat, {"added": ([0.0, 8.0], [0, 0])}, title="t", step=True, counts=True)
+    plots.lines(rising, {"added": ([0.0, 2.0, 8.0], [0, 3, 3])}, title="t", step=True, counts=True)
+    assert flat.get_ylim() == (0.0, 1.0)
+    assert rising.get_ylim()[0] == 0.0 and rising.get_ylim()[1] >= 3
+    for ax in (flat, rising):
+        assert all(float(tick).is_integer() for tick in ax.get_yticks())
