@@ -1,9 +1,14 @@
-"""Run a suite of entries through a player and summarize: accuracy, 95% CI, time per entry.
+"""Run a suite of tasks through a player and summarize: success, partial credit, the
+ground truth's likelihood, their intervals, time per task.
 
 A *player* takes a task and returns its score in [0, 1] (and a short reason). Two come
 with the project: ``ground_truth_player`` replays each entry's own answer (a check of the
-environment), and ``policy_player`` lets a policy act through ``coevolve.shared.episodes`` (a batch
-of entries at a time, so their generations share batched forward passes).
+environment), and ``policy_player`` lets a policy act through ``coevolve.shared.episodes``
+(a batch of tasks at a time, so their generations share batched forward passes); it also
+records each task's partial credit (matched ground-truth calls, what the rollout reward
+uses). A *scorer* (``ground_truth_scorer``) adds the mean per-token log-likelihood of the
+ground truth's calls, teacher-forced on the replayed conversation: one forward pass per
+task, and a continuous measure that moves before a 0/1 decision does.
 A player that raises on one entry gives that entry 0 with the error recorded; the suite
 goes on. A report records the tool rendering its prompts used (``compact`` or ``full``).
 """
@@ -24,7 +29,7 @@ from coevolve.shared.envs.rendering import configured_tool_rendering
 from coevolve.shared.messages import Task, Trajectory
 
 if TYPE_CHECKING:
-    from coevolve.shared.policy import SamplingParams
+    from coevolve.shared.policy import LoadedPolicy, SamplingParams
 
 Z_95 = 1.959963984540054
 
@@ -33,12 +38,15 @@ Z_95 = 1.959963984540054
 class EntryOutcome:
     score: float
     detail: str = ""
+    partial_credit: float | None = None
 
 
 Player = Callable[[Task], EntryOutcome]
 # Plays several tasks at once (a policy batches their generations); one outcome per task.
 BatchPlayer = Callable[[list[Task]], list[EntryOutcome]]
 EnvironmentFactory = Callable[[], Environment]
+# (mean log-prob per token, tokens) of each task's ground-truth calls; None: not scorable
+GroundTruthScorer = Callable[[list[Task]], list[tuple[float, int] | None]]
 
 
 @dataclass
@@ -48,6 +56,11 @@ class EntryResult:
     seconds: float
     detail: str = ""
     error: str | None = None
+    # matched ground-truth calls in [0, 1] (1 when solved); None: the player gives none
+    partial_credit: float | None = None
+    # mean per-token log-likelihood of the ground truth's calls under the policy
+    gt_logprob: float | None = None
+    gt_tokens: int = 0
 
 
 @dataclass
@@ -74,6 +87,17 @@ class SuiteReport:
         return wilson_interval(sum(e.score for e in self.entries), self.n)
 
     @property
+    def partial_credit_mean(self) -> float | None:
+        values = [e.partial_credit for e in self.entries if e.partial_credit is not None]
+        return sum(values) / len(values) if values else None
+
+    @property
+    def gt_logprob_per_token(self) -> float | None:
+        """The mean over tasks of each task's mean per-token log-likelihood."""
+        values = [e.gt_logprob for e in self.entries if e.gt_logprob is not None]
+        return sum(values) / len(values) if values else None
+
+    @property
     def seconds_per_entry(self) -> float:
         return sum(e.seconds for e in self.entries) / self.n if self.n else 0.0
 
@@ -89,9 +113,13 @@ class SuiteReport:
             "tool_rendering": self.tool_rendering,
             "n": self.n,
             "accuracy": self.accuracy,
+            "success": self.accuracy,
             "ci95_low": low,
             "ci95_high": high,
+            "partial_credit_mean": self.partial_credit_mean,
+            "gt_logprob_per_token": self.gt_logprob_per_token,
             "seconds_per_entry": self.seconds_per_entry,
+            "s_per_task": self.seconds_per_entry,
             "total_seconds": self.total_seconds,
             "errors": sum(1 for e in self.entries if e.error),
             **self.extra,
@@ -107,6 +135,13 @@ class SuiteReport:
             f"accuracy {self.accuracy:.3f} (95% CI {low:.3f}-{high:.3f}) over {self.n} entries, "
             f"{self.seconds_per_entry:.2f} s/entry"
         ]
+        measures = []
+        if self.partial_credit_mean is not None:
+            measures.append(f"partial credit {self.partial_credit_mean:.3f}")
+        if self.gt_logprob_per_token is not None:
+            measures.append(f"ground-truth log-likelihood {self.gt_logprob_per_token:.3f}/token")
+        if measures:
+            lines.append("; ".join(measures))
         failures = self.failures()
         if failures:
             lines.append(f"{len(failures)} entries below 1.0:")
@@ -141,11 +176,13 @@ def run_suite(
     batch_size: int = 0,
     progress: bool = True,
     stream: TextIO | None = None,
+    scorer: GroundTruthScorer | None = None,
 ) -> SuiteReport:
     """Play every task in order; a progress bar (with running accuracy) goes to stderr.
 
     With ``batch_size`` > 0, ``player`` is a BatchPlayer given that many tasks at a time,
     and each entry's seconds are its batch's wall time divided by the batch's size.
+    ``scorer`` adds each task's ground-truth log-likelihood (its time is counted too).
     """
     report = SuiteReport(suite=suite, split=split, policy=policy)
     started = time.perf_counter()
@@ -163,6 +200,8 @@ def run_suite(
             chunk = list(tasks[start : start + size])
             chunk_started = time.perf_counter()
             results = _play_chunk(chunk, player, batched=batch_size > 0)
+            if scorer is not None:
+                _add_likelihoods(chunk, results, scorer)
             seconds = (time.perf_counter() - chunk_started) / len(chunk)
             for result in results:
                 result.seconds = seconds
@@ -184,7 +223,13 @@ def _play_chunk(
             error = f"{type(exc).__name__}: {exc}"
             return [EntryResult(task.id, 0.0, 0.0, error=error) for task in chunk]
         return [
-            EntryResult(task.id, float(outcome.score), 0.0, outcome.detail)
+            EntryResult(
+                task.id,
+                float(outcome.score),
+                0.0,
+                outcome.detail,
+                partial_credit=outcome.partial_credit,
+            )
             for task, outcome in zip(chunk, outcomes, strict=True)
         ]
     single: Any = player
@@ -192,10 +237,32 @@ def _play_chunk(
     for task in chunk:
         try:
             outcome = single(task)
-            results.append(EntryResult(task.id, float(outcome.score), 0.0, outcome.detail))
+            results.append(
+                EntryResult(
+                    task.id,
+                    float(outcome.score),
+                    0.0,
+                    outcome.detail,
+                    partial_credit=outcome.partial_credit,
+                )
+            )
         except Exception as exc:
             results.append(EntryResult(task.id, 0.0, 0.0, error=f"{type(exc).__name__}: {exc}"))
     return results
+
+
+def _add_likelihoods(
+    chunk: list[Task], results: list[EntryResult], scorer: GroundTruthScorer
+) -> None:
+    try:
+        scores = scorer(chunk)
+    except Exception as exc:  # the measure is missing for this chunk; the scores stand
+        for result in results:
+            result.error = result.error or f"likelihood: {type(exc).__name__}: {exc}"
+        return
+    for result, score in zip(results, scores, strict=True):
+        if score is not None:
+            result.gt_logprob, result.gt_tokens = score
 
 
 def ground_truth_player(make_env: EnvironmentFactory) -> Player:
@@ -221,28 +288,53 @@ def policy_player(
     engine: Any,
     make_env: EnvironmentFactory,
     params: SamplingParams,
-    max_steps: int,
+    max_steps_per_turn: int,
     on_trajectory: Callable[[Trajectory], None] | None = None,
     on_step: Callable[[int, int, float], None] | None = None,
 ) -> BatchPlayer:
     """Let the policy play tasks through ``coevolve.shared.episodes.run_groups``: one
-    episode per task, all of a batch generated together (use with ``batch_size``)."""
+    episode per task, all of a batch generated together (use with ``batch_size``).
+
+    A batch may take ``max_steps_per_turn`` assistant messages per user turn of its
+    longest task (the rollout's budget). Each outcome carries the episode's partial credit.
+    """
     from coevolve.shared.episodes import run_groups
 
     def play(tasks: list[Task]) -> list[EntryOutcome]:
-        groups = run_groups(engine, make_env, tasks, 1, params, max_steps, on_step=on_step)
+        made: list[Environment] = []
+
+        def make_and_keep() -> Environment:
+            env = make_env()
+            made.append(env)
+            return env
+
+        turns = max((len(task.user_turns) for task in tasks), default=1)
+        max_steps = max_steps_per_turn * max(turns, 1)
+        groups = run_groups(engine, make_and_keep, tasks, 1, params, max_steps, on_step=on_step)
         outcomes = []
-        for (trajectory,) in groups:
+        # one episode per task, made in task order: made[i] played tasks[i]
+        for (trajectory,), env in zip(groups, made, strict=True):
             if on_trajectory is not None:
                 on_trajectory(trajectory)
-            outcomes.append(_trajectory_outcome(trajectory, max_steps))
+            outcome = _trajectory_outcome(trajectory, max_steps)
+            outcome.partial_credit = 1.0 if outcome.score >= 1.0 else _partial_credit(env)
+            outcomes.append(outcome)
         return outcomes
 
     return play
 
 
+def _partial_credit(env: Environment) -> float | None:
+    try:
+        return float(env.partial_credit())
+    except Exception:  # an environment without the measure, or one that failed to score
+        return None
+
+
 def _trajectory_outcome(trajectory: Trajectory, max_steps: int) -> EntryOutcome:
-    steps = sum(1 for m in trajectory.messages if m.role == "assistant")
+    # the policy's own messages: runs of generated tokens (the conversation so far is not)
+    mask = trajectory.loss_mask
+    steps = sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))
     parts = [f"{steps} steps, {len(trajectory.actions)} calls"]
     if trajectory.error:
         parts.append(trajectory.error)
@@ -255,3 +347,61 @@ def _report_message(env: Environment) -> str:
     report = getattr(env, "last_report", None)
     message = getattr(report, "message", "")
     return str(message)
+
+
+def ground_truth_scorer(policy: LoadedPolicy, make_env: EnvironmentFactory) -> GroundTruthScorer:
+    """Each task's mean per-token log-likelihood of its ground-truth calls under ``policy``.
+
+    The ground truth is replayed in a fresh environment one call per assistant message
+    (``coevolve.shared.demonstrations``, the warm start's format), and its call messages
+    are scored teacher-forced in one forward pass at temperature 1; the closing replies
+    are in the context but not scored. A task without calls, or whose ground truth does
+    not replay, gets None.
+    """
+    import torch
+
+    from coevolve.shared.demonstrations import (
+        IGNORE_INDEX,
+        ReplayError,
+        replayed_conversation,
+        tokenize_conversation,
+    )
+    from coevolve.shared.policy.logprobs import sequence_logprobs
+
+    model = policy.model
+    device = torch.device(policy.device)
+
+    def task_likelihood(task: Task) -> tuple[float, int] | None:
+        if not any(task.ground_truth):
+            return None
+        env = make_env()
+        try:
+            conversation = replayed_conversation(task, env)
+        except ReplayError:
+            return None
+        finally:
+            env.close()
+        total, count = 0.0, 0
+        for example in tokenize_conversation(
+            policy.tokenizer, conversation, supervise_closing=False
+        ):
+            ids = torch.tensor([example.input_ids], device=device)
+            wanted = torch.tensor([[label != IGNORE_INDEX for label in example.labels]])
+            wanted = wanted.to(device)
+            logprobs, _ = sequence_logprobs(
+                model, ids, torch.ones_like(ids), 1.0, positions=wanted, with_entropy=False
+            )
+            total += float(logprobs[wanted].sum())
+            count += int(wanted.sum())
+        return (total / count, count) if count else None
+
+    def score(tasks: list[Task]) -> list[tuple[float, int] | None]:
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                return [task_likelihood(task) for task in tasks]
+        finally:
+            model.train(was_training)
+
+    return score

@@ -1,10 +1,13 @@
 """``coevolve eval``: score a policy (or the ground truth) on a BFCL multi-turn suite.
 
 Suites ``bfcl-multi-turn-*`` play whole entries, ``bfcl-turns-*`` one task per user turn.
-Prints a progress bar on stderr, then accuracy with a 95% Wilson interval and seconds per
-task; ``--json`` puts one JSON object on the last line of stdout. The tools are rendered
-as the configuration says (``tool_rendering``, default ``compact``) unless
-``--tool-rendering`` names one; the report records which.
+Prints a progress bar on stderr, then success with a 95% Wilson interval, partial credit,
+the ground truth's log-likelihood and seconds per task; ``--json`` puts one JSON object on
+the last line of stdout, ``--out`` writes it to a file. ``--compare A B`` scores two
+policies (or reads two saved reports) on the same tasks and prints their paired
+differences with intervals and p-values. The tools are rendered as the configuration says
+(``tool_rendering``, default ``compact``) unless ``--tool-rendering`` names one; the
+report records which.
 """
 
 from __future__ import annotations
@@ -29,26 +32,30 @@ from coevolve.shared.envs.protocol import Environment
 from coevolve.shared.envs.rendering import TOOL_RENDERINGS, configure_tool_rendering
 from coevolve.shared.evaluation import (
     BatchPlayer,
+    GroundTruthScorer,
     Player,
+    SuiteReport,
     ground_truth_player,
+    ground_truth_scorer,
     policy_player,
     run_suite,
 )
 from coevolve.shared.messages import Trajectory
+from coevolve.shared.toolcalls import CLOSE_TAG
 
 if TYPE_CHECKING:
     from coevolve.shared.policy import LoadedPolicy
 
 SPLITS = ("all", "eval", "train")
-# Defaults sized for a CPU: a BFCL entry has ~3.5 user turns and ~6 ground-truth calls, so
-# 12 assistant messages cover the calls plus a closing reply per turn; a JSON tool call fits
-# in 128 tokens. Each step re-reads a 4-6k-token prompt, which is what costs on a CPU.
-EVAL_MAX_STEPS = 12
+# The rollout's budget (rollout.max_steps_per_turn, rollout.max_new_tokens): the eval asks
+# of the policy what training rewards, and a turn it never finishes costs 4 steps, not 12.
+EVAL_MAX_STEPS_PER_TURN = 4
 EVAL_MAX_NEW_TOKENS = 128
-# Entries played together. One by default: the engine keeps the KV cache of the prefix its
+EVAL_STOP = (CLOSE_TAG,)  # rollout.stop: one call a message
+# Tasks played together. One by default: the engine keeps the KV cache of the prefix its
 # prompts share, and one episode's next prompt extends its last one, so each step prefills
-# only the new tokens. Different entries share almost no prefix, so a batch of them
-# re-prefills every 4-6k-token prompt at every step (measured: ~9 min per step for 8 on CPU).
+# only the new tokens. Different tasks share almost no prefix, so a batch of them
+# re-prefills every prompt at every step (measured: ~9 min per step for 8 whole entries).
 EVAL_BATCH_SIZE = 1
 # Where `--policy VERSION` looks for that version's exported weights (export_weights bytes).
 VERSION_WEIGHT_PATTERNS = ("policies/v{version}.safetensors", "policies/{version}.safetensors")
@@ -157,27 +164,31 @@ def build_player(
     run_dir: Path,
     trajectories: Path | None = None,
     *,
-    max_steps: int = EVAL_MAX_STEPS,
+    max_steps_per_turn: int = EVAL_MAX_STEPS_PER_TURN,
     max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
     batch_size: int = EVAL_BATCH_SIZE,
     show_steps: bool = False,
-) -> tuple[Player | BatchPlayer, int, dict[str, Any]]:
-    """(player, batch size (0: one task at a time), facts for the report)."""
+    likelihood: bool = True,
+) -> tuple[Player | BatchPlayer, int, dict[str, Any], GroundTruthScorer | None]:
+    """(player, batch size (0: one task at a time), facts for the report, the scorer of
+    the ground truth's likelihood (None for the ground-truth player or when not asked))."""
     if policy == "ground-truth":
-        return ground_truth_player(_make_bfcl), 0, {}
+        return ground_truth_player(_make_bfcl), 0, {}, None
     choice = resolve_policy_choice(policy, run_dir)
     from coevolve.shared.policy import SamplingParams, TransformersEngine
 
     loaded = load_policy_choice(choice, model, run_dir)
     engine = TransformersEngine(loaded)
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, seed=0)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, seed=0, stop=EVAL_STOP)
     extra: dict[str, Any] = {
         "model": loaded.name,
         "device": str(loaded.device),
+        "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
         "load_seconds": loaded.load_seconds,
-        "max_steps": max_steps,
+        "max_steps_per_turn": max_steps_per_turn,
         "max_new_tokens": max_new_tokens,
         "decoding": "greedy",
+        "stop": list(EVAL_STOP),
         "batch_size": batch_size,
     }
     writer = None
@@ -185,8 +196,69 @@ def build_player(
         writer = trajectory_writer(trajectories)
         extra["trajectories"] = str(trajectories)
     on_step = step_reporter() if show_steps else None
-    player = policy_player(engine, _make_bfcl, params, max_steps, writer, on_step)
-    return player, batch_size, extra
+    player = policy_player(engine, _make_bfcl, params, max_steps_per_turn, writer, on_step)
+    scorer = ground_truth_scorer(loaded, _make_bfcl) if likelihood else None
+    return player, batch_size, extra, scorer
+
+
+def evaluate(
+    policy: str,
+    tasks: list[Any],
+    *,
+    suite: str,
+    split: str,
+    model: str | None,
+    run_dir: Path,
+    max_steps_per_turn: int = EVAL_MAX_STEPS_PER_TURN,
+    max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
+    batch_size: int = EVAL_BATCH_SIZE,
+    likelihood: bool = True,
+    show_steps: bool = True,
+) -> SuiteReport:
+    """Score ``policy`` on ``tasks``; its trajectories go to ``RUN_DIR/eval/``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(policy).name or policy)
+    trajectories = run_dir / "eval" / f"{suite}-{split}-{slug}-{stamp}.jsonl"
+    player, batch_size, extra, scorer = build_player(
+        policy,
+        model,
+        run_dir,
+        trajectories,
+        max_steps_per_turn=max_steps_per_turn,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        show_steps=show_steps,
+        likelihood=likelihood,
+    )
+    report = run_suite(
+        tasks,
+        player,
+        suite=suite,
+        split=split,
+        policy=policy,
+        batch_size=batch_size,
+        scorer=scorer,
+    )
+    report.extra.update(extra)
+    return report
+
+
+def saved_report(path: str) -> dict[str, Any] | None:
+    """A report ``--compare`` reads instead of scoring a policy (a ``--json``/``--out``
+    file), or None when ``path`` names a policy."""
+    if not path.endswith(".json"):
+        return None
+    file = Path(path)
+    if not file.is_file():
+        raise PolicyChoiceError(f"{path}: no such report file")
+    text = file.read_text(encoding="utf-8").strip().splitlines()
+    try:
+        report = json.loads(text[-1]) if text else None
+    except json.JSONDecodeError as exc:
+        raise PolicyChoiceError(f"{path}: not a report of coevolve eval ({exc})") from exc
+    if not isinstance(report, dict) or "entries" not in report:
+        raise PolicyChoiceError(f"{path}: not a report of coevolve eval (no entries)")
+    return report
 
 
 def eval_command(
@@ -213,6 +285,16 @@ def eval_command(
             "weights (.safetensors), a .gguf file or a model directory.",
         ),
     ] = "base",
+    compare: Annotated[
+        tuple[str, str] | None,
+        typer.Option(
+            "--compare",
+            help="Two policies A B (each as --policy takes it, or a report .json saved "
+            "with --out) scored on the same tasks; prints A - B per measure with a 95% "
+            "bootstrap interval and a paired p-value (exact sign test for success).",
+            show_default=False,
+        ),
+    ] = None,
     limit: Annotated[
         int | None, typer.Option("--limit", help="Only the first N entries.", min=1)
     ] = None,
@@ -226,6 +308,14 @@ def eval_command(
     json_output: Annotated[
         bool, typer.Option("--json", help="Print one JSON object on the last line of stdout.")
     ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Also write the JSON report there (with --compare: the comparison, and "
+            "each scored policy's report beside it as OUT-a.json / OUT-b.json).",
+        ),
+    ] = None,
     model: Annotated[
         str | None,
         typer.Option(
@@ -237,18 +327,30 @@ def eval_command(
         Path,
         typer.Option("--run-dir", envvar="COEVOLVE_RUN_DIR", help="The run's directory."),
     ] = Path("runs/default"),
-    max_steps: Annotated[
+    max_steps_per_turn: Annotated[
         int,
-        typer.Option("--max-steps", min=1, help="Assistant messages per entry (policy only)."),
-    ] = EVAL_MAX_STEPS,
+        typer.Option(
+            "--max-steps-per-turn",
+            min=1,
+            help="Assistant messages per user turn (policy only; the rollout's budget).",
+        ),
+    ] = EVAL_MAX_STEPS_PER_TURN,
     max_new_tokens: Annotated[
         int,
         typer.Option("--max-new-tokens", min=1, help="Tokens per assistant message (policy only)."),
     ] = EVAL_MAX_NEW_TOKENS,
     batch_size: Annotated[
         int,
-        typer.Option("--batch-size", min=1, help="Entries generated together (policy only)."),
+        typer.Option("--batch-size", min=1, help="Tasks generated together (policy only)."),
     ] = EVAL_BATCH_SIZE,
+    likelihood: Annotated[
+        bool,
+        typer.Option(
+            "--likelihood/--no-likelihood",
+            help="Also score the ground truth's calls teacher-forced (one forward pass "
+            "per task): their mean per-token log-likelihood.",
+        ),
+    ] = True,
     tool_rendering: Annotated[
         str | None,
         typer.Option(
@@ -260,7 +362,7 @@ def eval_command(
     ] = None,
     config: ConfigOption = None,
 ) -> None:
-    """Score a policy (or the ground truth) on a BFCL multi-turn suite."""
+    """Score a policy (or the ground truth) on a BFCL multi-turn suite, or compare two."""
     if suite not in SUITES:
         raise typer.BadParameter(f"choose from {', '.join(SUITES)}", param_hint="--suite")
     if split not in SPLITS:
@@ -272,31 +374,67 @@ def eval_command(
     configured = settings_from(config, None).tool_rendering  # installs it for this process
     configure_tool_rendering(tool_rendering or configured)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from coevolve.report.compare import UnpairedReportsError, describe_comparison
+
     tasks = pick_tasks(suite_tasks(suite, split), limit, sample, seed)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(policy).name or policy)
-    trajectories = run_dir / "eval" / f"{suite}-{split}-{slug}-{stamp}.jsonl"
-    try:
-        player, batch_size, extra = build_player(
-            policy,
-            model,
-            run_dir,
-            trajectories,
-            max_steps=max_steps,
+
+    def score(name: str) -> dict[str, Any]:
+        saved = saved_report(name)
+        if saved is not None:
+            return saved
+        report = evaluate(
+            name,
+            tasks,
+            suite=suite,
+            split=split,
+            model=model,
+            run_dir=run_dir,
+            max_steps_per_turn=max_steps_per_turn,
             max_new_tokens=max_new_tokens,
             batch_size=batch_size,
-            show_steps=True,
+            likelihood=likelihood,
         )
+        if sample is not None:
+            report.extra.update(sample=sample, seed=seed)
+        # the description is the output of a plain single eval; otherwise it is progress
+        typer.echo(report.describe(), err=json_output or compare is not None)
+        return report.to_json()
+
+    try:
+        if compare is None:
+            result = score(policy)
+        else:
+            for name in compare:  # fail on a bad name before scoring the other
+                if saved_report(name) is None and name != "ground-truth":
+                    resolve_policy_choice(name, run_dir)
+            first, second = score(compare[0]), score(compare[1])
+            result = _comparison(first, second, compare, out)
+            typer.echo(describe_comparison(result, compare), err=json_output)
     except PolicyChoiceError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--policy") from exc
-    report = run_suite(
-        tasks, player, suite=suite, split=split, policy=policy, batch_size=batch_size
-    )
-    report.extra.update(extra)
-    if sample is not None:
-        report.extra.update(sample=sample, seed=seed)
+        hint = "--compare" if compare else "--policy"
+        raise typer.BadParameter(str(exc), param_hint=hint) from exc
+    except UnpairedReportsError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--compare") from exc
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     if json_output:
-        typer.echo(report.describe(), err=True)
-        typer.echo(json.dumps(report.to_json()))
-    else:
-        typer.echo(report.describe())
+        typer.echo(json.dumps(result))
+
+
+def _comparison(
+    first: dict[str, Any], second: dict[str, Any], names: tuple[str, str], out: Path | None
+) -> dict[str, Any]:
+    """The paired comparison, with each side's summary (and its full report beside ``out``)."""
+    from coevolve.report.compare import compare_reports
+
+    comparison = compare_reports(first, second)
+    for side, report in (("a", first), ("b", second)):
+        comparison[side] = {k: v for k, v in report.items() if k != "entries"}
+        if out is not None:
+            path = out.with_name(f"{out.stem}-{side}.json")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(report) + "\n", encoding="utf-8")
+            comparison[side]["report"] = str(path)
+    comparison["names"] = list(names)
+    return comparison

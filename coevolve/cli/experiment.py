@@ -50,8 +50,8 @@ def ablation(
     eval_max_steps: Annotated[
         int,
         typer.Option(
-            help="Assistant messages per held-out task (coevolve eval --max-steps); a "
-            "per-turn task needs its calls and one reply.",
+            help="Assistant messages per held-out task (coevolve eval "
+            "--max-steps-per-turn); a per-turn task needs one per call and one reply.",
             min=1,
         ),
     ] = 4,

@@ -379,7 +379,7 @@ def evaluate(
     argv = [sys.executable, "-m", "coevolve", "eval", "--suite", EVAL_SUITE, "--split", EVAL_SPLIT]
     # the same seeded sample, spread over entries, for every policy: paired across arms
     argv += ["--policy", str(weights), "--sample", str(tasks), "--seed", "0"]
-    argv += ["--max-steps", str(max_steps)]
+    argv += ["--max-steps-per-turn", str(max_steps)]
     argv += ["--json", "--run-dir", str(run)]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
@@ -389,6 +389,8 @@ def evaluate(
         key: report[key]
         for key in ("suite", "split", "n", "accuracy", "ci95_low", "ci95_high", "total_seconds")
     }
+    kept["partial_credit_mean"] = report.get("partial_credit_mean")
+    kept["gt_logprob_per_token"] = report.get("gt_logprob_per_token")
     kept["scores"] = {e["entry_id"]: e["score"] for e in report.get("entries", [])}
     write_json(cache, kept)
     return kept

@@ -6,6 +6,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from scipy import stats as scipy_stats
 
@@ -93,3 +94,60 @@ def paired_bootstrap_interval(
     low = means[math.floor(tail * (resamples - 1))]
     high = means[math.ceil((1 - tail) * (resamples - 1))]
     return Interval(mean, low, high, len(groups))
+
+
+@dataclass(frozen=True)
+class PairedDelta:
+    """``first - second`` over paired tasks: mean, bootstrap interval, two-sided p-value."""
+
+    mean: float
+    low: float
+    high: float
+    p: float
+    n: int
+    test: str
+
+
+def paired_delta(
+    first: Sequence[float],
+    second: Sequence[float],
+    *,
+    binary: bool = False,
+    confidence: float = 0.95,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> PairedDelta:
+    """The paired difference of two policies scored on the same tasks.
+
+    The interval is a percentile bootstrap over tasks. The p-value is the exact sign test
+    on the discordant pairs for 0/1 measures (McNemar's exact test), else a paired
+    permutation test (each task's two scores swapped at random).
+    """
+    if len(first) != len(second):
+        raise ValueError(f"{len(first)} scores against {len(second)}: not paired")
+    if not first:
+        raise ValueError("no paired scores")
+    differences = [a - b for a, b in zip(first, second, strict=True)]
+    interval = bootstrap_mean_interval(differences, confidence, resamples, seed)
+    if binary:
+        wins = sum(1 for d in differences if d > 0)
+        losses = sum(1 for d in differences if d < 0)
+        p = 1.0 if wins + losses == 0 else float(scipy_stats.binomtest(wins, wins + losses).pvalue)
+        test = "exact sign test (McNemar)"
+    elif all(d == 0 for d in differences):
+        p, test = 1.0, "paired permutation"
+    else:
+        result = scipy_stats.permutation_test(
+            (list(first), list(second)),
+            _mean_difference,
+            permutation_type="samples",
+            vectorized=True,
+            n_resamples=resamples,
+            random_state=seed,
+        )
+        p, test = float(result.pvalue), "paired permutation"
+    return PairedDelta(interval.mean, interval.low, interval.high, min(p, 1.0), len(first), test)
+
+
+def _mean_difference(first: Any, second: Any, axis: int = -1) -> Any:
+    return (first - second).mean(axis=axis)

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -120,6 +121,7 @@ class LockstepConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     partial_credit: float = 0.0  # see RolloutConfig.partial_credit
+    stop: tuple[str, ...] = ()  # see RolloutConfig.stop
     synthesize_every: int = 0  # 0: never
     seed: int = 0
 
@@ -132,8 +134,9 @@ class LockstepConfig:
         rollout = settings.section("rollout", RolloutConfig)
         learner = settings.section("learner", LearnerServiceConfig)
         # the same names in both: how the policy samples and how long an episode runs
-        sampling = {name: getattr(rollout, name) for name in ROLLOUT_FIELDS}
+        sampling: dict[str, Any] = {name: getattr(rollout, name) for name in ROLLOUT_FIELDS}
         return cls(
+            stop=tuple(rollout.stop),
             tasks_per_step=learner.grpo.groups_per_step,
             group_size=settings.section("pool_store", PoolStoreConfig).group_size,
             synthesize_every=synthesize_every,
@@ -183,6 +186,7 @@ class LockstepLoop:
             temperature=config.temperature,
             top_p=config.top_p,
             seed=config.seed * 1_000_003 + self.iterations,
+            stop=config.stop,
         )
         started = time.perf_counter()
         # the learner's version (after a warm start, 1): the groups are on-policy

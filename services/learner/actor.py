@@ -58,6 +58,9 @@ class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     lr: float = 5e-4
     batch_size: int = 4
     max_len: int = 4096
+    # leave out tasks with an assistant message longer than this many tokens: keep it at
+    # rollout.max_new_tokens, so the warm start teaches nothing the policy cannot generate
+    max_target_tokens: int | None = 128
     # torch threads for the SFT; None: every core (rollout waits for the warm-started
     # policy, so the learner has the machine to itself until then)
     threads: int | None = None

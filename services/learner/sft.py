@@ -2,11 +2,11 @@
 
 The default model writes no well-formed tool call, so every GRPO group starts with equal
 (zero) rewards and no gradient. One short supervised pass on the pool's tasks fixes that:
-each task becomes the conversation an ideal agent would have had (user turn -> assistant
-message with the ground-truth calls in ``<tool_call>{json}</tool_call>`` blocks -> the tool
-observations -> a short closing reply that ends the turn), and the loss is the
-cross-entropy of the assistant tokens only (labels are -100 everywhere else: system prompt,
-tools, user turns, observations).
+each task becomes the conversation an ideal agent would have had, in the format it acts
+in (``coevolve.shared.demonstrations``: one call per assistant message, the call's real
+result after it, a closing reply that ends the turn), and the loss is the cross-entropy
+of the assistant tokens only. A task with a message longer than the rollout may generate
+(``max_target_tokens``) is left out and counted: the policy could never produce it.
 
 Observations come from replaying the ground truth in the real environment, exactly as the
 rollout service would see them, so the model is trained on the prompts it will meet. When
@@ -30,58 +30,36 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 from tqdm import tqdm
-from transformers import PreTrainedTokenizerBase
 
 from coevolve.services.learner.checkpoint import load_checkpoint, save_checkpoint
-from coevolve.services.learner.grpo import SharedPrefix, sequence_logprobs, shared_prompt_length
+from coevolve.services.learner.grpo import SharedPrefix, shared_prompt_length
 from coevolve.services.learner.memory import (
     DEFAULT_ACTIVATION_TOKENS,
     activation_checkpointing,
     over_budget,
 )
+from coevolve.shared.demonstrations import (
+    IGNORE_INDEX,
+    ReplayError,
+    SftExample,
+    conversation_without_observations,
+    replayed_conversation,
+    target_token_counts,
+    tokenize_conversation,
+)
 from coevolve.shared.envs import Environment, make_environment
-from coevolve.shared.messages import ChatMessage, Task
-from coevolve.shared.policy import LoadedPolicy, render_prompt_ids
-from coevolve.shared.toolcalls import format_tool_calls
+from coevolve.shared.messages import Task
+from coevolve.shared.policy import LoadedPolicy
+from coevolve.shared.policy.logprobs import sequence_logprobs
 
 log = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100
-# The reply that ends a turn once its calls are done (plain text advances the episode).
-CLOSING_TEXT = "Done."
-
 EnvironmentFactory = Callable[[str], Environment]
 Progress = Callable[[int, int, float], None]
-
-
-@dataclass
-class Conversation:
-    """A task as an ideal agent would have lived it; ``tools[i]`` is what message i saw."""
-
-    task_id: str
-    messages: list[ChatMessage]
-    tools: list[list[dict[str, Any]] | None]
-    # the first ``context`` messages are the conversation so far (a per-turn task's earlier
-    # turns): in the prompt, not supervised
-    context: int = 0
-
-
-@dataclass
-class SftExample:
-    """One training sequence; ``labels`` is -100 except at assistant tokens."""
-
-    task_id: str
-    input_ids: list[int]
-    labels: list[int]
-
-    @property
-    def supervised_tokens(self) -> int:
-        return sum(1 for label in self.labels if label != IGNORE_INDEX)
 
 
 @dataclass
@@ -98,82 +76,9 @@ class WarmStartReport:
     final_loss: float
     losses: list[float] = field(default_factory=list)
     duration_s: float = 0.0
-
-
-class ReplayError(RuntimeError):
-    """The task's ground truth did not run cleanly in its environment."""
-
-
-def conversation_without_observations(task: Task) -> Conversation:
-    """User turns and ground-truth calls only (no environment at hand)."""
-    messages: list[ChatMessage] = []
-    for turn, user_text in enumerate(task.user_turns):
-        messages.append(ChatMessage(role="user", content=user_text))
-        calls = task.ground_truth[turn] if turn < len(task.ground_truth) else []
-        text = format_tool_calls(calls) if calls else CLOSING_TEXT
-        messages.append(ChatMessage(role="assistant", content=text, tool_calls=list(calls)))
-    return Conversation(task.id, messages, [None] * len(messages))
-
-
-def replayed_conversation(task: Task, env: Environment) -> Conversation:
-    """Drive ``env`` with the ground truth, recording what the agent would have seen."""
-    messages = list(env.reset(task))
-    context = len(messages)
-    tools: list[list[dict[str, Any]] | None] = [None] * len(messages)
-    for turn in range(len(task.user_turns)):
-        calls = task.ground_truth[turn] if turn < len(task.ground_truth) else []
-        replies = [format_tool_calls(calls), CLOSING_TEXT] if calls else [CLOSING_TEXT]
-        for reply in replies:
-            current_tools = env.tools()
-            result = env.step(reply)
-            errors = result.info.get("errors") or []
-            if errors:
-                raise ReplayError(f"task {task.id} turn {turn}: {errors[0]}")
-            assistant = ChatMessage(
-                role="assistant", content=reply, tool_calls=calls if reply != CLOSING_TEXT else []
-            )
-            messages.append(assistant)
-            tools.append(current_tools)
-            messages.extend(result.observations)
-            tools.extend([None] * len(result.observations))
-            if result.done:
-                return Conversation(task.id, messages, tools, context)
-    return Conversation(task.id, messages, tools, context)
-
-
-def tokenize_conversation(
-    tokenizer: PreTrainedTokenizerBase, conversation: Conversation
-) -> list[SftExample]:
-    """Token ids with assistant-only labels, one sequence per conversation when possible.
-
-    Assistant message i is supervised as its text followed by the end-of-turn token, after
-    the prompt ``render_prompt_ids(messages[:i])``. While each prompt extends the previous
-    sequence (the usual case) everything stays in one sequence; when it does not (the tool
-    list changed mid-episode) a new sequence starts from that prompt.
-    """
-    end_of_turn = tokenizer.eos_token_id
-    if end_of_turn is None:
-        raise ValueError("the tokenizer has no end-of-turn (eos) token")
-    examples: list[SftExample] = []
-    ids: list[int] = []
-    labels: list[int] = []
-    for index, message in enumerate(conversation.messages):
-        if message.role != "assistant" or index < conversation.context:
-            continue
-        prompt = render_prompt_ids(
-            tokenizer, conversation.messages[:index], conversation.tools[index]
-        )
-        if prompt[: len(ids)] != ids:
-            examples.append(SftExample(conversation.task_id, ids, labels))
-            ids, labels = [], []
-        labels = labels + [IGNORE_INDEX] * (len(prompt) - len(ids))
-        ids = list(prompt)
-        target = tokenizer(message.content, add_special_tokens=False)["input_ids"] + [end_of_turn]
-        ids += target
-        labels += target
-    if ids:
-        examples.append(SftExample(conversation.task_id, ids, labels))
-    return [e for e in examples if e.supervised_tokens > 0]
+    # tasks left out because one of their assistant messages is longer than the rollout
+    # may generate (the policy could never produce it)
+    over_budget_tasks: int = 0
 
 
 def build_examples(
@@ -182,11 +87,28 @@ def build_examples(
     *,
     replay: bool = True,
     env_factory: EnvironmentFactory | None = None,
+    max_target_tokens: int | None = None,
 ) -> tuple[list[SftExample], int]:
     """Examples for every task with ground truth; also how many tasks were skipped."""
+    examples, skipped, _ = build_examples_within_budget(
+        policy, tasks, replay=replay, env_factory=env_factory, max_target_tokens=max_target_tokens
+    )
+    return examples, skipped
+
+
+def build_examples_within_budget(
+    policy: LoadedPolicy,
+    tasks: Sequence[Task],
+    *,
+    replay: bool = True,
+    env_factory: EnvironmentFactory | None = None,
+    max_target_tokens: int | None = None,
+) -> tuple[list[SftExample], int, int]:
+    """(examples, tasks skipped, of which over ``max_target_tokens``): a task whose
+    longest assistant message needs more tokens than that is skipped."""
     factory = env_factory or make_environment
     examples: list[SftExample] = []
-    skipped = 0
+    skipped = over_budget = 0
     for task in tasks:
         if not any(task.ground_truth):
             skipped += 1
@@ -203,8 +125,14 @@ def build_examples(
                 env.close()
         else:
             conversation = conversation_without_observations(task)
+        lengths = target_token_counts(policy.tokenizer, conversation)
+        if max_target_tokens is not None and max(lengths, default=0) > max_target_tokens:
+            log.info("warm start skips %s: a message of %d tokens", task.id, max(lengths))
+            skipped += 1
+            over_budget += 1
+            continue
         examples.extend(tokenize_conversation(policy.tokenizer, conversation))
-    return examples, skipped
+    return examples, skipped, over_budget
 
 
 def truncate(example: SftExample, max_len: int) -> SftExample:
@@ -311,6 +239,7 @@ def warm_start(
     replay: bool = True,
     env_factory: EnvironmentFactory | None = None,
     checkpoint: Path | None = None,
+    max_target_tokens: int | None = None,
 ) -> WarmStartReport:
     """Supervised fine-tuning of ``policy`` in place on ``tasks``' ground truth.
 
@@ -320,9 +249,13 @@ def warm_start(
     ``checkpoint``: after every optimizer step the adapter, the optimizer and the position
     (epoch, batch) are saved there; when the file exists the run resumes from it, so a
     killed warm start loses one step at most. Resuming needs the same ``tasks`` and ``seed``.
+    ``max_target_tokens``: tasks with a longer assistant message are left out (the
+    rollout's ``max_new_tokens``; the report counts them).
     """
     started = time.perf_counter()
-    examples, skipped = build_examples(policy, tasks, replay=replay, env_factory=env_factory)
+    examples, skipped, over_budget = build_examples_within_budget(
+        policy, tasks, replay=replay, env_factory=env_factory, max_target_tokens=max_target_tokens
+    )
     truncated = sum(1 for e in examples if len(e.input_ids) > max_len)
     examples = [truncate(e, max_len) for e in examples]
     examples = [e for e in examples if e.supervised_tokens > 0]
@@ -406,4 +339,5 @@ def warm_start(
         final_loss=sum(last_epoch) / len(last_epoch) if last_epoch else 0.0,
         losses=losses,
         duration_s=time.perf_counter() - started,
+        over_budget_tasks=over_budget,
     )

@@ -46,7 +46,6 @@ from coevolve.services.learner.grpo import (
     group_advantages,
     group_version,
     grpo_loss,
-    sequence_logprobs,
     shared_prompt_length,
 )
 from coevolve.services.learner.memory import (
@@ -57,6 +56,7 @@ from coevolve.services.learner.memory import (
 from coevolve.shared.messages import RolloutGroup, Trajectory
 from coevolve.shared.policy import LoadedPolicy, export_weights
 from coevolve.shared.policy.adapters import freeze_trained_as_reference
+from coevolve.shared.policy.logprobs import sequence_logprobs
 
 log = logging.getLogger(__name__)
 

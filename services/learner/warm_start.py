@@ -58,6 +58,7 @@ def run_warm_start(
             max_len=config.max_len,
             progress=progress,
             checkpoint=checkpoint,
+            max_target_tokens=config.max_target_tokens,
         )
     finally:
         torch.set_num_threads(threads)

@@ -8,6 +8,8 @@ With ``top_p < 1`` sampling draws from the nucleus-truncated distribution but th
 recorded log-prob stays the untruncated one (the learner cannot reproduce truncation).
 ``temperature == 0`` is greedy decoding; its log-probs are those of the raw logits.
 Entropy is that of the same temperature-scaled distribution, per generated token.
+A stop string (``SamplingParams.stop``) ends a sequence once its text appears; the text
+and the tokens keep it (a tool call's closing tag is part of the call).
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from coevolve.shared.policy.weights import import_weights
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
+# why a sequence ended before its budget: a stop token, or a stop string in its text
+_BY_TOKEN = "token"
+_BY_STRING = "string"
+_STOP_WINDOW = 16
 
 DEFAULT_STOP_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>")
 
@@ -37,6 +43,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    # end a sequence once one of these appears in its text (kept in the output)
+    stop: tuple[str, ...] = ()
 
 
 @dataclass
@@ -45,6 +53,7 @@ class Generation:
 
     ``completion_ids`` includes the stop token when ``finish_reason == "stop"``; ``text``
     is the decoded completion without that stop token (special tokens inside are kept).
+    A sequence ended by a stop string keeps it in both (``finish_reason == "stop"``).
     ``logprobs[i]`` / ``entropies[i]`` belong to ``completion_ids[i]``.
     """
 
@@ -222,7 +231,7 @@ class TransformersEngine:
         for row, prompt in enumerate(prompts):
             tokens = batch.tokens[row]
             stopped = finished[row]
-            body = tokens[:-1] if stopped else tokens
+            body = tokens[:-1] if stopped == _BY_TOKEN else tokens
             text = decode_ids(self.tokenizer, body)
             results.append(
                 Generation(
@@ -281,9 +290,15 @@ class TransformersEngine:
             self.stats.prefix_prefilled_tokens += shared - start
         return shared, cache
 
+    def _ends_with_stop_string(self, tokens: list[int], stops: tuple[str, ...]) -> bool:
+        # a stop string ends the sequence the moment it is complete, so it can only sit in
+        # the last few tokens
+        tail = decode_ids(self.tokenizer, tokens[-_STOP_WINDOW:])
+        return any(stop in tail for stop in stops)
+
     def _sample(
         self, prompts: list[list[int]], params: SamplingParams, budget: int
-    ) -> tuple[_Batch, list[bool]]:
+    ) -> tuple[_Batch, list[str]]:
         device = self.policy.device
         model = self.policy.model
         shared, cache = self._shared_prefix(prompts)
@@ -302,7 +317,7 @@ class TransformersEngine:
             logprobs=[[] for _ in prompts],
             entropies=[[] for _ in prompts],
         )
-        finished = [False] * len(prompts)
+        finished = [""] * len(prompts)  # "", _BY_TOKEN or _BY_STRING
         rows = list(range(len(prompts)))  # original index of each row still sampling
 
         # Only the last position's logits are needed: full prompt logits would be
@@ -321,18 +336,24 @@ class TransformersEngine:
             logits = out.logits[:, -1, :].float()
             token, logprob, entropy = self._choose(logits, params, generator)
             stopped = torch.isin(token, stop)
-            for row, t, lp, h, s in zip(
-                rows,
-                token.tolist(),
-                logprob.tolist(),
-                entropy.tolist(),
-                stopped.tolist(),
-                strict=True,
+            for index, (row, t, lp, h, s) in enumerate(
+                zip(
+                    rows,
+                    token.tolist(),
+                    logprob.tolist(),
+                    entropy.tolist(),
+                    stopped.tolist(),
+                    strict=True,
+                )
             ):
                 batch.tokens[row].append(int(t))
                 batch.logprobs[row].append(float(lp))
                 batch.entropies[row].append(float(h))
-                finished[row] = bool(s)
+                if s:
+                    finished[row] = _BY_TOKEN
+                elif params.stop and self._ends_with_stop_string(batch.tokens[row], params.stop):
+                    finished[row] = _BY_STRING
+                    stopped[index] = True
             if step + 1 == budget or bool(stopped.all()):
                 break
             if bool(stopped.any()):
@@ -450,6 +471,8 @@ class VllmEngine:
             top_p=params.top_p,
             seed=params.seed,
             logprobs=self._entropy_top_k,
+            stop=list(params.stop) or None,
+            include_stop_str_in_output=True,
         )
         inputs = [{"prompt_token_ids": prompt} for prompt in prompts]
         outputs = self._llm.generate(inputs, sampling, lora_request=self._lora_request)

@@ -28,7 +28,7 @@ def test_base_policy_plays_eval_entries_end_to_end(tmp_path: Path) -> None:
         engine,
         lambda: make_environment("bfcl"),
         SamplingParams(max_new_tokens=24, temperature=0.0, seed=0),
-        max_steps=2,
+        max_steps_per_turn=1,
         on_trajectory=trajectories.append,
         on_step=lambda step, running, seconds: steps.append((step, running, seconds)),
     )

@@ -7,15 +7,17 @@ import torch
 
 from coevolve.services.learner.memory import saved_for_backward
 from coevolve.services.learner.sft import (
-    CLOSING_TEXT,
-    IGNORE_INDEX,
     accumulate_sft_gradients,
     build_examples,
+    truncate,
+    warm_start,
+)
+from coevolve.shared.demonstrations import (
+    CLOSING_TEXT,
+    IGNORE_INDEX,
     conversation_without_observations,
     replayed_conversation,
     tokenize_conversation,
-    truncate,
-    warm_start,
 )
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
@@ -55,8 +57,9 @@ def test_replayed_conversation_has_real_observations(tasks: list[Task]) -> None:
     assert roles[0] == "user" and roles.count("user") == len(task.user_turns)
     assistant = [m for m in conversation.messages if m.role == "assistant"]
     call_messages = [m for m in assistant if m.content != CLOSING_TEXT]
+    # one call per message, in the ground truth's order
     assert [parse_tool_calls(m.content).calls for m in call_messages] == [
-        calls for calls in task.ground_truth if calls
+        [call] for calls in task.ground_truth for call in calls
     ]
     tool_messages = [m for m in conversation.messages if m.role == "tool"]
     assert len(tool_messages) == sum(len(calls) for calls in task.ground_truth)
@@ -109,7 +112,11 @@ def test_without_an_environment_the_calls_are_still_supervised(
     conversation = conversation_without_observations(tasks[0])
     [example] = tokenize_conversation(policy.tokenizer, conversation)
     spans = supervised_spans(example.labels)
-    expected = [format_tool_calls(c) if c else CLOSING_TEXT for c in tasks[0].ground_truth]
+    expected = [
+        text
+        for calls in tasks[0].ground_truth
+        for text in [*(format_tool_calls([call]) for call in calls), CLOSING_TEXT]
+    ]
     assert [policy.tokenizer.decode(s[:-1]) for s in spans] == expected
 
 

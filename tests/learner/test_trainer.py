@@ -10,11 +10,11 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from coevolve.services.learner.grpo import sequence_logprobs
 from coevolve.services.learner.memory import saved_for_backward
 from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig, Sample, pad_batch
 from coevolve.shared.messages import RolloutGroup
 from coevolve.shared.policy import LoadedPolicy, import_weights
+from coevolve.shared.policy.logprobs import sequence_logprobs
 
 from .conftest import SAMPLES, TEMPERATURE, GroupFactory, PolicyFactory
 

@@ -17,10 +17,10 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from coevolve.services.learner.grpo import sequence_logprobs
 from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig
 from coevolve.shared.messages import RolloutGroup
 from coevolve.shared.policy import LoadedPolicy
+from coevolve.shared.policy.logprobs import sequence_logprobs
 
 from .conftest import GroupFactory
 

@@ -12,13 +12,14 @@ import msgspec
 import pytest
 import torch
 
-from coevolve.services.learner.grpo import SharedPrefix, sequence_logprobs
+from coevolve.services.learner.grpo import SharedPrefix
 from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig, pad_batch
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.episodes import run_group
 from coevolve.shared.messages import ChatMessage, RolloutGroup, Trajectory
 from coevolve.shared.policy import Generation, LoadedPolicy, SamplingParams, TransformersEngine
+from coevolve.shared.policy.logprobs import sequence_logprobs
 
 from .conftest import TEMPERATURE, GroupFactory, Sampled
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from coevolve.services.learner.grpo import sequence_logprobs
 from coevolve.shared.messages import ChatMessage
 from coevolve.shared.policy import SamplingParams, TransformersEngine, load_policy
 from coevolve.shared.policy.chat import render_prompt_ids
 from coevolve.shared.policy.loading import PolicyLoadError, pick_dtype
+from coevolve.shared.policy.logprobs import sequence_logprobs
 
 # Per-token agreement of rollout (KV-cached, batched decoding) and learner (one full
 # forward pass) log-probs on the same weights. float32 agrees to rounding. bfloat16

@@ -163,3 +163,21 @@ def test_prefix_cache_is_dropped_when_weights_change(make_policy: PolicyFactory)
     for generation in after:
         chosen, _ = recompute(policy, generation)
         assert torch.allclose(torch.tensor(generation.logprobs), chosen, atol=2e-4)
+
+
+def test_a_stop_string_ends_its_row_only_and_stays_in_the_text(
+    policy: LoadedPolicy, engine: TransformersEngine
+) -> None:
+    prompts = prompts_for(policy)[1:]
+    greedy = SamplingParams(max_new_tokens=24, temperature=0.0)
+    free = engine.generate(prompts, greedy)
+    words = free[0].text.split()
+    stop = next(w for w in words[2:] if w not in free[1].text)  # in row 0's text only
+    stopped = engine.generate(prompts, SamplingParams(**{**greedy.__dict__, "stop": (stop,)}))
+    first = stopped[0]
+    assert first.finish_reason == FINISH_STOP and stop in first.text
+    assert first.completion_ids == free[0].completion_ids[: len(first.completion_ids)]
+    assert len(first.completion_ids) < len(free[0].completion_ids)
+    # the string ended the row as soon as it was complete
+    assert stop not in policy.tokenizer.decode(first.completion_ids[:-1])
+    assert stopped[1].completion_ids == free[1].completion_ids

@@ -7,8 +7,9 @@ out (then, as in BFCL, it counts as force-terminated and scores 0).
 
 A per-turn task (``env_config["grain"] == "turn"``, see ``tasks.py``) starts where the
 earlier turns' ground truth leaves the entry: ``reset`` replays those calls on the fresh
-instances and returns the conversation so far (each earlier user turn, an assistant message
-with its ground-truth calls, their observations, a closing reply) followed by the turn's
+instances and returns the conversation so far (each earlier user turn, then for each of its
+ground-truth calls an assistant message with that call and its observation, then a closing
+reply) followed by the turn's
 own user message; the episode then covers that one turn. Turn numbers (``info["turn"]``,
 held-out functions of miss_func) stay those of the entry.
 """
@@ -280,10 +281,13 @@ class BfclEnvironment:
             if not calls:
                 messages.append(ChatMessage(role="assistant", content=PRIOR_TURN_UNABLE))
                 continue
-            messages.append(
-                ChatMessage(role="assistant", content=format_tool_calls(calls), tool_calls=calls)
-            )
+            # one call per message with its result after it, as the agent acts
             for call in calls:
+                messages.append(
+                    ChatMessage(
+                        role="assistant", content=format_tool_calls([call]), tool_calls=[call]
+                    )
+                )
                 _, observation = self._execute_into(call, [])
                 messages.append(ChatMessage(role="tool", content=self._clip(observation)))
             messages.append(ChatMessage(role="assistant", content=PRIOR_TURN_DONE))
