@@ -36,6 +36,7 @@ from coevolve.services.learner.trainer import LearnerConfig
 from coevolve.shared.config import DEFAULT_RUN_DIR
 from coevolve.shared.messages import Trajectory
 from coevolve.shared.policy import load_policy
+from coevolve.shared.toolcalls import CLOSE_TAG
 
 
 @dataclass(frozen=True)
@@ -85,11 +86,13 @@ FULL = Setup(
     tasks_per_step=2,
     group_size=8,
     grpo_lr=3e-4,
-    max_new_tokens=40,
+    # the rollout's budget: 40 cut the max/min calls, so no policy could solve them
+    max_new_tokens=128,
     sft_patience=1,
     seeds=3,
 )
-MAX_STEPS = 2  # the calls, then the closing reply that ends the turn
+MAX_STEPS = 2  # the call, then the closing reply that ends the turn
+STOP = (CLOSE_TAG,)  # rollout.stop: one call a message
 
 
 def run_directory() -> Path:
@@ -169,6 +172,8 @@ def paired_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
         "warm_start_epochs": [r["warm_start"]["epochs"] for r in results],
         "difference_mean": round(mean, 4),
         "difference_ci95": interval,
+        "grpo_minus_warm_start": round(mean, 4),
+        "grpo_minus_warm_start_ci": interval,
         "tasks_gained": gained,
         "tasks_lost": lost,
         "sign_test_p": round(p_value, 4),
@@ -194,6 +199,7 @@ def run_seed(quick: bool, out: Path, setup: Setup, seed: int) -> dict[str, Any]:
             max_new_tokens=setup.max_new_tokens,
             max_steps=MAX_STEPS,
             seed=seed,
+            stop=STOP,
         ),
         LearnerConfig(lr=setup.grpo_lr),
         log_dir=out / "tensorboard",
@@ -204,7 +210,7 @@ def run_seed(quick: bool, out: Path, setup: Setup, seed: int) -> dict[str, Any]:
 
     def evaluate(label: str) -> float:
         begun = time.perf_counter()
-        rate, episodes = success_rate(loop.engine, heldout, setup.max_new_tokens, MAX_STEPS)
+        rate, episodes = success_rate(loop.engine, heldout, setup.max_new_tokens, MAX_STEPS, STOP)
         phases[f"eval_{label}_s"] = time.perf_counter() - begun
         episodes_by_label[label] = [episode_summary(e) for e in episodes]
         print(f"  held-out success {label}: {rate:.3f}", flush=True)
@@ -226,7 +232,7 @@ def run_seed(quick: bool, out: Path, setup: Setup, seed: int) -> dict[str, Any]:
         )
         sft_losses.extend(sft.losses)
         epochs = epoch + 1
-        rate, _ = success_rate(loop.engine, train, setup.max_new_tokens, MAX_STEPS)
+        rate, _ = success_rate(loop.engine, train, setup.max_new_tokens, MAX_STEPS, STOP)
         train_curve.append(rate)
         print(f"  warm start epoch {epochs}: train success {rate:.3f}", flush=True)
         if rate > best:

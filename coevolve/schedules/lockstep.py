@@ -80,10 +80,14 @@ def collect_groups(
 
 
 def success_rate(
-    engine: TransformersEngine, tasks: Sequence[Task], max_new_tokens: int, max_steps: int
+    engine: TransformersEngine,
+    tasks: Sequence[Task],
+    max_new_tokens: int,
+    max_steps: int,
+    stop: tuple[str, ...] = (),
 ) -> tuple[float, list[Trajectory]]:
     """Mean reward of one greedy episode per task, and the episodes."""
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
     groups = run_groups(engine, lambda: make_environment("bfcl"), list(tasks), 1, params, max_steps)
     episodes = [group[0] for group in groups]
     return sum(t.reward for t in episodes) / max(1, len(episodes)), episodes

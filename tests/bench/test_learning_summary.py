@@ -34,6 +34,8 @@ def test_paired_summary_interval_and_task_counts() -> None:
     assert summary["difference_mean"] == pytest.approx(0.1667, abs=1e-4)
     # mean 1/6, sample sd 0.3819, t(0.975, 2) = 4.3027: half width 0.9487
     low, high = summary["difference_ci95"]
+    assert summary["grpo_minus_warm_start"] == summary["difference_mean"]
+    assert summary["grpo_minus_warm_start_ci"] == [low, high]
     assert low == pytest.approx(0.1667 - 0.9487, abs=1e-3)
     assert high == pytest.approx(0.1667 + 0.9487, abs=1e-3)
     assert (summary["tasks_gained"], summary["tasks_lost"]) == (3, 1)
