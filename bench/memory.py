@@ -41,7 +41,7 @@ def probe(tokens: int, checkpointed: bool) -> dict[str, Any]:
     torch.set_num_threads(1)
     run_dir = Path(os.environ.get("COEVOLVE_RUN_DIR") or DEFAULT_RUN_DIR)
     policy = load_policy(run_dir=run_dir, device="cpu")
-    examples, _ = build_examples(policy, seed_tasks()[:1])
+    examples, _, _ = build_examples(policy, seed_tasks()[:1])
     example = truncate(examples[0], tokens)
     policy.model.train()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

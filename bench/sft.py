@@ -95,7 +95,7 @@ def choose_tasks(policy: Any, count: int, max_len: int, seed: int = 0) -> list[A
     candidates = warm_start_tasks(pool, WarmStartConfig(tasks=len(pool), grain="turn"))
     chosen = []
     for task in candidates:
-        examples, skipped = build_examples(policy, [task])
+        examples, skipped, _ = build_examples(policy, [task])
         if not skipped and len(examples) == 1 and len(examples[0].input_ids) <= max_len:
             chosen.append(task)
             if len(chosen) == count:
@@ -372,7 +372,7 @@ def worker(trainer: str, setup: Setup, out: Path) -> None:
     load_s = time.perf_counter() - loaded
     tasks = choose_tasks(policy, setup.examples, config.max_len, setup.seed)
     building = time.perf_counter()
-    built, _ = build_examples(policy, tasks)
+    built, _, _ = build_examples(policy, tasks)
     build_s = time.perf_counter() - building  # ours repeats it inside its first step
     examples = [truncate(e, config.max_len) for e in built]
     report: dict[str, Any] = {

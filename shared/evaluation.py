@@ -222,33 +222,21 @@ def _play_chunk(
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             return [EntryResult(task.id, 0.0, 0.0, error=error) for task in chunk]
-        return [
-            EntryResult(
-                task.id,
-                float(outcome.score),
-                0.0,
-                outcome.detail,
-                partial_credit=outcome.partial_credit,
-            )
-            for task, outcome in zip(chunk, outcomes, strict=True)
-        ]
+        return [_result(task, outcome) for task, outcome in zip(chunk, outcomes, strict=True)]
     single: Any = player
     results = []
     for task in chunk:
         try:
-            outcome = single(task)
-            results.append(
-                EntryResult(
-                    task.id,
-                    float(outcome.score),
-                    0.0,
-                    outcome.detail,
-                    partial_credit=outcome.partial_credit,
-                )
-            )
+            results.append(_result(task, single(task)))
         except Exception as exc:
             results.append(EntryResult(task.id, 0.0, 0.0, error=f"{type(exc).__name__}: {exc}"))
     return results
+
+
+def _result(task: Task, outcome: EntryOutcome) -> EntryResult:
+    return EntryResult(
+        task.id, float(outcome.score), 0.0, outcome.detail, partial_credit=outcome.partial_credit
+    )
 
 
 def _add_likelihoods(

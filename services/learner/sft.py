@@ -88,21 +88,6 @@ def build_examples(
     replay: bool = True,
     env_factory: EnvironmentFactory | None = None,
     max_target_tokens: int | None = None,
-) -> tuple[list[SftExample], int]:
-    """Examples for every task with ground truth; also how many tasks were skipped."""
-    examples, skipped, _ = build_examples_within_budget(
-        policy, tasks, replay=replay, env_factory=env_factory, max_target_tokens=max_target_tokens
-    )
-    return examples, skipped
-
-
-def build_examples_within_budget(
-    policy: LoadedPolicy,
-    tasks: Sequence[Task],
-    *,
-    replay: bool = True,
-    env_factory: EnvironmentFactory | None = None,
-    max_target_tokens: int | None = None,
 ) -> tuple[list[SftExample], int, int]:
     """(examples, tasks skipped, of which over ``max_target_tokens``): a task whose
     longest assistant message needs more tokens than that is skipped."""
@@ -253,7 +238,7 @@ def warm_start(
     rollout's ``max_new_tokens``; the report counts them).
     """
     started = time.perf_counter()
-    examples, skipped, over_budget = build_examples_within_budget(
+    examples, skipped, over_budget = build_examples(
         policy, tasks, replay=replay, env_factory=env_factory, max_target_tokens=max_target_tokens
     )
     truncated = sum(1 for e in examples if len(e.input_ids) > max_len)

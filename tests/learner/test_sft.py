@@ -126,7 +126,7 @@ def test_warm_start_trains_the_adapter_on_assistant_tokens(
     base_weight = policy.model.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight
     base_before = base_weight.detach().clone()
     adapters_before = [p.detach().clone() for p in policy.model.parameters() if p.requires_grad]
-    examples, _ = build_examples(policy, tasks, replay=False)
+    examples, _, _ = build_examples(policy, tasks, replay=False)
     seen: list[tuple[int, int, float]] = []
 
     report = warm_start(
@@ -155,7 +155,7 @@ def test_warm_start_trains_the_adapter_on_assistant_tokens(
 def test_over_the_activation_budget_examples_run_checkpointed_with_the_same_gradient(
     policy: LoadedPolicy, tasks: list[Task]
 ) -> None:
-    examples, _ = build_examples(policy, tasks, replay=False)
+    examples, _, _ = build_examples(policy, tasks, replay=False)
     examples = [truncate(e, MAX_LEN) for e in examples]
     normalizer = sum(e.supervised_tokens for e in examples)
     trainable = [p for p in policy.model.parameters() if p.requires_grad]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from coevolve.services.learner.actor import WarmStartConfig
-from coevolve.services.learner.sft import build_examples_within_budget
+from coevolve.services.learner.sft import build_examples
 from coevolve.services.rollout.actor import RolloutConfig
 from coevolve.shared.demonstrations import (
     CLOSING_TEXT,
@@ -81,7 +81,7 @@ def test_tasks_with_a_message_over_the_budget_are_left_out_and_counted(
     policy: LoadedPolicy, train_turns: list[Task]
 ) -> None:
     tasks = train_turns[:6]
-    examples, skipped, over = build_examples_within_budget(policy, tasks, max_target_tokens=None)
+    examples, skipped, over = build_examples(policy, tasks, max_target_tokens=None)
     assert len({e.task_id for e in examples}) == 6 and skipped == over == 0
-    examples, skipped, over = build_examples_within_budget(policy, tasks, max_target_tokens=4)
+    examples, skipped, over = build_examples(policy, tasks, max_target_tokens=4)
     assert examples == [] and skipped == over == 6
