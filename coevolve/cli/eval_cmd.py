@@ -251,11 +251,14 @@ def saved_report(path: str) -> dict[str, Any] | None:
     file = Path(path)
     if not file.is_file():
         raise PolicyChoiceError(f"{path}: no such report file")
-    text = file.read_text(encoding="utf-8").strip().splitlines()
-    try:
-        report = json.loads(text[-1]) if text else None
-    except json.JSONDecodeError as exc:
-        raise PolicyChoiceError(f"{path}: not a report of coevolve eval ({exc})") from exc
+    text = file.read_text(encoding="utf-8").strip()
+    try:  # an --out file, else a --json capture: the report is its last line
+        report = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            report = json.loads(text.splitlines()[-1]) if text else None
+        except json.JSONDecodeError as exc:
+            raise PolicyChoiceError(f"{path}: not a report of coevolve eval ({exc})") from exc
     if not isinstance(report, dict) or "entries" not in report:
         raise PolicyChoiceError(f"{path}: not a report of coevolve eval (no entries)")
     return report

@@ -90,7 +90,7 @@ def test_a_measure_one_report_lacks_is_reported_as_missing() -> None:
 
 def test_the_command_compares_two_saved_reports(tmp_path: Path) -> None:
     a, b = constructed_pair(gain=12)
-    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "a.json").write_text(json.dumps(a, indent=1))  # as --out writes it
     (tmp_path / "b.json").write_text("progress line\n" + json.dumps(b))  # a --json capture
     argv = [sys.executable, "-m", "coevolve", "eval", "--suite", "bfcl-turns-base"]
     argv += ["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json"]
