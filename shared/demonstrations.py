@@ -54,9 +54,13 @@ class ReplayError(RuntimeError):
     """The task's ground truth did not run cleanly in its environment."""
 
 
-def turn_replies(calls: list[Any]) -> list[str]:
+def turn_messages(calls: list[Any]) -> list[ChatMessage]:
     """The assistant messages that answer one turn: each call alone, then the closing."""
-    return [format_tool_calls([call]) for call in calls] + [CLOSING_TEXT]
+    made = [
+        ChatMessage(role="assistant", content=format_tool_calls([call]), tool_calls=[call])
+        for call in calls
+    ]
+    return [*made, ChatMessage(role="assistant", content=CLOSING_TEXT)]
 
 
 def conversation_without_observations(task: Task) -> Conversation:
@@ -65,11 +69,7 @@ def conversation_without_observations(task: Task) -> Conversation:
     for turn, user_text in enumerate(task.user_turns):
         messages.append(ChatMessage(role="user", content=user_text))
         calls = task.ground_truth[turn] if turn < len(task.ground_truth) else []
-        for call in calls:
-            messages.append(
-                ChatMessage(role="assistant", content=format_tool_calls([call]), tool_calls=[call])
-            )
-        messages.append(ChatMessage(role="assistant", content=CLOSING_TEXT))
+        messages.extend(turn_messages(calls))
     return Conversation(task.id, messages, [None] * len(messages))
 
 
@@ -81,14 +81,13 @@ def replayed_conversation(task: Task, env: Environment) -> Conversation:
     tools: list[list[dict[str, Any]] | None] = [None] * len(messages)
     for turn in range(len(task.user_turns)):
         calls = task.ground_truth[turn] if turn < len(task.ground_truth) else []
-        for index, reply in enumerate(turn_replies(calls)):
+        for reply in turn_messages(calls):
             current_tools = env.tools()
-            result = env.step(reply)
+            result = env.step(reply.content)
             errors = result.info.get("errors") or []
             if errors:
                 raise ReplayError(f"task {task.id} turn {turn}: {errors[0]}")
-            made = [calls[index]] if index < len(calls) else []
-            messages.append(ChatMessage(role="assistant", content=reply, tool_calls=made))
+            messages.append(reply)
             tools.append(current_tools)
             messages.extend(result.observations)
             tools.extend([None] * len(result.observations))

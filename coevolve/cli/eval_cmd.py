@@ -381,10 +381,11 @@ def eval_command(
 
     tasks = pick_tasks(suite_tasks(suite, split), limit, sample, seed)
 
+    saved: dict[str, dict[str, Any]] = {}
+
     def score(name: str) -> dict[str, Any]:
-        saved = saved_report(name)
-        if saved is not None:
-            return saved
+        if name in saved:
+            return saved[name]
         report = evaluate(
             name,
             tasks,
@@ -404,12 +405,15 @@ def eval_command(
         return report.to_json()
 
     try:
+        for name in compare or (policy,):  # read reports, and fail on a bad name, first
+            report = saved_report(name)
+            if report is not None:
+                saved[name] = report
+            elif name != "ground-truth":
+                resolve_policy_choice(name, run_dir)
         if compare is None:
             result = score(policy)
         else:
-            for name in compare:  # fail on a bad name before scoring the other
-                if saved_report(name) is None and name != "ground-truth":
-                    resolve_policy_choice(name, run_dir)
             first, second = score(compare[0]), score(compare[1])
             result = _comparison(first, second, compare, out)
             typer.echo(describe_comparison(result, compare), err=json_output)
