@@ -24,6 +24,9 @@ from coevolve.shared.envs.rendering import (
 )
 
 DEFAULT_RUN_DIR = Path("runs/default")
+# the policy's inference engines: llama.cpp (CPU), torch + peft in process, vLLM (GPUs)
+EngineKind = Literal["llama_cpp", "transformers", "vllm"]
+ENGINE_KINDS: tuple[EngineKind, ...] = ("llama_cpp", "transformers", "vllm")
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 S = TypeVar("S", bound=msgspec.Struct)

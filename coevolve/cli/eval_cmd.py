@@ -26,6 +26,7 @@ import msgspec
 import typer
 
 from coevolve.cli.options import ConfigOption, settings_from
+from coevolve.shared.config import EngineKind
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import SUITES, suite_tasks
 from coevolve.shared.envs.protocol import Environment
@@ -52,11 +53,12 @@ SPLITS = ("all", "eval", "train")
 EVAL_MAX_STEPS_PER_TURN = 4
 EVAL_MAX_NEW_TOKENS = 128
 EVAL_STOP = (CLOSE_TAG,)  # rollout.stop: one call a message
-# Tasks played together. One by default: the engine keeps the KV cache of the prefix its
-# prompts share, and one episode's next prompt extends its last one, so each step prefills
-# only the new tokens. Different tasks share almost no prefix, so a batch of them
-# re-prefills every prompt at every step (measured: ~9 min per step for 8 whole entries).
-EVAL_BATCH_SIZE = 1
+# Tasks played together, by engine. llama.cpp keeps each task's history in its own KV
+# sequence, so a batch of 8 different tasks prefills only new tokens at every step. The
+# transformers engine keeps only the prefix its prompts share, so a batch of different
+# tasks re-prefills every prompt at every step (measured: ~9 min per step for 8 entries).
+EVAL_BATCH_SIZE = {"llama_cpp": 8, "transformers": 1, "vllm": 8}
+EVAL_ENGINE: EngineKind = "llama_cpp"
 # Where `--policy VERSION` looks for that version's exported weights (export_weights bytes).
 VERSION_WEIGHT_PATTERNS = ("policies/v{version}.safetensors", "policies/{version}.safetensors")
 
@@ -166,22 +168,26 @@ def build_player(
     *,
     max_steps_per_turn: int = EVAL_MAX_STEPS_PER_TURN,
     max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
-    batch_size: int = EVAL_BATCH_SIZE,
+    batch_size: int | None = None,
     show_steps: bool = False,
     likelihood: bool = True,
+    engine_kind: EngineKind = EVAL_ENGINE,
 ) -> tuple[Player | BatchPlayer, int, dict[str, Any], GroundTruthScorer | None]:
     """(player, batch size (0: one task at a time), facts for the report, the scorer of
     the ground truth's likelihood (None for the ground-truth player or when not asked))."""
     if policy == "ground-truth":
         return ground_truth_player(_make_bfcl), 0, {}, None
     choice = resolve_policy_choice(policy, run_dir)
-    from coevolve.shared.policy import SamplingParams, TransformersEngine
+    from coevolve.shared.policy import SamplingParams
+    from coevolve.shared.policy.factory import engine_for_policy
 
     loaded = load_policy_choice(choice, model, run_dir)
-    engine = TransformersEngine(loaded)
+    engine = engine_for_policy(engine_kind, loaded, run_dir=run_dir)
+    batch_size = batch_size or EVAL_BATCH_SIZE[engine_kind]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, seed=0, stop=EVAL_STOP)
     extra: dict[str, Any] = {
         "model": loaded.name,
+        "engine": engine_kind,
         "device": str(loaded.device),
         "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
         "load_seconds": loaded.load_seconds,
@@ -211,9 +217,10 @@ def evaluate(
     run_dir: Path,
     max_steps_per_turn: int = EVAL_MAX_STEPS_PER_TURN,
     max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
-    batch_size: int = EVAL_BATCH_SIZE,
+    batch_size: int | None = None,
     likelihood: bool = True,
     show_steps: bool = True,
+    engine_kind: EngineKind = EVAL_ENGINE,
 ) -> SuiteReport:
     """Score ``policy`` on ``tasks``; its trajectories go to ``RUN_DIR/eval/``."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -229,6 +236,7 @@ def evaluate(
         batch_size=batch_size,
         show_steps=show_steps,
         likelihood=likelihood,
+        engine_kind=engine_kind,
     )
     report = run_suite(
         tasks,
@@ -343,9 +351,23 @@ def eval_command(
         typer.Option("--max-new-tokens", min=1, help="Tokens per assistant message (policy only)."),
     ] = EVAL_MAX_NEW_TOKENS,
     batch_size: Annotated[
-        int,
-        typer.Option("--batch-size", min=1, help="Tasks generated together (policy only)."),
-    ] = EVAL_BATCH_SIZE,
+        int | None,
+        typer.Option(
+            "--batch-size",
+            min=1,
+            help="Tasks generated together (policy only; default 8 with llama_cpp, 1 with "
+            "transformers).",
+            show_default=False,
+        ),
+    ] = None,
+    engine: Annotated[
+        EngineKind,
+        typer.Option(
+            "--engine",
+            help="llama_cpp (CPU: a float GGUF base with the policy's LoRA as an adapter) "
+            "| transformers | vllm (GPU).",
+        ),
+    ] = EVAL_ENGINE,
     likelihood: Annotated[
         bool,
         typer.Option(
@@ -397,6 +419,7 @@ def eval_command(
             max_new_tokens=max_new_tokens,
             batch_size=batch_size,
             likelihood=likelihood,
+            engine_kind=engine,
         )
         if sample is not None:
             report.extra.update(sample=sample, seed=seed)

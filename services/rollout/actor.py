@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import msgspec
@@ -17,7 +17,7 @@ import nats.errors
 from nats.js.errors import NotFoundError
 
 from coevolve.shared.actor import Actor, Consumer, Delivery
-from coevolve.shared.config import Settings
+from coevolve.shared.config import EngineKind, Settings
 from coevolve.shared.messages import (
     PolicyVersion,
     RolloutGroup,
@@ -42,8 +42,12 @@ log = logging.getLogger(__name__)
 
 class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None
-    engine: Literal["transformers", "vllm"] = "transformers"
+    # llama_cpp: the CPU engine (a float GGUF base, each policy version as a LoRA adapter);
+    # transformers: torch + peft in process; vllm: GPUs
+    engine: EngineKind = "llama_cpp"
     device: str | None = None
+    # CPU threads of the llama_cpp engine (None: torch's, i.e. OMP_NUM_THREADS)
+    threads: int | None = None
     # two BFCL calls in one message take ~100 tokens; a cut call scores 0
     max_new_tokens: int = 128
     # an unsolved episode's reward: this times its share of matched ground-truth calls
@@ -91,17 +95,22 @@ class RolloutActor(Actor):
         self._announced = await latest_policy(self.bus)
         await self._swap_if_newer()
 
+    async def teardown(self) -> None:
+        # a group abandoned at shutdown stops at its next token instead of running on
+        interrupt = getattr(self.engine, "interrupt", None)
+        if interrupt is not None:
+            interrupt()
+
     def _load_engine(self) -> Any:
-        from coevolve.shared.policy import TransformersEngine, load_policy
+        from coevolve.shared.policy.factory import build_engine
 
-        policy = load_policy(
-            self.config.model, run_dir=self.settings.run_dir, device=self.config.device
+        return build_engine(
+            self.config.engine,
+            model=self.config.model,
+            run_dir=self.settings.run_dir,
+            device=self.config.device,
+            threads=self.config.threads,
         )
-        if self.config.engine == "vllm":
-            from coevolve.shared.policy.engine import VllmEngine
-
-            return VllmEngine(policy)
-        return TransformersEngine(policy)
 
     def consumers(self) -> Sequence[Consumer[Any]]:
         return (Consumer(ROLLOUT_JOBS_CONSUMER, RolloutJob, self.on_job),)

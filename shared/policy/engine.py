@@ -130,6 +130,15 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
     return length
 
 
+def ends_with_stop_string(
+    tokenizer: PreTrainedTokenizerBase, tokens: list[int], stops: tuple[str, ...]
+) -> bool:
+    # a stop string ends the sequence the moment it is complete, so it can only sit in
+    # the last few tokens
+    tail = decode_ids(tokenizer, tokens[-_STOP_WINDOW:])
+    return any(stop in tail for stop in stops)
+
+
 @dataclass
 class EngineStats:
     """Counters since the engine was made (for benchmarks and service metrics)."""
@@ -290,12 +299,6 @@ class TransformersEngine:
             self.stats.prefix_prefilled_tokens += shared - start
         return shared, cache
 
-    def _ends_with_stop_string(self, tokens: list[int], stops: tuple[str, ...]) -> bool:
-        # a stop string ends the sequence the moment it is complete, so it can only sit in
-        # the last few tokens
-        tail = decode_ids(self.tokenizer, tokens[-_STOP_WINDOW:])
-        return any(stop in tail for stop in stops)
-
     def _sample(
         self, prompts: list[list[int]], params: SamplingParams, budget: int
     ) -> tuple[_Batch, list[str]]:
@@ -351,7 +354,9 @@ class TransformersEngine:
                 batch.entropies[row].append(float(h))
                 if s:
                     finished[row] = _BY_TOKEN
-                elif params.stop and self._ends_with_stop_string(batch.tokens[row], params.stop):
+                elif params.stop and ends_with_stop_string(
+                    self.tokenizer, batch.tokens[row], params.stop
+                ):
                     finished[row] = _BY_STRING
                     stopped[index] = True
             if step + 1 == budget or bool(stopped.all()):

@@ -267,6 +267,28 @@ def load_policy(
     )
 
 
+def load_tokenizer(model: str | Path | None = None, *, run_dir: Path | None = None) -> Any:
+    """The policy's tokenizer alone (for an engine that runs the weights itself)."""
+    run_dir = run_dir or Path(os.environ.get("COEVOLVE_RUN_DIR") or DEFAULT_RUN_DIR)
+    source = str(model) if model is not None else str(default_gguf_path())
+    location = source
+    if source.endswith(".gguf"):
+        gguf = Path(source)
+        if not gguf.is_file():
+            raise PolicyLoadError(f"GGUF file {gguf} does not exist")
+        cache_dir = run_dir / "models" / _safe_name(gguf.stem)
+        if not _cache_is_valid(cache_dir, gguf):
+            _convert_gguf(gguf, cache_dir)
+        location = str(cache_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location)
+    except OSError as exc:
+        raise PolicyLoadError(f"cannot load the tokenizer of {source!r}: {exc}") from exc
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def base_model_of(model: Any) -> Any:
     """The underlying transformers model (through a peft wrapper if there is one)."""
     if isinstance(model, PeftModel):

@@ -126,12 +126,18 @@ async def test_learner_publishes_weights_that_rollout_loads_identically(
         assert rollout.engine.policy_version == 1
         saved = loop_settings.run_dir / "policies" / "v1.safetensors"
         assert saved.read_bytes() == await fetch_policy(bus, update)  # for `eval --policy 1`
-        ids = torch.tensor([trajectories[0].token_ids[:64]])
+        # the rollout engine (llama.cpp, an f16 base here) samples what the learner scores
+        prompt = trajectories[0].token_ids[:64]
+        sampled = rollout.engine.generate(
+            [prompt], SamplingParams(max_new_tokens=8, temperature=1.0, seed=0)
+        )[0]
         learner_model = learner_actor.learner.policy.model  # type: ignore[union-attr]
         with torch.no_grad():
-            expected = learner_model(input_ids=ids).logits
-            got = rollout.engine.policy.model(input_ids=ids).logits
-        assert torch.equal(expected, got)
+            ids = torch.tensor([prompt + sampled.completion_ids])
+            logits = learner_model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+        chosen = torch.tensor(sampled.completion_ids).unsqueeze(1)
+        recomputed = torch.log_softmax(logits, -1).gather(1, chosen).squeeze(1)
+        assert float((recomputed - torch.tensor(sampled.logprobs)).abs().mean()) < 0.02
         with anyio.fail_after(30):
             while not learner_actor.trained_file.exists():
                 await anyio.sleep(0.1)

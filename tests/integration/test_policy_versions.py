@@ -12,7 +12,7 @@ from coevolve.services.learner.actor import LearnerActor
 from coevolve.services.rollout.actor import RolloutActor
 from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
-from coevolve.shared.policy import export_weights, weights_digest
+from coevolve.shared.policy import export_weights, load_policy, weights_digest
 from coevolve.shared.policy_sync import latest_policy, publish_policy
 from coevolve.shared.subjects import POLICY_UPDATES, stream_for
 
@@ -75,7 +75,8 @@ async def test_rollout_refuses_weights_whose_digest_differs(
     rollout = RolloutActor(loop_settings)
     rollout._bus = bus
     rollout.engine = await anyio.to_thread.run_sync(rollout._load_engine)
-    blob = export_weights(rollout.engine.policy)
+    # a fresh LoRA of the rollout's model, as the learner would publish it
+    blob = export_weights(load_policy(run_dir=loop_settings.run_dir, device="cpu"))
     update = await publish_policy(bus, blob, version=1, step=1, base_model="m", kind="lora")
     rollout._announced = msgspec.structs.replace(update, sha256="0" * 64)
 

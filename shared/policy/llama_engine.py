@@ -1,0 +1,407 @@
+"""The llama.cpp engine (CPU): batched sampling with hot-swapped LoRA adapters.
+
+One model and one context hold up to ``sequences`` KV sequences in a unified cache. A
+call's prompts each take the sequence whose cached tokens share the longest prefix with
+it (an episode's next step finds its own history and prefills only the new tokens); a
+prefix every prompt shares is prefilled once and copied to the other sequences (cells
+are shared, not duplicated). All sequences then decode in one batch per token.
+
+Sampling, behaviour log-probs and entropies come from each sequence's logits exactly as
+in ``TransformersEngine`` (``log_softmax(logits / temperature)``), so the learner's
+recomputed log-probs match them up to the two engines' float error. Each policy version
+is written as a GGUF LoRA adapter and swapped in between calls (tens of milliseconds);
+the KV cache is cleared with it. llama-cpp-python's low-level API is used because its
+``Llama`` class and servers take adapters only when the model is loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from coevolve.shared.policy.chat import decode_ids
+from coevolve.shared.policy.engine import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    EngineStats,
+    Generation,
+    SamplingParams,
+    common_prefix_length,
+    ends_with_stop_string,
+    stop_token_ids,
+)
+from coevolve.shared.policy.gguf_files import llama_library, write_lora_gguf
+
+
+class LlamaCppError(RuntimeError):
+    """llama.cpp refused a model, an adapter or a batch."""
+
+
+class GenerationInterrupted(RuntimeError):
+    """``interrupt()`` was called while a generation ran; its partial output is dropped."""
+
+
+@dataclass
+class _Slot:
+    """One KV sequence and the tokens it holds (positions 0..len-1)."""
+
+    seq: int
+    tokens: list[int]
+
+
+class LlamaCppEngine:
+    """``Engine`` over llama.cpp with a float GGUF base and LoRA adapters as GGUF files."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        lora_alpha_per_rank: float = 2.0,
+        threads: int = 1,
+        sequences: int = 8,
+        context_tokens: int = 16384,
+        batch_tokens: int = 512,
+        min_shared_prefix: int = 32,
+        adapter_dir: Path | None = None,
+    ) -> None:
+        lib = llama_library()
+        self._lib = lib
+        self.policy_version = 0
+        self._tokenizer = tokenizer
+        self._alpha_per_rank = lora_alpha_per_rank
+        self.sequences = sequences
+        self.min_shared_prefix = max(1, min_shared_prefix)
+        self._batch_tokens = batch_tokens
+        self._stop_ids = stop_token_ids(tokenizer)
+        self._interrupt = threading.Event()
+        self._adapter: Any = None
+        self._adapter_dir = adapter_dir or Path(tempfile.mkdtemp(prefix="coevolve-gguf-lora-"))
+        self.stats = EngineStats()
+        self.model_path = model_path
+
+        model_params = lib.llama_model_default_params()
+        self._model = lib.llama_model_load_from_file(str(model_path).encode(), model_params)
+        if not self._model:
+            raise LlamaCppError(f"llama.cpp could not load {model_path}")
+        vocab = lib.llama_model_get_vocab(self._model)
+        self._n_vocab = int(lib.llama_vocab_n_tokens(vocab))
+        self._n_head = int(lib.llama_model_n_head(self._model))
+        self._n_head_kv = int(lib.llama_model_n_head_kv(self._model))
+        self._max_context = min(int(lib.llama_model_n_ctx_train(self._model)), context_tokens)
+
+        context_params = lib.llama_context_default_params()
+        context_params.n_ctx = context_tokens
+        context_params.n_batch = batch_tokens
+        context_params.n_ubatch = batch_tokens
+        context_params.n_seq_max = sequences
+        context_params.n_threads = threads
+        context_params.n_threads_batch = threads
+        context_params.kv_unified = True
+        context_params.no_perf = True
+        self._ctx = lib.llama_init_from_model(self._model, context_params)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            raise LlamaCppError(f"llama.cpp could not make a context of {context_tokens} tokens")
+        self._memory = lib.llama_get_memory(self._ctx)
+        self._batch = lib.llama_batch_init(batch_tokens, 0, sequences)
+        self._slots = [_Slot(seq, []) for seq in range(sequences)]
+
+    # -- Engine interface -------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self._tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    @property
+    def stop_ids(self) -> set[int]:
+        return set(self._stop_ids)
+
+    def load_weights(self, blob: bytes, version: int) -> None:
+        """Hot swap: write the exported LoRA weights as a GGUF adapter and apply it."""
+        path = write_lora_gguf(
+            blob,
+            self._adapter_dir / f"policy-v{version}.gguf",
+            alpha_per_rank=self._alpha_per_rank,
+            n_head=self._n_head,
+            n_head_kv=self._n_head_kv,
+        )
+        adapter = self._lib.llama_adapter_lora_init(self._model, str(path).encode())
+        if not adapter:
+            raise LlamaCppError(
+                f"llama.cpp refused adapter {path.name} (does it fit {self.model_path.name}?)"
+            )
+        self._apply_adapter(adapter)
+        self.policy_version = version
+        path.unlink(missing_ok=True)
+
+    def clear_cache(self) -> None:
+        self._lib.llama_memory_clear(self._memory, True)
+        for slot in self._slots:
+            slot.tokens = []
+
+    def interrupt(self) -> None:
+        """Make a running ``generate`` raise ``GenerationInterrupted`` at its next token."""
+        self._interrupt.set()
+
+    def close(self) -> None:
+        lib = self._lib
+        if self._ctx:
+            lib.llama_batch_free(self._batch)
+            lib.llama_free(self._ctx)
+            self._ctx = None
+        if self._adapter:
+            lib.llama_adapter_lora_free(self._adapter)
+            self._adapter = None
+        if self._model:
+            lib.llama_model_free(self._model)
+            self._model = None
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        if not prompts:
+            return []
+        if any(not prompt for prompt in prompts):
+            raise ValueError("every prompt needs at least one token")
+        longest = max(len(p) for p in prompts)
+        budget = min(params.max_new_tokens, self.max_context - longest)
+        if budget <= 0:
+            raise ValueError(
+                f"prompt of {longest} tokens leaves no room under the context of "
+                f"{self.max_context} tokens"
+            )
+        self._interrupt.clear()
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        rng = np.random.default_rng(seed)
+        results: list[Generation] = []
+        for start in range(0, len(prompts), self.sequences):
+            results.extend(
+                self._generate_chunk(prompts[start : start + self.sequences], params, budget, rng)
+            )
+        self.stats.calls += 1
+        self.stats.generated_tokens += sum(len(g.completion_ids) for g in results)
+        return results
+
+    # -- internals --------------------------------------------------------------------
+
+    def _apply_adapter(self, adapter: Any) -> None:
+        lib = self._lib
+        adapters = (lib.llama_adapter_lora_p_ctypes * 1)(adapter)
+        scales = (ctypes.c_float * 1)(1.0)
+        if lib.llama_set_adapters_lora(self._ctx, adapters, 1, scales) != 0:
+            lib.llama_adapter_lora_free(adapter)
+            raise LlamaCppError("llama.cpp could not apply the adapter")
+        if self._adapter:
+            lib.llama_adapter_lora_free(self._adapter)
+        self._adapter = adapter
+        self.clear_cache()
+
+    def _assign_slots(self, prompts: list[list[int]]) -> list[_Slot]:
+        """Each prompt's slot: the free one with the longest cached prefix of it."""
+        free = list(self._slots)
+        chosen: list[_Slot | None] = [None] * len(prompts)
+        pairs = sorted(
+            (
+                (-common_prefix_length([slot.tokens, prompt]) if slot.tokens else 0, row, slot.seq)
+                for row, prompt in enumerate(prompts)
+                for slot in free
+            )
+        )
+        taken: set[int] = set()
+        for _, row, seq in pairs:
+            if chosen[row] is None and seq not in taken:
+                chosen[row] = self._slots[seq]
+                taken.add(seq)
+        for slot in self._slots:
+            if slot.seq not in taken and slot.tokens:
+                self._lib.llama_memory_seq_rm(self._memory, slot.seq, -1, -1)
+                slot.tokens = []
+        return [slot for slot in chosen if slot is not None]
+
+    def _trim(self, slot: _Slot, keep: int) -> None:
+        if keep < len(slot.tokens):
+            self._lib.llama_memory_seq_rm(self._memory, slot.seq, keep, -1)
+            slot.tokens = slot.tokens[:keep]
+
+    def _share_prefix(
+        self, prompts: list[list[int]], slots: list[_Slot], cached: list[int]
+    ) -> None:
+        """Prefill the prefix all prompts share once, then copy it to the other slots."""
+        if len(prompts) < 2:
+            return
+        shared = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
+        if shared < self.min_shared_prefix or min(cached) >= shared:
+            return
+        leader = max(range(len(prompts)), key=lambda row: cached[row])
+        if cached[leader] < shared:
+            self._prefill(
+                {leader: prompts[leader][cached[leader] : shared]}, slots, want_logits=False
+            )
+            cached[leader] = shared
+        for row, slot in enumerate(slots):
+            if row != leader and cached[row] < shared:
+                self._lib.llama_memory_seq_rm(self._memory, slot.seq, -1, -1)
+                self._lib.llama_memory_seq_cp(self._memory, slots[leader].seq, slot.seq, 0, shared)
+                slot.tokens = list(prompts[row][:shared])
+                cached[row] = shared
+        self.stats.prefix_prefilled_tokens += shared
+
+    def _prefill(
+        self, pending: dict[int, list[int]], slots: list[_Slot], *, want_logits: bool
+    ) -> dict[int, np.ndarray]:
+        """Decode each row's pending tokens into its slot; logits of each row's last token."""
+        queue = [(row, token) for row, tokens in pending.items() for token in tokens]
+        last_index = {row: len(tokens) - 1 for row, tokens in pending.items()}
+        seen = dict.fromkeys(pending, -1)
+        logits: dict[int, np.ndarray] = {}
+        for start in range(0, len(queue), self._batch_tokens):
+            self._check_interrupt()
+            chunk = queue[start : start + self._batch_tokens]
+            outputs: list[tuple[int, int]] = []
+            for index, (row, token) in enumerate(chunk):
+                seen[row] += 1
+                is_last = want_logits and seen[row] == last_index[row]
+                slot = slots[row]
+                self._put(index, token, len(slot.tokens), slot.seq, is_last)
+                slot.tokens.append(token)
+                if is_last:
+                    outputs.append((index, row))
+            self._decode(len(chunk))
+            for index, row in outputs:
+                logits[row] = self._logits(index)
+        return logits
+
+    def _put(self, index: int, token: int, position: int, seq: int, logits: bool) -> None:
+        batch = self._batch
+        batch.token[index] = token
+        batch.pos[index] = position
+        batch.n_seq_id[index] = 1
+        batch.seq_id[index][0] = seq
+        batch.logits[index] = 1 if logits else 0
+
+    def _decode(self, n_tokens: int) -> None:
+        self._batch.n_tokens = n_tokens
+        status = self._lib.llama_decode(self._ctx, self._batch)
+        if status != 0:
+            self.clear_cache()
+            raise LlamaCppError(
+                f"llama_decode failed ({status}): the KV cache is full or the batch is invalid"
+            )
+
+    def _logits(self, index: int) -> np.ndarray:
+        pointer = self._lib.llama_get_logits_ith(self._ctx, index)
+        return np.ctypeslib.as_array(pointer, shape=(self._n_vocab,)).astype(np.float64)
+
+    def _check_interrupt(self) -> None:
+        if self._interrupt.is_set():
+            self.clear_cache()
+            raise GenerationInterrupted("generation interrupted")
+
+    def _generate_chunk(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        budget: int,
+        rng: np.random.Generator,
+    ) -> list[Generation]:
+        slots = self._assign_slots(prompts)
+        cached = []
+        for prompt, slot in zip(prompts, slots, strict=True):
+            keep = min(
+                common_prefix_length([slot.tokens, prompt]) if slot.tokens else 0, len(prompt) - 1
+            )
+            self._trim(slot, keep)
+            cached.append(keep)
+        self.stats.prefix_reused_tokens += sum(cached)
+        self._share_prefix(prompts, slots, cached)
+        pending = {row: prompt[cached[row] :] for row, prompt in enumerate(prompts)}
+        self.stats.suffix_prefilled_tokens += sum(len(t) for t in pending.values())
+        logits = self._prefill(pending, slots, want_logits=True)
+
+        tokens: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        entropies: list[list[float]] = [[] for _ in prompts]
+        finished = [""] * len(prompts)
+        running = list(range(len(prompts)))
+        for step in range(budget):
+            self._check_interrupt()
+            next_running = []
+            for row in running:
+                token, logprob, entropy = choose(logits[row], params, rng)
+                tokens[row].append(token)
+                logprobs[row].append(logprob)
+                entropies[row].append(entropy)
+                if token in self._stop_ids:
+                    finished[row] = "token"
+                elif params.stop and ends_with_stop_string(
+                    self._tokenizer, tokens[row], params.stop
+                ):
+                    finished[row] = "string"
+                else:
+                    next_running.append(row)
+            running = next_running
+            if not running or step + 1 == budget:
+                break
+            for index, row in enumerate(running):
+                slot = slots[row]
+                self._put(index, tokens[row][-1], len(slot.tokens), slot.seq, True)
+                slot.tokens.append(tokens[row][-1])
+            self._decode(len(running))
+            logits = {row: self._logits(index) for index, row in enumerate(running)}
+
+        results = []
+        for row, prompt in enumerate(prompts):
+            body = tokens[row][:-1] if finished[row] == "token" else tokens[row]
+            results.append(
+                Generation(
+                    text=decode_ids(self._tokenizer, body),
+                    prompt_ids=list(prompt),
+                    completion_ids=tokens[row],
+                    logprobs=logprobs[row],
+                    entropies=entropies[row],
+                    finish_reason=FINISH_STOP if finished[row] else FINISH_LENGTH,
+                    temperature=params.temperature,
+                )
+            )
+        return results
+
+
+def choose(
+    logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
+) -> tuple[int, float, float]:
+    """(token, its log-prob, entropy) under ``log_softmax(logits / temperature)``."""
+    greedy = params.temperature <= 0.0
+    scaled = logits if greedy else logits / params.temperature
+    shifted = scaled - scaled.max()
+    logp = shifted - np.log(np.exp(shifted).sum())
+    probs = np.exp(logp)
+    entropy = float(-(probs * logp).sum())
+    if greedy:
+        token = int(np.argmax(scaled))
+    else:
+        weights = probs if params.top_p >= 1.0 else _nucleus(probs, params.top_p)
+        cumulative = np.cumsum(weights)
+        token = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+        token = min(token, len(weights) - 1)
+    return token, float(logp[token]), entropy
+
+
+def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
+    order = np.argsort(-probs, kind="stable")
+    sorted_probs = probs[order]
+    before = np.cumsum(sorted_probs) - sorted_probs
+    kept = np.where(before < top_p, sorted_probs, 0.0)
+    out = np.zeros_like(probs)
+    out[order] = kept
+    return out

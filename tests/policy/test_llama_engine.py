@@ -1,0 +1,166 @@
+"""The llama.cpp engine: the torch policy's distribution through a GGUF base and adapter."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from coevolve.shared.messages import ChatMessage
+from coevolve.shared.policy import (
+    Engine,
+    Generation,
+    LoadedPolicy,
+    SamplingParams,
+    export_weights,
+    render_prompt_ids,
+)
+from coevolve.shared.policy.factory import engine_for_policy
+from coevolve.shared.policy.gguf_files import AdapterExportError, lora_tensors, permute_rows
+from coevolve.shared.policy.llama_engine import GenerationInterrupted, LlamaCppEngine
+from tests.policy.conftest import PolicyFactory, randomize_adapters
+from tests.policy.test_engine import recompute
+
+# float32 torch against an f16 base (the tests pin COEVOLVE_DTYPE=float32): the mean
+# per-token log-prob difference measured 0.001-0.003; bf16 against bf16 0.002-0.007
+LOGPROB_MEAN_BOUND = 0.02
+
+
+@pytest.fixture(scope="module")
+def adapted(make_policy: PolicyFactory) -> LoadedPolicy:
+    policy = make_policy()
+    randomize_adapters(policy, seed=3)
+    return policy
+
+
+@pytest.fixture(scope="module")
+def llama(adapted: LoadedPolicy, cache_dir: Path) -> LlamaCppEngine:
+    engine = engine_for_policy("llama_cpp", adapted, run_dir=cache_dir, threads=1)
+    assert isinstance(engine, LlamaCppEngine)
+    return engine
+
+
+def prompt(policy: LoadedPolicy, question: str) -> list[int]:
+    return render_prompt_ids(policy.tokenizer, [ChatMessage(role="user", content=question)], None)
+
+
+def mean_gap(policy: LoadedPolicy, generation: Generation) -> float:
+    """Mean |behaviour - recomputed| log-prob (greedy log-probs are the raw logits')."""
+    if generation.temperature <= 0.0:
+        generation = dataclasses.replace(generation, temperature=1.0)
+    chosen, _ = recompute(policy, generation)
+    return float((torch.tensor(generation.logprobs) - chosen).abs().mean())
+
+
+def test_engine_satisfies_the_protocol(llama: LlamaCppEngine) -> None:
+    assert isinstance(llama, Engine)
+    assert llama.max_context >= 8192
+
+
+def test_behaviour_logprobs_match_the_torch_policy_with_the_same_adapter(
+    adapted: LoadedPolicy, llama: LlamaCppEngine
+) -> None:
+    params = SamplingParams(max_new_tokens=16, temperature=0.8, seed=2)
+    prompts = [prompt(adapted, "Name three colours."), prompt(adapted, "What is 2+2?")]
+    for generation in llama.generate(prompts, params):
+        assert len(generation.logprobs) == len(generation.completion_ids) >= 1
+        assert mean_gap(adapted, generation) < LOGPROB_MEAN_BOUND
+
+
+def test_swapping_adapters_changes_outputs_and_swapping_back_restores_them(
+    make_policy: PolicyFactory, adapted: LoadedPolicy, llama: LlamaCppEngine
+) -> None:
+    question = [prompt(adapted, "Say something about tools.")]
+    greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
+    llama.clear_cache()  # a swap clears it too: both runs start from an empty cache
+    first = llama.generate(question, greedy)[0]
+
+    other = make_policy()
+    randomize_adapters(other, seed=11)
+    llama.load_weights(export_weights(other.model), version=5)
+    assert llama.policy_version == 5
+    swapped = llama.generate(question, greedy)[0]
+    assert swapped.logprobs != first.logprobs
+    assert mean_gap(other, swapped) < LOGPROB_MEAN_BOUND
+
+    llama.load_weights(export_weights(adapted.model), version=6)
+    restored = llama.generate(question, greedy)[0]
+    assert restored.completion_ids == first.completion_ids
+    assert restored.logprobs == first.logprobs  # bit for bit
+
+
+def test_a_grown_prompt_reuses_its_sequence_and_decodes_as_a_fresh_one(
+    adapted: LoadedPolicy, llama: LlamaCppEngine, cache_dir: Path
+) -> None:
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    start = prompt(adapted, "List two fruits.")
+    first = llama.generate([start], greedy)[0]
+    grown = start + first.completion_ids + prompt(adapted, "And one vegetable?")[1:]
+    reused_before = llama.stats.prefix_reused_tokens
+    again = llama.generate([grown], greedy)[0]
+    assert llama.stats.prefix_reused_tokens - reused_before >= len(start)
+
+    fresh_engine = engine_for_policy("llama_cpp", adapted, run_dir=cache_dir, threads=1)
+    fresh = fresh_engine.generate([grown], greedy)[0]
+    fresh_engine.close()
+    assert again.completion_ids == fresh.completion_ids
+
+
+def test_a_group_shares_its_prompt_and_each_row_matches_a_lone_run(
+    adapted: LoadedPolicy, llama: LlamaCppEngine
+) -> None:
+    llama.clear_cache()
+    question = prompt(adapted, "Describe a calendar API in one sentence.")
+    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
+    prefilled_before = llama.stats.prefix_prefilled_tokens
+    group = llama.generate([question] * 4, greedy)
+    assert llama.stats.prefix_prefilled_tokens - prefilled_before == len(question) - 1
+    llama.clear_cache()
+    alone = llama.generate([question], greedy)[0]
+    for row in group:
+        assert row.completion_ids == alone.completion_ids
+
+
+def test_more_prompts_than_sequences_run_in_chunks(adapted: LoadedPolicy, cache_dir: Path) -> None:
+    engine = engine_for_policy("llama_cpp", adapted, run_dir=cache_dir, threads=1, sequences=2)
+    questions = [prompt(adapted, f"Count to {n}.") for n in range(3, 8)]
+    out = engine.generate(questions, SamplingParams(max_new_tokens=4, temperature=1.0, seed=0))
+    engine.close()
+    assert [g.prompt_ids for g in out] == questions
+
+
+def test_interrupt_stops_a_generation_between_tokens(
+    adapted: LoadedPolicy, llama: LlamaCppEngine
+) -> None:
+    long_run = SamplingParams(max_new_tokens=4000, temperature=1.0, seed=0)
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            llama.generate([prompt(adapted, "Write a very long story.")] * 2, long_run)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(1.0)
+    asked = time.perf_counter()
+    llama.interrupt()
+    worker.join(timeout=5.0)
+    assert not worker.is_alive()
+    assert time.perf_counter() - asked < 2.0
+    assert outcome and isinstance(outcome[0], GenerationInterrupted)
+    # the engine is usable afterwards
+    assert llama.generate([prompt(adapted, "Hi")], SamplingParams(max_new_tokens=2))
+
+
+def test_q_and_k_rows_are_permuted_per_head_and_other_weights_are_refused() -> None:
+    rows = torch.arange(8.0).reshape(8, 1).numpy()
+    # two heads of four rows: each head's halves interleaved
+    assert permute_rows(rows, n_head=2).ravel().tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
+    with pytest.raises(AdapterExportError, match="LoRA weight"):
+        lora_tensors({"model.embed_tokens.weight": rows}, n_head=2, n_head_kv=1)
