@@ -25,6 +25,8 @@ import logging
 import os
 import signal
 import socket
+import sys
+import threading
 import time
 import traceback
 from collections import OrderedDict
@@ -521,3 +523,29 @@ def run_actor(actor: Actor) -> None:
         format=f"%(asctime)s {actor.name} %(levelname)s %(name)s: %(message)s",
     )
     anyio.run(ActorRunner(actor).run)
+    exit_past_abandoned_work()
+
+
+def exit_past_abandoned_work(grace_s: float = 0.5) -> None:
+    """End the process now if a worker thread still runs work the stop abandoned.
+
+    A generation or a training step cancelled at shutdown keeps its thread busy, and the
+    interpreter would wait for it on exit (a learner step: a minute). Its result is not
+    needed: its message was not acked (it is redelivered) and nothing was announced.
+    """
+    deadline = time.monotonic() + grace_s
+    busy = _busy_threads()
+    while busy and time.monotonic() < deadline:
+        busy[0].join(timeout=max(0.0, deadline - time.monotonic()))
+        busy = _busy_threads()
+    if busy:
+        log.warning("exiting past %d thread(s) busy with abandoned work", len(busy))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def _busy_threads() -> list[threading.Thread]:
+    main = threading.main_thread()
+    return [t for t in threading.enumerate() if t is not main and t.is_alive() and not t.daemon]

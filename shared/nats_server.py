@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from coevolve.shared.child_process import die_with_parent
 from coevolve.shared.credentials import Credentials, auth_config, write_private
 
 
@@ -94,7 +95,11 @@ class NatsServer:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
             args += ["--log", str(self.log_file)]
         self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from coevolve.shared.child_process import die_with_parent
+
 log = logging.getLogger(__name__)
 
 READY_FILE_ENV = "COEVOLVE_READY_FILE"
@@ -183,6 +185,7 @@ class Supervisor:
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
         child.started_at = time.monotonic()
         child.next_start_at = 0.0

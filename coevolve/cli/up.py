@@ -33,6 +33,7 @@ from coevolve.shared.supervisor import ChildSpec, Supervisor, read_state
 UP_FILE = "up.json"
 # the supervisor's view of every service (state, exits, held back and why): `status` reads it
 SUPERVISOR_FILE = "supervisor.json"
+STOP_MARGIN_S = 4.0
 
 
 def parse_scale(values: list[str]) -> dict[str, int]:
@@ -179,6 +180,9 @@ def up(
         max_crashes=max_crashes,
         crash_window_s=crash_window_s,
         state_path=run / SUPERVISOR_FILE,
+        # a service drains for drain_timeout_s, then tears down, closes its connection and
+        # exits (about 3 s more); a kill is for one that hangs past all of that
+        stop_timeout_s=settings.runtime.drain_timeout_s + STOP_MARGIN_S,
         on_event=(lambda line: typer.echo(f"[up] {line}", err=True))
         if quiet
         else (lambda line: printer.line("up", line)),

@@ -31,6 +31,7 @@ from typing import IO
 import httpx
 import msgspec
 
+from coevolve.shared.child_process import die_with_parent
 from coevolve.shared.llm.model_file import DEFAULT_MODEL, ModelFileError, model_path
 from coevolve.shared.nats_server import free_port, port_open
 
@@ -205,6 +206,7 @@ class LlamaServer:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
 
     def healthy(self, timeout_s: float = 2.0) -> bool:

@@ -10,6 +10,7 @@ into one adapter of twice the rank (their deltas add, with the same alpha/rank s
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import re
 import threading
@@ -168,6 +169,7 @@ def write_lora_gguf(
     """
     import gguf
 
+    logging.getLogger("gguf").setLevel(logging.WARNING)  # a line per file written, otherwise
     tensors = lora_tensors(exported_arrays(blob), n_head=n_head, n_head_kv=n_head_kv)
     alpha = alpha_per_rank * adapter_rank(tensors)
     path.parent.mkdir(parents=True, exist_ok=True)

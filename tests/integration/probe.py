@@ -3,12 +3,15 @@
 Run in-process (``ProbeActor``) or as a subprocess (``python -m tests.integration.probe``)
 so a test can SIGKILL or SIGTERM it. Behaviour comes from environment variables:
 PROBE_RECORD (file to append "start <id> <delivery>" / "done <id>" lines), PROBE_SLEEP_S
-(seconds each handler takes), PROBE_FORWARD (subject to republish to, for trace chains).
+(seconds each handler takes), PROBE_BLOCKING=1 (the handler blocks a worker thread for
+those seconds, as a training step does), PROBE_FORWARD (subject to republish to, for
+trace chains).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,10 +29,18 @@ PROBE_CONSUMER = ConsumerSpec("COEVOLVE_CANDIDATES", "probe", CANDIDATES, ack_wa
 class ProbeActor(Actor):
     name = "probe"
 
-    def __init__(self, *args: Any, record: Path, sleep_s: float = 0.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        record: Path,
+        sleep_s: float = 0.0,
+        blocking: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.record = record
         self.sleep_s = sleep_s
+        self.blocking = blocking
         self.handled: list[str] = []
 
     def consumers(self) -> Sequence[Consumer[Any]]:
@@ -37,7 +48,10 @@ class ProbeActor(Actor):
 
     async def on_candidate(self, candidate: TaskCandidate, delivery: Delivery) -> None:
         self._write(f"start {candidate.id} {delivery.num_delivered}")
-        await anyio.sleep(self.sleep_s)
+        if self.blocking:
+            await anyio.to_thread.run_sync(time.sleep, self.sleep_s, abandon_on_cancel=True)
+        else:
+            await anyio.sleep(self.sleep_s)
         self.handled.append(candidate.id)
         self._write(f"done {candidate.id}")
 
@@ -52,5 +66,6 @@ if __name__ == "__main__":
             load_settings(),
             record=Path(os.environ["PROBE_RECORD"]),
             sleep_s=float(os.environ.get("PROBE_SLEEP_S", "0")),
+            blocking=os.environ.get("PROBE_BLOCKING") == "1",
         )
     )

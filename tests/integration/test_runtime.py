@@ -63,13 +63,16 @@ async def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> 
     assert predicate(), what
 
 
-def start_probe(settings: Settings, record: Path, sleep_s: float) -> subprocess.Popen[bytes]:
+def start_probe(
+    settings: Settings, record: Path, sleep_s: float, *, blocking: bool = False
+) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "NATS_URL": settings.bus.url,
         "COEVOLVE_RUN_DIR": str(settings.run_dir),
         "PROBE_RECORD": str(record),
         "PROBE_SLEEP_S": str(sleep_s),
+        "PROBE_BLOCKING": "1" if blocking else "0",
     }
     # its log (stderr) next to the record, for tests that read how it stopped
     with record.with_suffix(".log").open("ab") as log:
@@ -251,6 +254,35 @@ def test_sigterm_drains_in_flight_work_and_exits_zero(settings: Settings, tmp_pa
         log = record.with_suffix(".log").read_text()
         assert "stopped" in log
         assert "Traceback" not in log, log
+    finally:
+        if probe.poll() is None:
+            probe.kill()
+            probe.wait()
+
+
+def test_sigterm_exits_within_the_drain_past_a_thread_still_busy(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Work blocking a worker thread (a training step) does not hold the exit."""
+    record = tmp_path / "record.txt"
+
+    async def publish() -> None:
+        bus = await connect(settings)
+        await bus.publish(CANDIDATES, candidate("busy"))
+        await bus.close()
+
+    probe = start_probe(settings, record, sleep_s=120, blocking=True)
+    try:
+        anyio.run(publish)
+        deadline = time.monotonic() + 30
+        while "start cand-busy 1" not in record_lines(record) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        probe.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        assert probe.wait(30) == 0
+        drain = settings.runtime.drain_timeout_s
+        assert time.monotonic() - sent < drain + 5
+        assert "abandoned work" in record.with_suffix(".log").read_text()
     finally:
         if probe.poll() is None:
             probe.kill()
