@@ -130,6 +130,19 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
     return length
 
 
+def token_budget(prompts: list[list[int]], params: SamplingParams, max_context: int) -> int:
+    """New tokens every prompt may take: ``max_new_tokens`` within the context."""
+    if any(not prompt for prompt in prompts):
+        raise ValueError("every prompt needs at least one token")
+    longest = max(len(p) for p in prompts)
+    budget = min(params.max_new_tokens, max_context - longest)
+    if budget <= 0:
+        raise ValueError(
+            f"prompt of {longest} tokens leaves no room under the context of {max_context} tokens"
+        )
+    return budget
+
+
 def ends_with_stop_string(
     tokenizer: PreTrainedTokenizerBase, tokens: list[int], stops: tuple[str, ...]
 ) -> bool:
@@ -219,15 +232,7 @@ class TransformersEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         if not prompts:
             return []
-        if any(not prompt for prompt in prompts):
-            raise ValueError("every prompt needs at least one token")
-        longest = max(len(p) for p in prompts)
-        budget = min(params.max_new_tokens, self.max_context - longest)
-        if budget <= 0:
-            raise ValueError(
-                f"prompt of {longest} tokens leaves no room under the context of "
-                f"{self.max_context} tokens"
-            )
+        budget = token_budget(prompts, params, self.max_context)
         model = self.policy.model
         was_training = model.training
         model.eval()

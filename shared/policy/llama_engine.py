@@ -37,6 +37,7 @@ from coevolve.shared.policy.engine import (
     common_prefix_length,
     ends_with_stop_string,
     stop_token_ids,
+    token_budget,
 )
 from coevolve.shared.policy.gguf_files import llama_library, write_lora_gguf
 
@@ -172,15 +173,7 @@ class LlamaCppEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         if not prompts:
             return []
-        if any(not prompt for prompt in prompts):
-            raise ValueError("every prompt needs at least one token")
-        longest = max(len(p) for p in prompts)
-        budget = min(params.max_new_tokens, self.max_context - longest)
-        if budget <= 0:
-            raise ValueError(
-                f"prompt of {longest} tokens leaves no room under the context of "
-                f"{self.max_context} tokens"
-            )
+        budget = token_budget(prompts, params, self.max_context)
         self._interrupt.clear()
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         rng = np.random.default_rng(seed)
