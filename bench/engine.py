@@ -24,6 +24,7 @@ import math
 import os
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,10 @@ EVAL_BATCH = {"llama_cpp": 8, "transformers": 1}
 def pick(tasks: list[Task], count: int, seed: int) -> list[Task]:
     chosen = sorted(random.Random(seed).sample(range(len(tasks)), count))
     return [tasks[i] for i in chosen]
+
+
+def progress(line: str) -> None:
+    print(f"[engine] {line}", file=sys.stderr, flush=True)
 
 
 def random_adapter(policy: LoadedPolicy, seed: int = 0, scale: float = 0.01) -> None:
@@ -121,6 +126,9 @@ def run(quick: bool, run_dir: Path | None = None) -> dict[str, Any]:
             )
             seconds[kind].append(time.perf_counter() - started)
             tokens[kind] += sum(sum(t.loss_mask) for t in trajectories)
+            progress(
+                f"group {index + 1}/{len(group_tasks)} {task.id}: {kind} {seconds[kind][-1]:.1f} s"
+            )
             if kind == "llama_cpp":
                 llama_trajectories.extend(trajectories)
 
@@ -139,6 +147,7 @@ def run(quick: bool, run_dir: Path | None = None) -> dict[str, Any]:
         )
         eval_s[kind] = report.total_seconds / len(eval_tasks)
         eval_success[kind] = report.accuracy
+        progress(f"eval, {len(eval_tasks)} turns: {kind} {eval_s[kind]:.1f} s a turn")
 
     cap = LearnerConfig().behaviour_weight_cap or math.inf
     gap, capped, scored = behaviour_agreement(policy, llama_trajectories, cap)

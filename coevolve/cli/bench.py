@@ -19,6 +19,7 @@ BENCHMARKS = {
     "learning": "held-out success: base, after warm start, after N GRPO steps",
     "schedule": "learner steps per hour, async vs lockstep",
     "memory": "one SFT step on a BFCL example: activations stored vs checkpointed",
+    "learner_rss": "a learner pass by tokens, dropout, attention: peak and held RSS",
     "dataloop": "coevolve up for N minutes: signals, explorations, verdicts, pool growth",
     "sampling": "share of uniform groups, uniform vs dynamic sampler, synthetic policy",
     "prompts": "first-prompt tokens of BFCL entries and turns, full vs compact tool rendering",

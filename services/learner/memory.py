@@ -13,6 +13,10 @@ shared prompt (``SharedPrefix``): every sequence is run whole.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,6 +28,30 @@ from torch import nn
 # token for the default model, so ~5.3 GB here): a per-turn BFCL example with the compact
 # tool list (median ~1.1k tokens) and a shared-prompt micro-batch of them stay under it.
 DEFAULT_ACTIVATION_TOKENS = 2048
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed after a step back to the OS (glibc keeps it otherwise).
+
+    Measured: one warm-start step on 2,048 tokens peaks at 5.9 GB resident and the process
+    stays at 5.8 GB after the step's tensors are freed; ``malloc_trim`` takes it to 0.9 GB.
+    Without this the learner holds its largest step's activations for the rest of the run.
+    """
+    gc.collect()
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _load_malloc_trim() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_malloc_trim = _load_malloc_trim()
 
 
 def _base_model(model: nn.Module) -> Any:

@@ -52,6 +52,7 @@ from coevolve.services.learner.memory import (
     DEFAULT_ACTIVATION_TOKENS,
     activation_checkpointing,
     over_budget,
+    release_freed_memory,
 )
 from coevolve.shared.messages import RolloutGroup, Trajectory
 from coevolve.shared.policy import LoadedPolicy, export_weights
@@ -358,6 +359,7 @@ class GrpoLearner:
             duration_s=duration,
         )
         self.log_metrics(metrics)
+        release_freed_memory()
         return metrics
 
     def apply_update(self) -> float:

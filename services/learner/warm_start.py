@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from coevolve.services.learner.memory import release_freed_memory
 from coevolve.services.learner.sft import Progress, WarmStartReport, warm_start
 from coevolve.shared.messages import Task
 from coevolve.shared.policy import LoadedPolicy
@@ -62,3 +63,4 @@ def run_warm_start(
         )
     finally:
         torch.set_num_threads(threads)
+        release_freed_memory()

@@ -1,0 +1,109 @@
+"""Benchmark of the learner's resident memory: what one training pass peaks at and holds.
+
+Each setting runs in a fresh subprocess (peak RSS is per process): the default policy
+(LoRA on the 7 projections, the learner's dtype, 1 thread) does one forward and backward
+pass over one sequence of N tokens, scoring its last 128 (as the learner scores a
+completion), in training mode (the warm start: LoRA dropout active) or eval mode (GRPO).
+Reported: the resident size after loading, the peak, the peak over the loaded model per
+token, the resident size once the step's tensors are freed, and after
+``release_freed_memory`` (glibc ``malloc_trim``), which the learner calls after each step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+QUICK = [("train", 512, 0.05, "sdpa"), ("train", 512, 0.0, "sdpa")]
+FULL = [
+    ("train", 1024, 0.05, "sdpa"),
+    ("train", 2048, 0.05, "sdpa"),
+    ("eval", 2048, 0.05, "sdpa"),
+    ("train", 1024, 0.0, "sdpa"),
+    ("train", 2048, 0.05, "eager"),
+]
+
+
+def _status_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def measure(mode: str, tokens: int, dropout: float, attention: str) -> dict[str, Any]:
+    """One setting, in this process (the child side)."""
+    import torch
+
+    from coevolve.services.learner.memory import release_freed_memory
+    from coevolve.shared.policy import LoraSettings, load_policy
+    from coevolve.shared.policy.logprobs import sequence_logprobs
+
+    torch.set_num_threads(1)
+    policy = load_policy(lora=LoraSettings(dropout=dropout))
+    policy.model.get_base_model().config._attn_implementation = attention
+    policy.model.train(mode == "train")
+    loaded = _status_mb("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # peak from here
+    ids = torch.randint(100, 40000, (1, tokens), generator=torch.Generator().manual_seed(0))
+    scored = torch.zeros_like(ids)
+    scored[:, -128:] = 1
+    logprobs, _ = sequence_logprobs(
+        policy.model, ids, torch.ones_like(ids), 1.0, positions=scored, with_entropy=False
+    )
+    (-logprobs.sum()).backward()
+    peak = _status_mb("VmHWM")
+    del logprobs
+    policy.model.zero_grad(set_to_none=True)
+    import gc
+
+    gc.collect()
+    held = _status_mb("VmRSS")
+    release_freed_memory()
+    return {
+        "mode": mode,
+        "tokens": tokens,
+        "lora_dropout": dropout,
+        "attention": attention,
+        "dtype": policy.extra.get("dtype"),
+        "loaded_mb": round(loaded),
+        "peak_mb": round(peak),
+        "mb_per_token": round((peak - loaded) / tokens, 3),
+        "held_after_step_mb": round(held),
+        "held_after_release_mb": round(_status_mb("VmRSS")),
+    }
+
+
+def run(quick: bool) -> dict[str, Any]:
+    rows = []
+    for setting in QUICK if quick else FULL:
+        child = subprocess.run(
+            [sys.executable, "-m", "coevolve.bench.learner_rss", *map(str, setting)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            check=False,
+        )
+        if child.returncode != 0:
+            raise RuntimeError(f"setting {setting} failed: {child.stderr[-2000:]}")
+        rows.append(json.loads(child.stdout.strip().splitlines()[-1]))
+        print_row(rows[-1])
+    return {"benchmark": "learner_rss", "quick": quick, "cpu_count": os.cpu_count(), "rows": rows}
+
+
+def print_row(row: dict[str, Any]) -> None:
+    print(
+        f"{row['mode']:<6}{row['tokens']:>6} tokens  dropout {row['lora_dropout']:<5}"
+        f"{row['attention']:<6}  loaded {row['loaded_mb']:>5} MB  peak {row['peak_mb']:>6} MB"
+        f"  {row['mb_per_token']:.2f} MB/token  held {row['held_after_step_mb']:>6} MB"
+        f"  after release {row['held_after_release_mb']:>5} MB"
+    )
+
+
+if __name__ == "__main__":
+    mode, tokens, dropout, attention = sys.argv[1:5]
+    print(json.dumps(measure(mode, int(tokens), float(dropout), attention)))
