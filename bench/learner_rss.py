@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 QUICK = [("train", 512, 0.05, "sdpa"), ("train", 512, 0.0, "sdpa")]
@@ -28,17 +27,11 @@ FULL = [
 ]
 
 
-def _status_mb(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def measure(mode: str, tokens: int, dropout: float, attention: str) -> dict[str, Any]:
     """One setting, in this process (the child side)."""
     import torch
 
+    from coevolve.bench.sft import memory_mb, reset_peak_rss
     from coevolve.services.learner.memory import release_freed_memory
     from coevolve.shared.policy import LoraSettings, load_policy
     from coevolve.shared.policy.logprobs import sequence_logprobs
@@ -47,8 +40,8 @@ def measure(mode: str, tokens: int, dropout: float, attention: str) -> dict[str,
     policy = load_policy(lora=LoraSettings(dropout=dropout))
     policy.model.get_base_model().config._attn_implementation = attention
     policy.model.train(mode == "train")
-    loaded = _status_mb("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # peak from here
+    loaded = memory_mb()["rss_mb"]
+    reset_peak_rss()  # peak from here
     ids = torch.randint(100, 40000, (1, tokens), generator=torch.Generator().manual_seed(0))
     scored = torch.zeros_like(ids)
     scored[:, -128:] = 1
@@ -56,13 +49,13 @@ def measure(mode: str, tokens: int, dropout: float, attention: str) -> dict[str,
         policy.model, ids, torch.ones_like(ids), 1.0, positions=scored, with_entropy=False
     )
     (-logprobs.sum()).backward()
-    peak = _status_mb("VmHWM")
+    peak = memory_mb()["peak_mb"]
     del logprobs
     policy.model.zero_grad(set_to_none=True)
     import gc
 
     gc.collect()
-    held = _status_mb("VmRSS")
+    held = memory_mb()["rss_mb"]
     release_freed_memory()
     return {
         "mode": mode,
@@ -74,7 +67,7 @@ def measure(mode: str, tokens: int, dropout: float, attention: str) -> dict[str,
         "peak_mb": round(peak),
         "mb_per_token": round((peak - loaded) / tokens, 3),
         "held_after_step_mb": round(held),
-        "held_after_release_mb": round(_status_mb("VmRSS")),
+        "held_after_release_mb": round(memory_mb()["rss_mb"]),
     }
 
 
