@@ -4,8 +4,8 @@
   include one >= ``threshold`` while the current score is < ``threshold``.
 - boundary: within one group some reward is > ``threshold`` and some is < ``threshold``.
 - rare: a pattern of the group occurs in under ``rare_theta`` of all patterns of its order
-  counted so far (this group included). Patterns are function names (order 1) and
-  adjacent pairs of function names within a trajectory (order 2). Nothing fires before
+  counted so far (this group included). Patterns are the names of executed calls (order 1)
+  and adjacent pairs of them within a trajectory (order 2); refused calls do not count. Nothing fires before
   ``rare_min_actions`` function calls have been counted.
 - uncertainty: a trajectory's mean token entropy (the mean of its per-turn means in
   ``Trajectory.entropies``) is above the ``uncertainty_quantile`` of
@@ -83,16 +83,13 @@ def group_score(group: RolloutGroup) -> float:
 
 
 def trajectory_actions(trajectory: Trajectory) -> list[str]:
-    """The function names the trajectory called, in order: from its assistant messages'
-    parsed tool calls, or from ``actions`` (call strings like ``cd(folder='x')``)."""
-    names = [
-        call.name
-        for message in trajectory.messages
-        if message.role == "assistant"
-        for call in message.tool_calls
-    ]
-    if names:
-        return names
+    """The functions the environment executed for the trajectory, in order, from
+    ``actions`` (names, or call strings like ``cd(folder='x')``).
+
+    A call the environment refused (a function that does not exist, malformed arguments)
+    is not an action: it shows in the reward, so it feeds boundary and forgetting, and a
+    hallucinated name never becomes a rare pattern to explore.
+    """
     return [name for action in trajectory.actions if (name := action.split("(", 1)[0].strip())]
 
 

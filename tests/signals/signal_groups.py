@@ -23,10 +23,12 @@ def trajectory(
     calls: Sequence[str] = (),
     entropies: Sequence[float] = (),
     task_id: str = TASK.id,
+    refused: Sequence[str] = (),
 ) -> Trajectory:
-    """A finished episode whose assistant called ``calls`` (function names), in order."""
+    """A finished episode whose assistant called ``calls`` (function names), in order, all
+    executed, and then ``refused`` (names the environment refused to run)."""
     messages = [ChatMessage(role="user", content="do it")]
-    for name in calls:
+    for name in [*calls, *refused]:
         messages.append(
             ChatMessage(
                 role="assistant",
@@ -34,7 +36,8 @@ def trajectory(
                 tool_calls=[ToolCall(name=name)],
             )
         )
-        messages.append(ChatMessage(role="tool", content="ok"))
+        outcome = "Error: unknown function" if name in refused else "ok"
+        messages.append(ChatMessage(role="tool", content=outcome))
     return Trajectory(
         id=f"traj-{next(_ids)}",
         task_id=task_id,
@@ -45,6 +48,7 @@ def trajectory(
         reward=reward,
         policy_version=3,
         entropies=list(entropies),
+        actions=list(calls),
     )
 
 

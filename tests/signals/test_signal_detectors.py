@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from signal_groups import TASK, group
+import msgspec
+from signal_groups import TASK, group, trajectory
 
 from coevolve.services.signal_monitor.detectors import (
     MonitorConfig,
@@ -17,7 +18,9 @@ from coevolve.services.signal_monitor.detectors import (
     trajectory_actions,
 )
 from coevolve.services.signal_monitor.state import MonitorState, count_patterns, quantile
-from coevolve.shared.messages import Signal, Trajectory, decode, encode
+from coevolve.shared.envs.bfcl.environment import BfclEnvironment
+from coevolve.shared.envs.bfcl.tasks import load_turn_tasks
+from coevolve.shared.messages import RolloutGroup, Signal, Trajectory, decode, encode
 
 CONFIG = MonitorConfig()
 
@@ -159,6 +162,41 @@ def test_rare_counts_accumulate_in_the_monitor() -> None:
     assert [s.kind for s in signals] == ["rare"]
     assert signals[0].evidence["pattern"] == "mv"
     assert monitor.state.unigram_counts == {"ls": 51, "mv": 1}
+
+
+def test_a_refused_call_is_not_a_rare_action() -> None:
+    """A hallucinated function the environment refused never becomes a rare pattern."""
+    monitor = SignalMonitor(MonitorConfig(kinds=("rare",), rare_min_actions=50))
+    for _ in range(10):
+        assert monitor.process(group([1.0] * 5, calls=[["ls"]] * 5), TASK, now=0.0) == []
+    hallucinated = RolloutGroup(
+        id="group-hallucinated",
+        task_id=TASK.id,
+        origin="seed",
+        policy_version=3,
+        trajectories=[trajectory(0.0, calls=["ls"], refused=["trading_check_stock_info"])],
+    )
+    assert monitor.process(hallucinated, TASK, now=0.0) == []
+    assert "trading_check_stock_info" not in monitor.state.unigram_counts
+    assert monitor.state.unigram_counts == {"ls": 51}
+
+
+def test_rare_reads_the_environments_executed_calls() -> None:
+    """Through the real BFCL environment: an unknown function is refused and not counted,
+    a real one is executed and counted."""
+    env = BfclEnvironment()
+    env.reset(load_turn_tasks("multi_turn_base")[0])
+    unknown = env.step(
+        '<tool_call>{"name": "trading_check_stock_info", "arguments": {}}</tool_call>'
+    )
+    real = env.step('<tool_call>{"name": "pwd", "arguments": {}}</tool_call>')
+    assert unknown.info["calls"] == [] and unknown.info["errors"]
+    assert real.info["calls"] == ["pwd"]
+    recorded = trajectory(0.0)
+    recorded = msgspec.structs.replace(
+        recorded, actions=[*unknown.info["calls"], *real.info["calls"]]
+    )
+    assert trajectory_actions(recorded) == ["pwd"]
 
 
 def test_actions_fall_back_to_call_strings() -> None:
