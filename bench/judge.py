@@ -43,6 +43,8 @@ from coevolve.services.judge.checks import (
     check_description_covered,
     check_intent,
     check_minimality,
+    check_plain_request,
+    check_same_action,
     trace_calls,
 )
 from coevolve.services.judge.replay import replay_candidate
@@ -313,6 +315,8 @@ def deterministic_stages(item: Labelled, backend: str) -> Outcome:
 
     def relevant() -> bool:
         results = (
+            check_plain_request(task, trace),
+            check_same_action(task, trace),
             check_arguments_named(task, trace),
             check_description_covered(task, trace),
             check_intent(task, trace, backend),  # type: ignore[arg-type]
@@ -433,6 +437,8 @@ def standalone(outcomes: Sequence[Outcome]) -> dict[str, dict[str, float | None]
     checks = (
         "replay",
         "minimality",
+        "plain_request",
+        "same_action",
         "names_arguments",
         "covers_description",
         "intent_matches",

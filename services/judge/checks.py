@@ -9,6 +9,10 @@ They run after the replay (``replay.py``) and before any LLM, each a verdict cri
 - ``minimal``: dropping any single state-changing call from the ground truth changes the
   final environment state; a call whose removal leaves the final state as it was is
   redundant and the candidate is rejected naming it;
+- ``plain_request``: no request carries call syntax (a call, a JSON object, a function's
+  identifier; ``wording.py``);
+- ``same_action``: no request asks for the opposite of its calls ("remove" for
+  ``add_to_watchlist``; ``wording.py``);
 - ``intent_matches``: the task's text is closer to the functions it calls (name and
   description) than to most other functions the environment offers (all-MiniLM-L6-v2
   embeddings, or the n-gram cosine without the model; ``coevolve.shared.similarity``).
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from coevolve.services.judge.wording import call_syntax, opposite_action
 from coevolve.shared.argument_values import salient_values, scalars
 from coevolve.shared.envs import Environment
 from coevolve.shared.messages import Task, ToolCall
@@ -497,6 +502,37 @@ def check_description_covered(task: Task, trace: CallTrace) -> CheckResult:
     return CheckResult("covers_description", passed, reasons, details)
 
 
+def offered_names(trace: CallTrace) -> list[str]:
+    return [str(tool.get("function", tool).get("name", "")) for tool in trace.tools]
+
+
+def check_plain_request(task: Task, trace: CallTrace) -> CheckResult:
+    """Every request is plain English: no call, JSON object or function identifier."""
+    offered = offered_names(trace)
+    found = [(turn, call_syntax(request, offered)) for turn, request in enumerate(task.user_turns)]
+    syntax = [(turn, found_in) for turn, found_in in found if found_in]
+    reasons = [
+        f"request {turn} is written as code, not as a user would ask: {', '.join(items[:3])}"
+        for turn, items in syntax
+    ]
+    return CheckResult("plain_request", not syntax, reasons, {"turns_with_syntax": len(syntax)})
+
+
+def check_same_action(task: Task, trace: CallTrace) -> CheckResult:
+    """No request asks for the opposite of what its turn's calls do."""
+    offered = offered_names(trace)
+    reasons = []
+    for traced in trace.calls:
+        if traced.turn >= len(task.user_turns):
+            continue
+        said = opposite_action(task.user_turns[traced.turn], traced.call.name, offered)
+        if said is not None:
+            reasons.append(
+                f"request {traced.turn} asks to {said!r} but its call is {traced.call.name}"
+            )
+    return CheckResult("same_action", not reasons, reasons)
+
+
 def json_text(value: Any) -> str:
     return " ".join(str(v) for v in scalars(value))
 
@@ -516,6 +552,8 @@ def semantic_checks(
     trace = trace_calls(task, make_env)
     results: list[CheckResult] = []
     if relevance:
+        results.append(check_plain_request(task, trace))
+        results.append(check_same_action(task, trace))
         results.append(check_arguments_named(task, trace))
         results.append(check_description_covered(task, trace))
     if minimality:

@@ -62,12 +62,57 @@ def test_ground_truth_turns_pass_every_check() -> None:
         task = turn(task_id)
         results = semantic_checks(task, bfcl, backend="ngram")
         assert [r.name for r in results] == [
+            "plain_request",
+            "same_action",
             "names_arguments",
             "covers_description",
             "minimal",
             "intent_matches",
         ]
         assert all(r.passed for r in results), (task_id, [r.reasons for r in results])
+
+
+WATCH_NVDA = [ToolCall(name="add_to_watchlist", arguments={"stock": "NVDA"})]
+
+
+def failed_checks(task: Task) -> dict[str, list[str]]:
+    return {r.name: r.reasons for r in semantic_checks(task, bfcl, backend="ngram") if not r.passed}
+
+
+def test_a_request_written_as_a_call_is_rejected() -> None:
+    """A task a default run accepted: a call and a log line for a request, and a value
+    (Zeta Corp) the call does not use."""
+    task = with_request(
+        with_calls(turn(STOCK), WATCH_NVDA),
+        """remove_from_watchlist({"stock": "Zeta Corp"}) Details: stock 'NVDA'.""",
+    )
+    failed = failed_checks(task)
+    assert "plain_request" in failed
+    assert "remove_from_watchlist" in failed["plain_request"][0]
+
+
+def test_a_request_for_the_opposite_of_its_call_is_rejected() -> None:
+    task = with_request(
+        with_calls(turn(STOCK), WATCH_NVDA), "Please remove NVDA from my stock watchlist."
+    )
+    failed = failed_checks(task)
+    assert list(failed) == ["same_action"]
+    assert "'remove'" in failed["same_action"][0]
+    fixed = with_request(task, "Please add NVDA to my stock watchlist.")
+    assert failed_checks(fixed) == {}
+
+
+@pytest.mark.parametrize(
+    "request_text",
+    [
+        "Add NVDA to my watchlist with add_to_watchlist.",
+        'Add {"stock": "NVDA"} to my watchlist.',
+        "Call get_stock_info() and then add NVDA to my watchlist.",
+    ],
+)
+def test_call_syntax_in_any_form_is_found(request_text: str) -> None:
+    task = with_request(with_calls(turn(STOCK), WATCH_NVDA), request_text)
+    assert "plain_request" in failed_checks(task)
 
 
 def test_a_redundant_state_changing_call_is_named() -> None:

@@ -53,7 +53,14 @@ def judge(task: Task, **config: Any) -> tuple[Any, int]:
 def test_a_sound_candidate_passes_the_checks_and_reaches_the_llm() -> None:
     judged, asked = judge(train_turn("multi_turn_base_2#t0"), llm_judge=True)
     assert judged.outcome == "accepted" and asked == 1
-    for name in ("names_arguments", "covers_description", "minimal", "intent_matches"):
+    for name in (
+        "plain_request",
+        "same_action",
+        "names_arguments",
+        "covers_description",
+        "minimal",
+        "intent_matches",
+    ):
         assert judged.verdict.criteria[name] is True
 
 

@@ -1,0 +1,83 @@
+"""How a request is worded: plain English, asking for what its calls do.
+
+Two faults of synthesized requests that the other checks let through:
+
+- call syntax: ``remove_from_watchlist({"stock": "Zeta Corp"})``, a JSON object, a
+  function's identifier. A user does not write these, and a policy trained on them
+  learns to read code, not requests. Identifiers are only those with an underscore or an
+  inner capital (``add_to_watchlist``, ``lockDoors``): one-word functions (``cd``,
+  ``sort``, ``touch``) are ordinary words in a request.
+- the opposite action: the request says "remove" (and never "add") while its call is
+  ``add_to_watchlist``, in an environment that offers a function that removes. Its
+  salient values may all be named, and its text is still close to the called function.
+
+On the 731 per-turn tasks of BFCL's multi_turn_base, call syntax flags none and the
+opposite action one (a turn whose ground truth cancels a booking it never mentions).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+# (one action's verbs, the opposite action's verbs); a function's action is the first
+# word of its name
+OPPOSITE_ACTIONS: tuple[tuple[frozenset[str], frozenset[str]], ...] = tuple(
+    (frozenset(these), frozenset(those))
+    for these, those in (
+        ({"add", "include", "insert", "put"}, {"remove", "delete", "drop"}),
+        ({"follow"}, {"unfollow"}),
+        ({"lock"}, {"unlock"}),
+        ({"press"}, {"release"}),
+        ({"book", "reserve"}, {"cancel"}),
+        ({"place", "buy", "purchase"}, {"cancel", "sell"}),
+        ({"fund", "deposit"}, {"withdraw"}),
+        ({"create", "open"}, {"close", "delete"}),
+        ({"login"}, {"logout"}),
+        ({"start"}, {"stop"}),
+    )
+)
+
+# a name directly followed by parentheses that are empty or hold arguments (=, :, quotes,
+# brackets): ``f()``, ``cd(folder='x')``; not "file(s)" nor "Nvidia (NVDA)"
+_CALL = re.compile(r"\b[A-Za-z_]\w*\((?:\s*|[^()]*[=:{\[\"'][^()]*)\)")
+_JSON_OBJECT = re.compile(r"\{\s*[\"']\w+[\"']\s*:")
+_WORD = re.compile(r"[a-z]+")
+
+
+def name_words(function: str) -> list[str]:
+    """``add_to_watchlist`` -> [add, to, watchlist]; ``lockDoors`` -> [lock, doors]."""
+    return [w for w in re.sub(r"([a-z])([A-Z])", r"\1_\2", function).lower().split("_") if w]
+
+
+def is_identifier(function: str) -> bool:
+    return "_" in function or re.search(r"[a-z][A-Z]", function) is not None
+
+
+def call_syntax(request: str, functions: Iterable[str]) -> list[str]:
+    """What in ``request`` is call syntax (a call, a JSON object, a function's
+    identifier); [] for plain English."""
+    found = [match.group(0)[:60] for match in _CALL.finditer(request)]
+    found += [match.group(0) for match in _JSON_OBJECT.finditer(request)]
+    found += [
+        name
+        for name in functions
+        if is_identifier(name) and re.search(rf"\b{re.escape(name)}\b", request)
+    ]
+    return list(dict.fromkeys(found))
+
+
+def opposite_action(request: str, called: str, offered: Sequence[str]) -> str | None:
+    """The opposite verb ``request`` uses for the call of ``called`` (it says "remove",
+    never "add", for ``add_to_watchlist``, and the environment offers a function of the
+    opposite action); None when the request does not ask for the opposite."""
+    words = set(_WORD.findall(request.lower()))
+    action = name_words(called)[:1]
+    offered_actions = {name_words(name)[0] for name in offered if name_words(name)}
+    for these, those in (*OPPOSITE_ACTIONS, *((b, a) for a, b in OPPOSITE_ACTIONS)):
+        if not action or action[0] not in these or words & these:
+            continue
+        said = sorted(words & those)
+        if said and offered_actions & those:
+            return said[0]
+    return None
