@@ -8,10 +8,13 @@ and held-out sets with different numbers, so a step costs seconds on a CPU inste
 minute. Held-out success is one greedy episode per task (reward 1.0 = BFCL's checker
 accepts it). Writes ``result.json`` and ``learning.png`` under ``RUN_DIR/bench/learning-*``.
 
-The question it answers: does GRPO add held-out success on top of a warm start that alone
-has reached its plateau? The warm start runs epoch by epoch until success on the train
-tasks stops rising (``sft_patience``); that policy is frozen as the KL reference and GRPO
-trains a fresh adapter on top. Each training seed (same tasks, other shuffles, samples and
+The question it answers: does GRPO raise held-out success above the policy it starts
+from? The warm start runs epoch by epoch (``sft_epochs``), stopping early once success on
+the train tasks stops rising for ``sft_patience`` epochs; that policy is frozen as the KL
+reference and GRPO trains a fresh adapter on top. ``FULL`` stops the warm start after two
+epochs, where it solves some train tasks but not all, so GRPO's groups have mixed rewards
+and held-out success has room to rise either way (run to its plateau, the warm start left
+GRPO nothing to learn from). Each training seed (same tasks, other shuffles, samples and
 adapter initialisation) writes ``seed-<n>.json`` (a finished seed is not run again, so an
 interrupted benchmark resumes), and the paired differences GRPO - warm start are
 aggregated with a 95% t-interval over seeds and a pooled per-task count.
@@ -73,12 +76,12 @@ QUICK = Setup(
     sft_patience=0,
     seeds=2,
 )
-# The warm start runs to its plateau (up to ``sft_epochs``; three epochs reached 0.58
-# held-out before); K=8 makes mixed-reward groups likely from there.
+# A short warm start (two epochs: mixed-reward groups, room to rise on held-out), then
+# 12 GRPO steps of 2 tasks x K=8 at the rollout's 128-token budget.
 FULL = Setup(
     train_tasks=24,
     heldout_tasks=24,
-    sft_epochs=6,
+    sft_epochs=2,
     sft_batch_size=4,
     sft_lr=2e-4,
     grpo_steps=12,

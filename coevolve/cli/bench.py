@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -44,6 +45,15 @@ def bench(
             help="Training seeds of the benchmarks that repeat over seeds (learning).", min=1
         ),
     ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="An earlier run directory of a benchmark that resumes (learning: its "
+            "finished seeds are read back, the others run).",
+            exists=True,
+            file_okay=False,
+        ),
+    ] = None,
     json_output: JsonOption = False,
 ) -> None:
     """Run a benchmark and print its table; --json adds one JSON object as the last line."""
@@ -56,12 +66,16 @@ def bench(
         typer.echo(f"error: benchmark {name!r} is not available in this build: {exc}", err=True)
         raise typer.Exit(1) from exc
     options: dict[str, Any] = {"quick": quick}
-    for option, value in (("minutes", minutes), ("seeds", seeds)):
+    for option, parameter, value in (
+        ("minutes", "minutes", minutes),
+        ("seeds", "seeds", seeds),
+        ("resume", "run_dir", resume),
+    ):
         if value is None:
             continue
-        if option not in inspect.signature(module.run).parameters:
+        if parameter not in inspect.signature(module.run).parameters:
             raise typer.BadParameter(f"benchmark {name!r} does not take --{option}")
-        options[option] = value
+        options[parameter] = value
     result: dict[str, Any] = module.run(**options)
     if json_output:
         typer.echo(json.dumps(result))

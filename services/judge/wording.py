@@ -3,10 +3,11 @@
 Two faults of synthesized requests that the other checks let through:
 
 - call syntax: ``remove_from_watchlist({"stock": "Zeta Corp"})``, a JSON object, a
-  function's identifier. A user does not write these, and a policy trained on them
-  learns to read code, not requests. Identifiers are only those with an underscore or an
-  inner capital (``add_to_watchlist``, ``lockDoors``): one-word functions (``cd``,
-  ``sort``, ``touch``) are ordinary words in a request.
+  function's identifier, a function's name with only a "Details:" clause
+  (``touch Details: file name 'notes.md'.``). A user does not write these, and a policy
+  trained on them learns to read code, not requests. Identifiers are only those with an
+  underscore or an inner capital (``add_to_watchlist``, ``lockDoors``): one-word
+  functions (``cd``, ``sort``, ``touch``) are ordinary words in a request.
 - the opposite action: the request says "remove" (and never "add") while its call is
   ``add_to_watchlist``, in an environment that offers a function that removes. Its
   salient values may all be named, and its text is still close to the called function.
@@ -43,6 +44,9 @@ OPPOSITE_ACTIONS: tuple[tuple[frozenset[str], frozenset[str]], ...] = tuple(
 _CALL = re.compile(r"\b[A-Za-z_]\w*\((?:\s*|[^()]*[=:{\[\"'][^()]*)\)")
 _JSON_OBJECT = re.compile(r"\{\s*[\"']\w+[\"']\s*:")
 _WORD = re.compile(r"[a-z]+")
+# the abstractor's completion appends the values a request leaves out as "Details: ..."
+_DETAILS = re.compile(r"\bDetails:.*$", re.DOTALL)
+MIN_PLAIN_WORDS = 2  # "What's inside?" is a BFCL request
 
 
 def name_words(function: str) -> list[str]:
@@ -59,11 +63,16 @@ def call_syntax(request: str, functions: Iterable[str]) -> list[str]:
     identifier); [] for plain English."""
     found = [match.group(0)[:60] for match in _CALL.finditer(request)]
     found += [match.group(0) for match in _JSON_OBJECT.finditer(request)]
+    names = list(functions)
     found += [
         name
-        for name in functions
+        for name in names
         if is_identifier(name) and re.search(rf"\b{re.escape(name)}\b", request)
     ]
+    asked = _DETAILS.sub("", request)
+    plain = [w for w in re.findall(r"[A-Za-z][a-z']*", asked) if w not in names]
+    if len(plain) < MIN_PLAIN_WORDS:
+        found.append(f"{len(plain)} plain words before its details")
     return list(dict.fromkeys(found))
 
 

@@ -4,9 +4,9 @@
   include one >= ``threshold`` while the current score is < ``threshold``.
 - boundary: within one group some reward is > ``threshold`` and some is < ``threshold``.
 - rare: a pattern of the group occurs in under ``rare_theta`` of all patterns of its order
-  counted so far (this group included). Patterns are the names of executed calls (order 1)
-  and adjacent pairs of them within a trajectory (order 2); refused calls do not count. Nothing fires before
-  ``rare_min_actions`` function calls have been counted.
+  counted so far (this group included). Patterns are the names of executed calls (order
+  1) and adjacent pairs of them within a trajectory (order 2); refused calls do not
+  count. Nothing fires before ``rare_min_actions`` function calls have been counted.
 - uncertainty: a trajectory's mean token entropy (the mean of its per-turn means in
   ``Trajectory.entropies``) is above the ``uncertainty_quantile`` of
   the trajectory entropies seen before this group (once ``uncertainty_min_samples`` have

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,3 +49,25 @@ def test_one_seed_has_no_interval() -> None:
     summary = paired_summary([seed_result(0, [0, 0], [1, 0])])
     assert summary["difference_ci95"] is None
     assert summary["difference_mean"] == pytest.approx(0.5)
+
+
+def test_bench_resume_reads_finished_seeds_back(tmp_path: Path) -> None:
+    """``coevolve bench learning --resume DIR`` runs no seed that DIR already holds."""
+    from typer.testing import CliRunner
+
+    from coevolve.cli import app
+
+    curve = [[0, 0.5], [12, 0.75]]
+    for seed, (warm, final) in enumerate([([1, 0], [1, 1]), ([0, 0], [1, 0])]):
+        result = {**seed_result(seed, warm, final), "curve": curve, "heldout_success_base": 0.0}
+        (tmp_path / f"seed-{seed}.json").write_text(json.dumps(result))
+    outcome = CliRunner().invoke(
+        app, ["bench", "learning", "--resume", str(tmp_path), "--seeds", "2", "--json"]
+    )
+    assert outcome.exit_code == 0, outcome.output
+    summary = json.loads(outcome.output.strip().splitlines()[-1])
+    assert summary["run_dir"] == str(tmp_path)
+    assert summary["grpo_minus_warm_start"] == pytest.approx(0.5)
+    assert summary["tasks_gained"] == 2 and summary["tasks_lost"] == 0
+    refused = CliRunner().invoke(app, ["bench", "judge", "--resume", str(tmp_path)])
+    assert refused.exit_code != 0 and "does not take --resume" in refused.output

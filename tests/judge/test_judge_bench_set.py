@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import itertools
 
-from coevolve.bench.judge import ALL_CORRUPTIONS, labelled_set
+from coevolve.bench.judge import (
+    ALL_CORRUPTIONS,
+    deterministic_pass,
+    deterministic_stages,
+    labelled_set,
+)
 from coevolve.shared.envs.bfcl.tasks import split_of
 
 
@@ -26,6 +31,12 @@ def test_each_negative_differs_from_its_positive_by_one_corruption() -> None:
             assert task.user_turns != source.user_turns and after == before
             assert item.note.startswith("query of multi_turn_base_")
             continue
+        if item.kind == "written_as_call":
+            assert after == before and before[0].name in task.user_turns[0]
+            continue
+        if item.kind == "unused_value":
+            assert after == before and task.user_turns[0].startswith(source.user_turns[0])
+            continue
         assert task.user_turns == source.user_turns
         if item.kind == "dropped_call":
             assert len(after) == len(before) - 1
@@ -37,7 +48,7 @@ def test_each_negative_differs_from_its_positive_by_one_corruption() -> None:
             changed = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
             assert len(changed) == 1
             old, new = changed[0]
-            if item.kind == "wrong_function":
+            if item.kind in ("wrong_function", "opposite_function"):
                 assert old.name != new.name
             else:
                 assert old.name == new.name and old.arguments != new.arguments
@@ -47,3 +58,14 @@ def test_the_set_is_the_same_on_every_build() -> None:
     first, _ = labelled_set(4)
     second, _ = labelled_set(4)
     assert [(i.kind, i.task) for i in first] == [(i.kind, i.task) for i in second]
+
+
+def test_the_errors_synthesis_made_are_in_the_set_and_rejected() -> None:
+    """Each new kind applies to some turns and the judge's deterministic stages reject it."""
+    items, _ = labelled_set(12, seed=5)
+    kinds = {"written_as_call", "opposite_function", "unused_value"}
+    made = [i for i in items if i.kind in kinds]
+    assert {i.kind for i in made} == kinds
+    for item in made:
+        outcome = deterministic_stages(item, "ngram")
+        assert not deterministic_pass(outcome), (item.kind, item.note, outcome.passed)

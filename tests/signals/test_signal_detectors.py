@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
-import msgspec
 from signal_groups import TASK, group, trajectory
 
 from coevolve.services.signal_monitor.detectors import (
