@@ -146,13 +146,32 @@ def wrong_function(
             continue
         used = {c.name for c in calls}
         options = [d for d in function_docs(class_name) if d.name not in used]
-        rng.shuffle(options)
-        for doc in options:
-            replacement = _filled_call(doc.name, doc.required, original, pool, rng)
-            if replacement is not None:
-                swapped = [*calls[:position], replacement, *calls[position + 1 :]]
-                note = f"{original.name} -> {doc.name}"
-                return Labelled(_with_calls(task, swapped, "wf"), "wrong_function", task.id, note)
+        swapped = _swap_in(task, position, options, pool, rng, "wrong_function", "wf")
+        if swapped is not None:
+            return swapped
+    return None
+
+
+def _swap_in(
+    task: Task,
+    position: int,
+    options: list[Any],
+    pool: dict[tuple[str, str], list[Any]],
+    rng: random.Random,
+    kind: str,
+    suffix: str,
+) -> Labelled | None:
+    """Call ``position`` replaced by the first of ``options`` (function docs, shuffled)
+    whose required parameters can be filled; None when none can."""
+    calls = task.ground_truth[0]
+    original = calls[position]
+    rng.shuffle(options)
+    for doc in options:
+        replacement = _filled_call(doc.name, doc.required, original, pool, rng)
+        if replacement is not None:
+            swapped = [*calls[:position], replacement, *calls[position + 1 :]]
+            note = f"{original.name} -> {doc.name}"
+            return Labelled(_with_calls(task, swapped, suffix), kind, task.id, note)
     return None
 
 
@@ -197,15 +216,9 @@ def opposite_function(
         options = [
             d for d in function_docs(class_name) if set(name_words(d.name)[:1]) & opposite_verbs
         ]
-        rng.shuffle(options)
-        for doc in options:
-            replacement = _filled_call(doc.name, doc.required, original, pool, rng)
-            if replacement is not None:
-                swapped = [*calls[:position], replacement, *calls[position + 1 :]]
-                note = f"{original.name} -> {doc.name}"
-                return Labelled(
-                    _with_calls(task, swapped, "of"), "opposite_function", task.id, note
-                )
+        swapped = _swap_in(task, position, options, pool, rng, "opposite_function", "of")
+        if swapped is not None:
+            return swapped
     return None
 
 

@@ -38,6 +38,16 @@ from coevolve.shared.envs import Environment
 from coevolve.shared.messages import Task, ToolCall
 from coevolve.shared.similarity import Backend, NearDuplicateIndex
 
+# The criteria semantic_checks reports, in its order (all checks enabled).
+SEMANTIC_CRITERIA: tuple[str, ...] = (
+    "plain_request",
+    "same_action",
+    "names_arguments",
+    "covers_description",
+    "minimal",
+    "intent_matches",
+)
+
 # What ends a turn in a traced run: an assistant message without a tool call.
 END_OF_TURN = "Done."
 

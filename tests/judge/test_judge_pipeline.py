@@ -8,6 +8,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from coevolve.services.judge.checks import SEMANTIC_CRITERIA
 from coevolve.services.judge.handler import JudgeConfig, JudgeDeps, judge_candidate
 from coevolve.shared.envs.bfcl.tasks import suite_tasks
 from coevolve.shared.llm import LLMResponse, RoleLLM, RoleSettings
@@ -53,14 +54,7 @@ def judge(task: Task, **config: Any) -> tuple[Any, int]:
 def test_a_sound_candidate_passes_the_checks_and_reaches_the_llm() -> None:
     judged, asked = judge(train_turn("multi_turn_base_2#t0"), llm_judge=True)
     assert judged.outcome == "accepted" and asked == 1
-    for name in (
-        "plain_request",
-        "same_action",
-        "names_arguments",
-        "covers_description",
-        "minimal",
-        "intent_matches",
-    ):
+    for name in SEMANTIC_CRITERIA:
         assert judged.verdict.criteria[name] is True
 
 
