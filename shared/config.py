@@ -10,6 +10,7 @@ Precedence (last wins): defaults in this module < ``coevolve.yaml`` (``--config`
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -22,12 +23,15 @@ from coevolve.shared.envs.rendering import (
     ToolRendering,
     configure_tool_rendering,
 )
+from coevolve.shared.subjects import SERVICES
 
 DEFAULT_RUN_DIR = Path("runs/default")
 # the policy's inference engines: llama.cpp (CPU), torch + peft in process, vLLM (GPUs)
 EngineKind = Literal["llama_cpp", "transformers", "vllm"]
 ENGINE_KINDS: tuple[EngineKind, ...] = ("llama_cpp", "transformers", "vllm")
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+# the section of the LLM roles (summarizer, explorer, abstractor, judge) under services:
+LLM_SECTION = "llm"
 
 S = TypeVar("S", bound=msgspec.Struct)
 
@@ -130,11 +134,26 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         settings = msgspec.convert(raw, Settings, strict=False, dec_hook=_decode_path)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"configuration: {exc}") from exc
+    check_service_sections(settings.services)
     settings.run_dir = settings.run_dir.expanduser().resolve()
     if settings.bus.credentials_dir is None and (settings.run_dir / NATS_CREDENTIALS_DIR).is_dir():
         settings.bus.credentials_dir = str(settings.run_dir / NATS_CREDENTIALS_DIR)
     configure_tool_rendering(settings.tool_rendering)
     return settings
+
+
+def check_service_sections(services: dict[str, Any]) -> None:
+    """A section under ``services:`` that no service reads (``rolout:``) is an error, not
+    silently ignored, with the nearest known name as a hint."""
+    known = (*SERVICES, LLM_SECTION)
+    for name in services:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"services.{name}: no such section{hint}; the sections are {', '.join(known)}"
+        )
 
 
 def _decode_path(kind: type, value: Any) -> Any:
