@@ -42,7 +42,8 @@ class Scalar:
 
 @dataclass(frozen=True)
 class TaskRow:
-    created_at: float
+    # when the task joined the pool: the time of the verdict that added it (a seed task: 0)
+    added_at: float
     origin: str
 
 
@@ -95,7 +96,7 @@ class RunData:
         """Time zero of the plots: when ``up`` started, else the earliest event seen."""
         if self.started_at is not None:
             return self.started_at
-        times = [t.created_at for t in self.tasks if t.created_at > 0]
+        times = [t.added_at for t in self.tasks if t.added_at > 0]
         times += [v.created_at for v in self.verdicts]
         times += [g.recorded_at for g in self.groups]
         times += [s.start_s for s in self.spans]
@@ -130,7 +131,7 @@ class RunData:
 
     def duration_s(self) -> float:
         """From time zero to the last event seen."""
-        times = [t.created_at for t in self.tasks if t.created_at > 0]
+        times = [t.added_at for t in self.tasks if t.added_at > 0]
         times += [v.created_at for v in self.verdicts]
         times += [g.recorded_at for g in self.groups]
         times += [s.start_s + s.seconds for s in self.spans]
@@ -185,10 +186,14 @@ def _load_pool(data: RunData) -> None:
         return
     try:
         with readable_pool(path) as db:
+            # one clock for every pool event: the judge's verdict time (a task's own
+            # created_at is when the abstractor drafted it, before any verdict)
             data.tasks = [
                 TaskRow(float(at), str(origin))
                 for at, origin in db.execute(
-                    "SELECT created_at, origin FROM tasks ORDER BY created_at"
+                    "SELECT coalesce(min(v.created_at), t.created_at) AS added_at, t.origin "
+                    "FROM tasks t LEFT JOIN verdicts v ON v.pool_task_id = t.id AND v.added "
+                    "GROUP BY t.id, t.origin, t.created_at ORDER BY added_at"
                 ).fetchall()
             ]
             data.verdicts = [

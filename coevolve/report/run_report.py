@@ -67,7 +67,7 @@ def summarize_run(data: RunData) -> RunSummary:
     uniform = [g.uniform for g in data.groups]
     signal_times = [t for t, _ in data.signal_events()]
     accepted = [v for v in data.verdicts if v.accepted]
-    grown = [t.created_at for t in data.tasks if t.origin != "seed" and t.created_at > 0]
+    grown = [t.added_at for t in data.tasks if t.origin != "seed" and t.added_at > 0]
     trained_at = [p.wall_time for p in data.scalars.get("learner/trained", []) if p.value > 0]
     first = {
         "policy v1 (warm start)": data.policy_files.get(1),
@@ -207,7 +207,7 @@ def plot_signals(data: RunData, path: Path) -> Path:
 def plot_pool(data: RunData, path: Path) -> Path:
     figure, (size, growth) = plots.panels(2)
     end = data.minutes(data.origin + data.duration_s())
-    times = [data.minutes(t.created_at) for t in data.tasks]
+    times = [data.minutes(t.added_at) for t in data.tasks]
     plots.lines(
         size,
         {"all origins": plots.cumulative(times, end=end)} if times else {},
@@ -218,7 +218,7 @@ def plot_pool(data: RunData, path: Path) -> Path:
     by_origin: dict[str, list[float]] = {}
     for task in data.tasks:
         if task.origin != "seed":
-            by_origin.setdefault(task.origin, []).append(data.minutes(task.created_at))
+            by_origin.setdefault(task.origin, []).append(data.minutes(task.added_at))
     plots.lines(
         growth,
         {o: plots.cumulative(t, end=end) for o, t in sorted(by_origin.items())},

@@ -80,7 +80,7 @@ def synthetic_run(tmp_path: Path) -> SyntheticRun:
             task = make_task(
                 number,
                 origin="synthesized",
-                created_at=T0 + at,
+                created_at=T0 + at - 30,  # the abstractor drafts it before the verdict
                 lineage=Lineage(signal_kind=kind, signal_id=f"sig-{number}"),
             )
             store.record_verdict(

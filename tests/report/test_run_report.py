@@ -32,6 +32,9 @@ def test_summary_counts_what_the_run_wrote(synthetic_run: SyntheticRun) -> None:
     assert summary.top_reasons == [("ground truth fails", 2), ("duplicate of a pool task", 1)]
     assert summary.first_minutes["first signal"] == 1.5
     assert summary.first_minutes["first accepted task"] == 100 / 60
+    # one clock: a task joins the pool with the verdict that accepts it, never before
+    assert summary.first_minutes["first task added"] == 100 / 60
+    assert summary.first_minutes["first verdict"] == 100 / 60
     assert summary.first_minutes["first GRPO step"] == 1.0
     assert summary.stage_seconds["learner: training steps"] == 61.0
     assert summary.stage_seconds["explorer: process coevolve.signals.boundary"] == 40.0
