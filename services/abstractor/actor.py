@@ -1,25 +1,26 @@
 """abstractor: explorations in, task candidates out (``coevolve.candidates``).
 
-One LLM call per exploration (``candidate_schema``: with ``constrain_calls`` each call is
-constrained to a function the environment offers) returns up to ``max_tasks`` drafts. A
-draft is dropped, with a counted reason, when it
+Code picks the calls (``call_units.py``): each round of the exploration gives at most one
+unit, its successful calls replayed from the start state and cut to the minimal sequence
+(a question of one call when none changes the state), at most ``max_tasks`` units. For
+each unit one LLM call writes the user's request and a description
+(``request_schema``), so the calls of a candidate are always calls the exploration made,
+never ones the LLM invented. A unit is dropped, with a counted reason, when
 
-- is malformed or calls a function that does not exist (``draft_problems``):
-  ``malformed_draft`` / ``unknown_function``;
-- asks what an evaluation query asks (the eval ``LeakGuard``): ``eval_leak``;
-- asks nothing new: every user turn of at least ``MIN_WORDS`` words is within
+- no call of the exploration replays: ``no_calls``;
+- its request is malformed (empty, under three plain words, a function's name):
+  ``malformed_request``;
+- it asks what an evaluation query asks (the eval ``LeakGuard``): ``eval_leak``;
+- it asks nothing new: every user turn of at least ``MIN_WORDS`` words is within
   ``dedup_threshold`` of a user turn already in the pool, or of a candidate this instance
   published since its last look at the pool: ``near_duplicate``.
 
-Before those checks a usable draft is repaired against the exploration log: calls that
-only failed there are dropped, and the step that produced a token or id one of its calls
-uses is put back before that call (``log_repairs.py``); then each request gets the
-argument values it leaves out (``completion.py``).
-
-Survivors become :class:`TaskCandidate` s with ids derived from the exploration id and the
-draft's position, their lineage filled by ``draft_to_task``. The pool's user turns are
-fetched from pool-store (one ``SampleBatch`` per origin, capped at ``dedup_pool_limit``)
-every ``dedup_refresh_s``; without pool-store the exploration is retried later.
+Before those checks each request gets the argument values it leaves out
+(``completion.py``). Survivors become :class:`TaskCandidate` s with ids derived from the
+exploration id and the unit's position, their lineage filled by ``unit_task``. The pool's
+user turns are fetched from pool-store (one ``SampleBatch`` per origin, capped at
+``dedup_pool_limit``) every ``dedup_refresh_s``; without pool-store the exploration is
+retried later.
 
 The work is ``handler.abstract`` (no bus); this actor publishes the candidates it returns
 and reports the counts.
@@ -96,10 +97,9 @@ class AbstractorActor(Actor):
     async def on_exploration(self, exploration: Exploration, _: Delivery) -> None:
         assert self._deps is not None
         result = await abstract(exploration, self._deps)
-        if result.rejection is not None:
+        for rejection in result.rejections:
             about = f"exploration {exploration.id}"
-            await report_rejection(self.metric, "abstractor", self.outputs, result.rejection, about)
-            return
+            await report_rejection(self.metric, "abstractor", self.outputs, rejection, about)
         for reason, _detail in result.dropped:
             self.dropped[reason] += 1
             await self.metric("drafts_dropped", self.dropped[reason], reason=reason)
@@ -117,7 +117,7 @@ class AbstractorActor(Actor):
             self.candidates += 1
             await self.metric("candidates", self.candidates)
         log.info(
-            "exploration %s: %d drafts, %d candidates so far, dropped %s",
+            "exploration %s: %d call units, %d candidates so far, dropped %s",
             exploration.id,
             result.drafts,
             self.candidates,

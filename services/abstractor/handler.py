@@ -20,15 +20,14 @@ import anyio
 import msgspec
 from opentelemetry.trace import NoOpTracer, Tracer
 
+from coevolve.services.abstractor.call_units import CallUnit, call_units
 from coevolve.services.abstractor.completion import complete_requests
-from coevolve.services.abstractor.log_repairs import with_prerequisites, without_failed_calls
 from coevolve.services.abstractor.prompts import (
-    AbstractionOutput,
-    CandidateDraft,
-    abstraction_messages,
-    candidate_schema,
-    draft_problems,
-    draft_to_task,
+    RequestDraft,
+    request_messages,
+    request_problems,
+    request_schema,
+    unit_task,
 )
 from coevolve.shared.envs import make_environment
 from coevolve.shared.llm import RoleLLM
@@ -44,13 +43,9 @@ RECENT_TEXTS = 500
 
 
 class AbstractorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    # candidates per exploration: one per round with calls that replay (call_units.py)
     max_tasks: int = 2
-    max_turns: int = 3
-    max_tokens: int = 600
-    constrain_calls: bool = True
-    # drop calls that only failed in the exploration log; put back the step that produced
-    # a token or id a call uses (log_repairs.py)
-    repair_from_log: bool = True
+    max_tokens: int = 300
     # add the argument values a request leaves out as a "Details:" clause (completion.py)
     complete_values: bool = True
     dedup_threshold: float = 0.7
@@ -160,54 +155,53 @@ class AbstractorDeps:
 
 @dataclass
 class Abstraction:
-    drafts: int  # what the abstractor role proposed
+    drafts: int  # call units taken from the exploration, one request asked for each
     candidates: list[TaskCandidate] = field(default_factory=list)
-    dropped: list[tuple[str, str]] = field(default_factory=list)  # (reason, detail) a draft
-    rejection: Rejection | None = None  # the role's unusable output
+    dropped: list[tuple[str, str]] = field(default_factory=list)  # (reason, detail) a unit
+    rejections: list[Rejection] = field(default_factory=list)  # the role's unusable outputs
 
 
 async def abstract(exploration: Exploration, deps: AbstractorDeps) -> Abstraction:
-    """The candidates drafted from ``exploration`` that survive the checks (see the
-    service's docstring), in draft order. Each one's user turns join the de-duplication
-    texts, so later drafts (of this exploration and the next) are compared with it.
-    Raises ``LLMUnavailable``, and what the pool raises when it cannot be reached."""
+    """The candidates of ``exploration`` that survive the checks (see the service's
+    docstring), in round order: code picks each round's calls (``call_units``), the
+    abstractor role writes the request for them. Each candidate's user turns join the
+    de-duplication texts, so later ones (of this exploration and the next) are compared
+    with it. Raises ``LLMUnavailable``, and what the pool raises when it cannot be
+    reached."""
     config = deps.config
+    environment = exploration.task.environment
     tools = await anyio.to_thread.run_sync(tools_for, exploration.task)
-    with deps.tracer.start_as_current_span("abstractor abstract"):
-        outcome = await abstract_exploration(deps.llm, exploration, tools, config, deps.outputs)
-    if isinstance(outcome, Rejection):
-        return Abstraction(drafts=0, rejection=outcome)
-    await refresh_pool_queries(deps)
-    known = tool_names(tools)
-    result = Abstraction(drafts=len(outcome.tasks))
+    units = await anyio.to_thread.run_sync(
+        lambda: call_units(exploration, lambda: make_environment(environment), config.max_tasks)
+    )
+    result = Abstraction(drafts=len(units))
 
     def drop(reason: str, detail: str) -> None:
         result.dropped.append((reason, detail))
-        log.info("exploration %s: draft dropped (%s): %s", exploration.id, reason, detail)
+        log.info("exploration %s: dropped (%s): %s", exploration.id, reason, detail)
 
-    for _extra in outcome.tasks[config.max_tasks :]:
-        drop("over_limit", "more drafts than max_tasks")
-    for index, draft in enumerate(outcome.tasks[: config.max_tasks]):
-        unusable = unusable_draft(draft, known)
-        if unusable is not None:
-            drop(*unusable)
+    if not units:
+        drop("no_calls", "no call of the exploration replays from its start state")
+        return result
+    await refresh_pool_queries(deps)
+    known = tool_names(tools)
+    for index, unit in enumerate(units):
+        with deps.tracer.start_as_current_span("abstractor abstract"):
+            draft = await write_request(deps.llm, exploration, unit, tools, config, deps.outputs)
+        if isinstance(draft, Rejection):
+            result.rejections.append(draft)
             continue
-        task = draft_to_task(draft, exploration, index, signal_evidence=exploration.signal_evidence)
-        if config.repair_from_log:
-            task, dropped = without_failed_calls(task, exploration)
-            task, inserted = with_prerequisites(task, exploration)
-            if dropped or inserted:
-                log.info(
-                    "exploration %s: draft %d: %d failed calls dropped, %d producers put back",
-                    exploration.id,
-                    index,
-                    dropped,
-                    inserted,
-                )
+        problems = request_problems(draft, known)
+        if problems:
+            drop("malformed_request", "; ".join(problems))
+            continue
+        task = unit_task(
+            draft, unit, exploration, index, signal_evidence=exploration.signal_evidence
+        )
         if config.complete_values:
             task, added = await anyio.to_thread.run_sync(complete_requests, task)
             if added:
-                log.info("exploration %s: draft %d: %d values added", exploration.id, index, added)
+                log.info("exploration %s: unit %d: %d values added", exploration.id, index, added)
         leak = await leak_of(deps, task)
         if leak is not None:
             drop("eval_leak", leak)
@@ -270,37 +264,25 @@ def tools_for(task: Task) -> list[dict[str, Any]]:
         environment.close()
 
 
-async def abstract_exploration(
+async def write_request(
     llm: RoleLLM,
     exploration: Exploration,
+    unit: CallUnit,
     tools: list[dict[str, Any]],
     config: AbstractorConfig,
     counter: RejectionCounter,
-) -> AbstractionOutput | Rejection:
-    """The abstractor role's drafts for ``exploration`` (calls constrained to ``tools``
-    when ``config.constrain_calls``), or why its output is unusable (counted)."""
+) -> RequestDraft | Rejection:
+    """The abstractor role's request for ``unit``, or why its output is unusable
+    (counted)."""
     return await ask_structured(
         llm,
-        abstraction_messages(exploration, config.max_tasks),
-        AbstractionOutput,
-        schema=candidate_schema(
-            tools if config.constrain_calls else None,
-            max_tasks=config.max_tasks,
-            max_turns=config.max_turns,
-        ),
+        request_messages(exploration, unit, tools),
+        RequestDraft,
+        schema=request_schema(),
         max_tokens=config.max_tokens,
         temperature=llm.settings.temperature,
         counter=counter,
     )
-
-
-def unusable_draft(draft: CandidateDraft, known_functions: set[str]) -> tuple[str, str] | None:
-    """(drop reason, detail) when ``draft`` cannot become a task; None when it can."""
-    problems = draft_problems(draft, known_functions)
-    if not problems:
-        return None
-    reason = "unknown_function" if any("do not exist" in p for p in problems) else "malformed_draft"
-    return reason, "; ".join(problems)
 
 
 def eval_leak(guard: LeakGuard, task: Task) -> str | None:

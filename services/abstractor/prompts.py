@@ -1,11 +1,10 @@
-"""The abstractor's prompt: exploration tuples -> task candidates, and their JSON schema.
+"""The abstractor's prompt: a call unit in, the user's request for it out.
 
-The LLM reads the (history, action, observation) tuples of an exploration and returns up
-to a few tasks, each a description, the user turns, and per turn the minimal sequence of
-calls that completes it. The initial state is not the LLM's to invent: a candidate starts
-from the state the exploration started from. :func:`draft_problems` finds what makes a
-draft unusable (calls to functions that do not exist, turns without a matching action
-list), and :func:`draft_to_task` builds the candidate :class:`Task` with its lineage.
+The calls are chosen by code (``call_units.py``); the LLM reads them, what each function
+does and what each returned, and writes the one request a user would make to get exactly
+those calls done, with a one-sentence description. :func:`request_problems` finds what
+makes its answer unusable (an empty field, too few plain words, a function's name for a
+request), and :func:`unit_task` builds the candidate :class:`Task` with its lineage.
 """
 
 from __future__ import annotations
@@ -17,160 +16,87 @@ from typing import Any
 
 import msgspec
 
+from coevolve.services.abstractor.call_units import CallUnit
+from coevolve.shared.envs.rendering import compact_description
 from coevolve.shared.messages import (
     Exploration,
     Lineage,
     Origin,
     Task,
-    ToolCall,
     derived_id,
 )
-from coevolve.shared.structured import function_call_schema
 
 ChatMessages = list[dict[str, str]]
 
-MAX_TASKS = 3
-MAX_TURNS = 3
-MAX_CALLS_PER_TURN = 5
 MIN_REQUEST_WORDS = 3
-STEP_CHARS = 500
-EXPLORATION_CHARS = 5000
+OBSERVATION_CHARS = 300
+MAX_REQUEST_CHARS = 300
 
 
-class DraftTurn(msgspec.Struct, forbid_unknown_fields=True):
-    request: str
-    calls: list[ToolCall]
-
-
-class CandidateDraft(msgspec.Struct, forbid_unknown_fields=True):
-    """One drafted task. Each turn carries its request and its calls together, so the
-    grammar cannot produce more requests than call lists (a 0.5B model did, in 4 of 6
-    drafts of a default run)."""
+class RequestDraft(msgspec.Struct, forbid_unknown_fields=True):
+    """What the abstractor role writes for one call unit."""
 
     description: str
-    turns: list[DraftTurn]
-
-    @property
-    def user_turns(self) -> list[str]:
-        return [turn.request for turn in self.turns]
-
-    @property
-    def ground_truth(self) -> list[list[ToolCall]]:
-        return [list(turn.calls) for turn in self.turns]
+    request: str
 
 
-class AbstractionOutput(msgspec.Struct, forbid_unknown_fields=True):
-    tasks: list[CandidateDraft]
-
-
-def candidate_schema(
-    tools: Sequence[dict[str, Any]] | None = None,
-    *,
-    max_tasks: int = MAX_TASKS,
-    max_turns: int = MAX_TURNS,
-    max_calls_per_turn: int = MAX_CALLS_PER_TURN,
-) -> dict[str, Any]:
-    """Schema of :class:`AbstractionOutput`. With ``tools``, each call is constrained to
-    an existing function and its argument schema."""
-    call: dict[str, Any] = (
-        function_call_schema(list(tools))
-        if tools
-        else {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "minLength": 1, "maxLength": 64},
-                "arguments": {"type": "object"},
-            },
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-    )
-    turn = {
-        "type": "object",
-        "properties": {
-            "request": {"type": "string", "minLength": 1, "maxLength": 240},
-            "calls": {
-                "type": "array",
-                "items": call,
-                "minItems": 1,
-                "maxItems": max_calls_per_turn,
-            },
-        },
-        "required": ["request", "calls"],
-        "additionalProperties": False,
-    }
-    draft = {
-        "type": "object",
-        "properties": {
-            "description": {"type": "string", "minLength": 1, "maxLength": 200},
-            "turns": {"type": "array", "items": turn, "minItems": 1, "maxItems": max_turns},
-        },
-        "required": ["description", "turns"],
-        "additionalProperties": False,
-    }
+def request_schema() -> dict[str, Any]:
+    """Schema of :class:`RequestDraft`."""
     return {
         "type": "object",
         "properties": {
-            "tasks": {"type": "array", "items": draft, "minItems": 1, "maxItems": max_tasks}
+            "description": {"type": "string", "minLength": 1, "maxLength": 200},
+            "request": {"type": "string", "minLength": 1, "maxLength": MAX_REQUEST_CHARS},
         },
-        "required": ["tasks"],
+        "required": ["description", "request"],
         "additionalProperties": False,
     }
 
 
 ABSTRACTOR_SYSTEM = (
-    "You turn logs of an exploration of a software environment into training tasks for a "
-    "tool-using AI agent. Each task is what a user would ask, with the exact function calls "
-    "that accomplish it."
+    "You write what a user would ask an AI assistant that acts through function calls. "
+    "You are given the exact calls the assistant must make; you write the user's request "
+    "that these calls, and nothing else, accomplish."
 )
 
-ABSTRACTOR_INSTRUCTIONS = """Steps:
-1. Read the interaction tuples (action, observation) below.
-2. Find the goals the explorer actually accomplished: calls that succeeded and changed the \
-state or returned what a user would want.
-3. For each goal write a task: a one-sentence description and its turns; each turn is a \
-user request (phrased as a user would, with every value its calls need) and the minimal \
-list of calls that completes it.
+ABSTRACTOR_INSTRUCTIONS = """Write the user's request for exactly these calls:
+- plain English, as a person would say it; never a function name, code, JSON or a log line;
+- write out every argument value shown above (names, ids, amounts, file names), as a \
+person would say them;
+- ask for what the calls do, in their order, and nothing more; a call that only looks \
+something up, or logs in, may be implied by what follows it.
 
-Rules:
-- Keep goal-directed steps; leave out random or failed attempts.
-- Use only calls that succeeded in the log, with the same function names and arguments.
-- A request must contain every value its calls use; never rely on hidden information.
-- Prefer multi-step tasks that connect several operations over single trivial calls.
-- At most {max_tasks} tasks.
-
-Answer with one JSON object: "tasks", a list of tasks, each with "description" (one \
-sentence) and "turns": a list of {{"request": <the user's request>, "calls": [{{"name": \
-<function>, "arguments": {{<argument>: <value>}}}}, ...]}}.
-
-A request is plain English a person would say, never a function name or a log line."""
+Answer with one JSON object: {"description": <one sentence saying what the task is>, \
+"request": <the user's request>}."""
 
 
-def render_exploration(exploration: Exploration, max_chars: int = EXPLORATION_CHARS) -> str:
-    """The tuples round by round, one line each, cut to ``max_chars`` (later steps first
-    to go: the start of each round sets the scene)."""
-    lines: list[str] = []
-    for number, round_ in enumerate(exploration.rounds, start=1):
-        lines.append(f"Round {number}:")
-        for step_number, step in enumerate(round_.steps, start=1):
-            action = f"{step.action.name}({json.dumps(step.action.arguments, ensure_ascii=False)})"
-            observation = " ".join(step.observation.split())
-            line = f"  {step_number}. {action} -> {observation}"
-            lines.append(line if len(line) <= STEP_CHARS else line[: STEP_CHARS - 3] + "...")
-    text = "\n".join(lines)
-    return text if len(text) <= max_chars else text[: max_chars - 20] + "\n[... cut ...]"
+def describe_call(index: int, call_name: str, arguments: dict[str, Any], tool: Any) -> str:
+    what = compact_description(tool) if tool is not None else ""
+    values = ", ".join(f"{k} = {json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
+    lines = [f"{index}. {call_name}" + (f": {what}" if what else "")]
+    lines.append(f"   arguments: {values}" if values else "   arguments: none")
+    return "\n".join(lines)
 
 
-def abstraction_messages(exploration: Exploration, max_tasks: int = MAX_TASKS) -> ChatMessages:
-    """The abstractor's prompt (ask with :func:`candidate_schema`)."""
+def request_messages(
+    exploration: Exploration, unit: CallUnit, tools: Sequence[dict[str, Any]]
+) -> ChatMessages:
+    """The abstractor's prompt for one unit (ask with :func:`request_schema`)."""
+    by_name = {tool.get("function", tool).get("name"): tool for tool in tools}
     scenario = "\n".join(f"- {turn}" for turn in exploration.task.user_turns[:2])
-    goal = ""
-    if exploration.context is not None:
-        goal = f"\nThe exploration focused on: {'; '.join(exploration.context.focus_pattern)}\n"
+    steps = []
+    for index, (call, observation) in enumerate(
+        zip(unit.calls, unit.observations, strict=True), start=1
+    ):
+        steps.append(describe_call(index, call.name, call.arguments, by_name.get(call.name)))
+        returned = " ".join(observation.split())
+        if len(returned) > OBSERVATION_CHARS:
+            returned = returned[: OBSERVATION_CHARS - 3] + "..."
+        steps.append(f"   returned: {returned}")
     user = (
-        f"The environment started in the state of this scenario:\n{scenario}\n{goal}\n"
-        f"Exploration log:\n{render_exploration(exploration)}\n\n"
-        f"{ABSTRACTOR_INSTRUCTIONS.format(max_tasks=max_tasks)}"
+        f"The assistant works in the setting of this conversation:\n{scenario}\n\n"
+        f"The calls it will make, in order:\n" + "\n".join(steps) + "\n\n"
+        f"{ABSTRACTOR_INSTRUCTIONS}"
     )
     return [{"role": "system", "content": ABSTRACTOR_SYSTEM}, {"role": "user", "content": user}]
 
@@ -183,36 +109,31 @@ def request_words(request: str, functions: set[str]) -> list[str]:
     return [w for w in words if re.fullmatch(r"[A-Za-z][a-z']*", w) and w not in functions]
 
 
-def draft_problems(draft: CandidateDraft, known_functions: set[str]) -> list[str]:
-    """Why ``draft`` cannot become a task; [] when it can."""
+def request_problems(draft: RequestDraft, known_functions: set[str]) -> list[str]:
+    """Why ``draft`` cannot become a task's request; [] when it can."""
     problems: list[str] = []
     if not draft.description.strip():
         problems.append("empty description")
-    if not draft.user_turns or any(not turn.strip() for turn in draft.user_turns):
-        problems.append("missing or empty user turn")
-    elif any(
-        len(request_words(turn, known_functions)) < MIN_REQUEST_WORDS for turn in draft.user_turns
-    ):
+    if not draft.request.strip():
+        problems.append("empty request")
+    elif len(request_words(draft.request, known_functions)) < MIN_REQUEST_WORDS:
         problems.append(f"a request of fewer than {MIN_REQUEST_WORDS} plain words")
-    if not draft.turns or not all(turn.calls for turn in draft.turns):
-        problems.append("a turn without calls")
-    unknown = sorted({call.name for turn in draft.ground_truth for call in turn} - known_functions)
-    if unknown:
-        problems.append(f"calls functions that do not exist: {', '.join(unknown)}")
     return problems
 
 
-def draft_to_task(
-    draft: CandidateDraft,
+def unit_task(
+    draft: RequestDraft,
+    unit: CallUnit,
     exploration: Exploration,
     index: int,
     *,
     origin: Origin | None = None,
     signal_evidence: dict[str, Any] | None = None,
 ) -> Task:
-    """The candidate task: the draft's turns and calls, from the exploration's start state.
+    """The candidate task: the unit's calls as one turn with the written request, from the
+    exploration's start state.
 
-    Ids derive from the exploration id and the draft's position, so abstracting a
+    Ids derive from the exploration id and the unit's position, so abstracting a
     redelivered exploration yields the same ids. Guided explorations make "synthesized"
     tasks and unguided ones "explored" tasks unless ``origin`` says otherwise.
     """
@@ -232,9 +153,9 @@ def draft_to_task(
     return Task(
         id=derived_id("task", candidate_id),
         environment=source.environment,
-        user_turns=list(draft.user_turns),
+        user_turns=[draft.request.strip()],
         initial_state=source.initial_state,
-        ground_truth=[list(turn) for turn in draft.ground_truth],
+        ground_truth=[list(unit.calls)],
         env_config=source.env_config,
         origin=origin or ("synthesized" if exploration.mode == "guided" else "explored"),
         description=draft.description,

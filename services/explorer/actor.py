@@ -20,9 +20,13 @@ publishes what they return and reports the counts.
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter, deque
 from collections.abc import Sequence
 from typing import Any
+
+import anyio
+import msgspec
 
 from coevolve.services.explorer.handler import (
     Explored,
@@ -34,7 +38,7 @@ from coevolve.services.explorer.handler import (
 from coevolve.shared.actor import Actor, Consumer, Delivery
 from coevolve.shared.config import Settings
 from coevolve.shared.llm import RoleClients
-from coevolve.shared.messages import ExplorationRequest, Signal
+from coevolve.shared.messages import Exploration, ExplorationRequest, Signal
 from coevolve.shared.structured import RejectionCounter, report_rejection
 from coevolve.shared.subjects import (
     EXPLORATIONS,
@@ -112,6 +116,8 @@ class ExplorerActor(Actor):
             return
         await self.publish(EXPLORATIONS, exploration)
         self.handled.append(exploration.id)
+        if self.config.record:
+            await anyio.to_thread.run_sync(self._record, exploration)
         stats = explored.stats
         log.info(
             "exploration %s (%s, task %s): %d steps, %d failed calls",
@@ -123,6 +129,11 @@ class ExplorerActor(Actor):
         )
         await self._count("published")
         await self.metric("exploration_steps", stats.steps, mode=exploration.mode)
+
+    def _record(self, exploration: Exploration) -> None:
+        record = self.settings.path(f"{self.config.record}-{os.getpid()}.jsonl")
+        with record.open("ab") as file:
+            file.write(msgspec.json.encode(exploration) + b"\n")
 
     async def _count(self, outcome: str) -> None:
         self.outcomes[outcome] += 1

@@ -54,6 +54,9 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     on_context_rejection: Literal["explore", "drop"] = "explore"
     history_messages: int = 12
     concurrency: int = 1
+    # each published exploration as one JSON line in RUN_DIR/<record>-<pid>.jsonl: what
+    # synthesis was given, to run through abstractor and judge again offline (null: none)
+    record: str | None = "explorer/explorations"
 
 
 @dataclass

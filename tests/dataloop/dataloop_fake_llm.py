@@ -2,7 +2,7 @@
 
 Real HTTP (stdlib ``ThreadingHTTPServer``) answering ``POST /v1/chat/completions``. It
 tells the four roles apart by the JSON schema of the request's ``response_format``
-(summary -> summarizer, tasks -> abstractor, criteria -> judge, a function call ->
+(summary -> summarizer, request -> abstractor, criteria -> judge, a function call ->
 explorer) and answers each with ``brain(role, request)``, so a test decides what the
 "remote LLM" says, including malformed answers. Only the remote LLM is stood in for; the
 services, the bus, the environments and the database are real.
@@ -35,7 +35,7 @@ def role_of(request: dict[str, Any]) -> str:
     properties = schema.get("properties", {})
     if "summary" in properties:
         return "summarizer"
-    if "tasks" in properties:
+    if "request" in properties:
         return "abstractor"
     if "criteria" in properties:
         return "judge"

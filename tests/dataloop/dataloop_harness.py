@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -92,21 +93,23 @@ def mixed_group(task: Task, rewards: Sequence[float] = (1.0, 0.0, 0.0, 1.0)) -> 
 class WellFormedBrain:
     """Answers every role with well-formed JSON a capable remote model would give.
 
-    The abstractor proposes one good task (a new folder, then a listing: replays cleanly
-    and scores 1.0 against itself) and, as ``extras`` asks, drafts the pipeline must
-    filter: ``unknown_function``, ``eval_leak`` (an eval query copied), ``duplicate`` (the
-    explored task's own turns and calls), ``replay_failure`` (cd into a missing folder).
+    The explorer makes a new folder named after its prompt, then lists the directory; the
+    abstractor writes the request for the calls its prompt shows (the folder's creation,
+    or a listing when nothing was created). ``requests`` makes the abstractor's n-th
+    answer another kind the pipeline must filter: ``eval_leak`` (an eval query copied),
+    ``duplicate`` (the explored task's first turn), ``malformed`` (a function's name).
     """
 
     def __init__(
         self,
-        extras: Sequence[str] = (),
+        requests: Sequence[str] = (),
         parent: Task | None = None,
         delays: dict[str, float] | None = None,
     ) -> None:
-        self.extras = list(extras)
+        self.requests = list(requests)
         self.parent = parent
         self.delays = delays or {}
+        self.answered = 0
         long_queries = [q for q in eval_queries() if len(q.split()) >= 12]
         self.eval_query = long_queries[0]
 
@@ -127,80 +130,35 @@ class WellFormedBrain:
 
     def explorer(self, request: dict[str, Any]) -> dict[str, Any]:
         offered = offered_functions(request)
-        # alternate: a listing, then where we are
-        steps = request["messages"][2:]
-        preferred = ["ls", "pwd"] if len(steps) % 4 == 0 else ["pwd", "ls"]
-        name = next((n for n in preferred if n in offered), offered[0])
+        messages = request["messages"]
+        if "mkdir" in offered and len(messages) <= 2:  # the first step: nothing done yet
+            tag = hashlib.sha256(prompt_text(request).encode()).hexdigest()[:6]
+            return {"name": "mkdir", "arguments": {"dir_name": f"review_{tag}"}}
+        name = next((n for n in ("ls", "pwd") if n in offered), offered[0])
         return {"name": name, "arguments": {}}
 
     def abstractor(self, request: dict[str, Any]) -> dict[str, Any]:
-        tag = hashlib.sha256(prompt_text(request).encode()).hexdigest()[:6]
-        folder = f"review_{tag}"
-        drafts: list[dict[str, Any]] = [
-            {
-                "description": "Create a folder and confirm it by listing the directory.",
-                "turns": [
-                    {
-                        "request": f"Please create a new directory called '{folder}' right "
-                        "here in my current working folder.",
-                        "calls": [{"name": "mkdir", "arguments": {"dir_name": folder}}],
-                    },
-                    {
-                        "request": "Then list every item in the current folder so I can "
-                        "confirm that the new directory exists.",
-                        "calls": [{"name": "ls", "arguments": {}}],
-                    },
-                ],
-            }
-        ]
-        for extra in self.extras:
-            drafts.append(self._extra(extra))
-        return {"tasks": drafts}
-
-    def _extra(self, kind: str) -> dict[str, Any]:
-        if kind == "unknown_function":
-            return {
-                "description": "Defragment the disk.",
-                "turns": [
-                    {
-                        "request": "Please defragment my whole disk right now, thank you.",
-                        "calls": [{"name": "defragment_disk", "arguments": {}}],
-                    }
-                ],
-            }
+        kind = self.requests[self.answered] if self.answered < len(self.requests) else "good"
+        self.answered += 1
+        text = prompt_text(request)
         if kind == "eval_leak":
-            return {
-                "description": "An evaluation query, copied.",
-                "turns": [{"request": self.eval_query, "calls": [{"name": "ls", "arguments": {}}]}],
-            }
+            return {"description": "An evaluation query, copied.", "request": self.eval_query}
         if kind == "duplicate":
             assert self.parent is not None
+            return {"description": "The explored task again.", "request": self.parent.user_turns[0]}
+        if kind == "malformed":
+            return {"description": "A function name.", "request": "mkdir"}
+        folder = re.search(r'dir_name = "([^"]+)"', text)
+        if folder is not None:
             return {
-                "description": "The explored task again.",
-                "turns": [
-                    {
-                        "request": request,
-                        "calls": [{"name": c.name, "arguments": c.arguments} for c in calls],
-                    }
-                    for request, calls in zip(
-                        self.parent.user_turns, self.parent.ground_truth, strict=True
-                    )
-                ],
+                "description": "Create a folder in the current directory.",
+                "request": f"Please create a new directory called '{folder.group(1)}' right "
+                "here in my current working folder.",
             }
-        if kind == "replay_failure":
-            return {
-                "description": "Enter a folder that does not exist.",
-                "turns": [
-                    {
-                        "request": "Go into the folder named 'no_such_folder_anywhere' and "
-                        "stay there please.",
-                        "calls": [
-                            {"name": "cd", "arguments": {"folder": "no_such_folder_anywhere"}}
-                        ],
-                    }
-                ],
-            }
-        raise ValueError(kind)
+        return {
+            "description": "List the current directory.",
+            "request": "Please list every item in my current folder so I can see what is there.",
+        }
 
     def judge(self, request: dict[str, Any]) -> dict[str, Any]:
         return {

@@ -62,7 +62,6 @@ async def test_local_model_turns_a_boundary_signal_into_an_accepted_task(
         pool_store=POOL_WITH_ENTRIES,
         abstractor={
             "max_tasks": 1,
-            "max_turns": 1,
             "similarity_cache_dir": str(CACHE_DIR / "similarity"),
         },
     )

@@ -11,14 +11,13 @@ import pytest
 import xgrammar as xgr
 from xgrammar.testing import _is_grammar_accept_string
 
+from coevolve.services.abstractor.call_units import CallUnit
 from coevolve.services.abstractor.prompts import (
-    AbstractionOutput,
-    CandidateDraft,
-    DraftTurn,
-    abstraction_messages,
-    candidate_schema,
-    draft_problems,
-    draft_to_task,
+    RequestDraft,
+    request_messages,
+    request_problems,
+    request_schema,
+    unit_task,
 )
 from coevolve.services.explorer.prompts import (
     CONTEXT_SCHEMA,
@@ -244,78 +243,71 @@ def exploration_of(task: Task) -> Exploration:
     )
 
 
-DRAFT = CandidateDraft(
-    description="Create a notes file in documents.",
-    turns=[
-        DraftTurn(
-            request="Go to documents and create a.txt.",
-            calls=[
-                ToolCall(name="cd", arguments={"folder": "documents"}),
-                ToolCall(name="touch", arguments={"file_name": "a.txt"}),
-            ],
-        )
+UNIT = CallUnit(
+    calls=[
+        ToolCall(name="cd", arguments={"folder": "documents"}),
+        ToolCall(name="touch", arguments={"file_name": "a.txt"}),
     ],
+    observations=['{"current_working_directory": "documents"}', "None"],
+    changes_state=True,
+)
+DRAFT = RequestDraft(
+    description="Create a notes file in documents.",
+    request="Go into the documents folder and create a file named 'a.txt' there.",
 )
 
 
-def test_candidate_schema_with_real_tools(bfcl: tuple[Task, list[Any]]) -> None:
-    _, tools = bfcl
-    schema = candidate_schema(tools)
-    good = compact(AbstractionOutput(tasks=[DRAFT]))
+def test_request_schema_holds_a_request_and_nothing_else() -> None:
+    schema = request_schema()
+    good = compact(DRAFT)
     assert _is_grammar_accept_string(grammar(schema), good)
     jsonschema.validate(json.loads(good), schema)
-    assert parse_structured(good, AbstractionOutput) == AbstractionOutput(tasks=[DRAFT])
-    invented = good.replace('"touch"', '"teleport"')
-    assert not _is_grammar_accept_string(grammar(schema), invented)
-    four = compact(AbstractionOutput(tasks=[DRAFT] * 4))
-    assert not _is_grammar_accept_string(grammar(schema), four)
-    unconstrained = candidate_schema()
-    assert _is_grammar_accept_string(grammar(unconstrained), invented)
+    assert parse_structured(good, RequestDraft) == DRAFT
+    with_calls = good[:-1] + ',"calls":[]}'
+    assert not _is_grammar_accept_string(grammar(schema), with_calls)
+    too_long = compact(msgspec.structs.replace(DRAFT, request="word " * 100))
+    assert not _is_grammar_accept_string(grammar(schema), too_long)
 
 
-def test_abstraction_prompt_renders_the_tuples(bfcl: tuple[Task, list[Any]]) -> None:
-    task, _ = bfcl
-    user = abstraction_messages(exploration_of(task))[1]["content"]
-    assert "Round 2:" in user
-    assert '1. cd({"folder": "documents"}) -> {"current_working_directory": "documents"}' in user
-    assert "mv with plain file names" in user
-    assert "At most 3 tasks." in user
+def test_request_prompt_shows_the_calls_their_functions_and_results(
+    bfcl: tuple[Task, list[Any]],
+) -> None:
+    task, tools = bfcl
+    user = request_messages(exploration_of(task), UNIT, tools)[1]["content"]
+    assert "1. cd: " in user and '   arguments: folder = "documents"' in user
+    assert '   returned: {"current_working_directory": "documents"}' in user
+    assert "2. touch: " in user and 'file_name = "a.txt"' in user
+    assert f"- {task.user_turns[0]}" in user
+    assert "never a function name, code, JSON or a log line" in user
 
 
-def test_draft_problems(bfcl: tuple[Task, list[Any]]) -> None:
+def test_request_problems(bfcl: tuple[Task, list[Any]]) -> None:
     _, tools = bfcl
     names = {t["function"]["name"] for t in tools}
-    assert draft_problems(DRAFT, names) == []
-    invented = msgspec.structs.replace(
-        DRAFT, turns=[DraftTurn(request="Teleport me home.", calls=[ToolCall(name="teleport")])]
-    )
-    assert draft_problems(invented, names) == ["calls functions that do not exist: teleport"]
-    silent = CandidateDraft(description="x", turns=[DraftTurn(request="List it all.", calls=[])])
-    assert draft_problems(silent, names) == ["a turn without calls"]
+    assert request_problems(DRAFT, names) == []
     # a function's name, or a log line, is not what a user asks
     for request in ("touch", "get_exchange_rate({}) -> {'exchanged_value': 0.5}"):
-        turn = msgspec.structs.replace(DRAFT.turns[0], request=request)
-        named = msgspec.structs.replace(DRAFT, turns=[turn])
-        assert draft_problems(named, names) == ["a request of fewer than 3 plain words"]
-    empty = CandidateDraft(description=" ", turns=[])
-    assert len(draft_problems(empty, names)) == 3
+        named = msgspec.structs.replace(DRAFT, request=request)
+        assert request_problems(named, names) == ["a request of fewer than 3 plain words"]
+    empty = RequestDraft(description=" ", request=" ")
+    assert request_problems(empty, names) == ["empty description", "empty request"]
 
 
-def test_draft_to_task_keeps_state_and_lineage(bfcl: tuple[Task, list[Any]]) -> None:
+def test_unit_task_keeps_state_and_lineage(bfcl: tuple[Task, list[Any]]) -> None:
     task, _ = bfcl
     exploration = exploration_of(task)
-    candidate = draft_to_task(DRAFT, exploration, 0, signal_evidence={"rewards": [1.0, 0.0]})
+    candidate = unit_task(DRAFT, UNIT, exploration, 0, signal_evidence={"rewards": [1.0, 0.0]})
     assert candidate.initial_state == task.initial_state and candidate.env_config == task.env_config
-    assert candidate.user_turns == DRAFT.user_turns and candidate.ground_truth == DRAFT.ground_truth
-    assert candidate.origin == "synthesized"
+    assert candidate.user_turns == [DRAFT.request] and candidate.ground_truth == [UNIT.calls]
+    assert candidate.description == DRAFT.description and candidate.origin == "synthesized"
     assert candidate.lineage.parent_task_id == task.id
     assert candidate.lineage.signal_kind == "boundary" and candidate.lineage.exploration_steps == 3
     assert candidate.lineage.signal_evidence == {"rewards": [1.0, 0.0]}
-    again = draft_to_task(DRAFT, exploration, 0)
+    again = unit_task(DRAFT, UNIT, exploration, 0)
     assert again.id == candidate.id and again.lineage.candidate_id == candidate.lineage.candidate_id
-    assert draft_to_task(DRAFT, exploration, 1).id != candidate.id
+    assert unit_task(DRAFT, UNIT, exploration, 1).id != candidate.id
     unguided = msgspec.structs.replace(exploration, mode="unguided", context=None)
-    assert draft_to_task(DRAFT, unguided, 0).origin == "explored"
+    assert unit_task(DRAFT, UNIT, unguided, 0).origin == "explored"
 
 
 # --------------------------------------------------------------------------- judge

@@ -18,11 +18,8 @@ import jsonschema
 import msgspec
 import pytest
 
-from coevolve.services.abstractor.prompts import (
-    AbstractionOutput,
-    abstraction_messages,
-    candidate_schema,
-)
+from coevolve.services.abstractor.call_units import CallUnit
+from coevolve.services.abstractor.prompts import RequestDraft, request_messages, request_schema
 from coevolve.services.explorer.prompts import (
     CONTEXT_SCHEMA,
     exploration_messages,
@@ -40,8 +37,6 @@ from coevolve.shared.messages import (
     ChatMessage,
     Exploration,
     ExplorationContext,
-    ExplorationRound,
-    InteractionStep,
     Signal,
     Task,
     ToolCall,
@@ -184,41 +179,28 @@ def test_explorer_action_is_a_call_to_an_offered_function(
         environment.close()
 
 
-def test_abstractor_drafts_tasks_from_an_exploration(
+def test_abstractor_writes_a_request_for_a_call_unit(
     clients: RoleClients, bfcl: tuple[Task, list[Any]]
 ) -> None:
     task, tools = bfcl
-    steps = [
-        InteractionStep(
-            history=[],
-            action=ToolCall(name="cd", arguments={"folder": "documents"}),
-            observation='{"current_working_directory": "documents"}',
-        ),
-        InteractionStep(
-            history=[],
-            action=ToolCall(name="touch", arguments={"file_name": "notes.txt"}),
-            observation="None",
-        ),
-    ]
-    exploration = Exploration(
-        id="expl-1",
-        mode="unguided",
-        task=task,
-        rounds=[ExplorationRound(steps=steps)],
+    unit = CallUnit(
+        calls=[
+            ToolCall(name="cd", arguments={"folder": "documents"}),
+            ToolCall(name="touch", arguments={"file_name": "notes.txt"}),
+        ],
+        observations=['{"current_working_directory": "documents"}', "None"],
+        changes_state=True,
     )
-    known = {s.action.name for s in steps}
-    offered = [t for t in tools if t["function"]["name"] in known]
-    schema = candidate_schema(offered, max_tasks=1, max_turns=1)
+    exploration = Exploration(id="expl-1", mode="unguided", task=task, rounds=[])
     output = ask(
         clients["abstractor"],
-        abstraction_messages(exploration, max_tasks=1),
-        AbstractionOutput,
-        schema,
+        request_messages(exploration, unit, tools),
+        RequestDraft,
+        request_schema(),
         300,
     )
-    assert isinstance(output, AbstractionOutput), output
-    assert len(output.tasks) == 1 and output.tasks[0].description.strip()
-    assert {c.name for turn in output.tasks[0].ground_truth for c in turn} <= known
+    assert isinstance(output, RequestDraft), output
+    assert output.description.strip() and output.request.strip()
 
 
 @pytest.fixture
@@ -389,7 +371,7 @@ def test_every_role_schema_becomes_a_grammar_without_falling_back(
     schemas = {
         "context": CONTEXT_SCHEMA,
         "action": function_call_schema(tools),
-        "abstraction": candidate_schema(tools),
+        "request": request_schema(),
         "judgment": JUDGE_SCHEMA,
     }
     for role, schema in schemas.items():

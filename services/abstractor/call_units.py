@@ -1,0 +1,123 @@
+"""The calls a candidate task asks for, chosen by code from the exploration log.
+
+Each round of an exploration starts from the task's initial state. Its calls that
+succeeded are replayed in order in a fresh environment, and the minimal sequence is kept:
+a call is left out when the replay without it fails no other call and ends in the same
+state with the same results (a listing before a change, a call repeated). A login whose
+token a later call uses stays: without it that call fails. When nothing changed the state,
+the round's last call that returned a result is a question of one call.
+
+The abstractor's LLM then writes the request for exactly these calls, so a request can no
+longer ask for a call the exploration never made, or contradict the one it made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from coevolve.shared.envs import Environment
+from coevolve.shared.messages import Exploration, Task, ToolCall
+
+
+@dataclass(frozen=True)
+class CallUnit:
+    """One candidate's calls, what each returned in the replay, and whether they change
+    the environment's state (False: a question answered by one call)."""
+
+    calls: list[ToolCall]
+    observations: list[str]
+    changes_state: bool
+
+
+@dataclass(frozen=True)
+class _Replay:
+    ok: list[bool]
+    observations: list[str]
+    state: Mapping[str, Any] | None
+    initial_state: Mapping[str, Any] | None
+
+
+def _state_of(environment: Environment) -> Mapping[str, Any] | None:
+    state = getattr(environment, "state", None)
+    if not callable(state):
+        return None
+    value = state()
+    return dict(value) if isinstance(value, Mapping) else None
+
+
+def _replay(task: Task, calls: Sequence[ToolCall], make_env: Callable[[], Environment]) -> _Replay:
+    environment = make_env()
+    try:
+        environment.reset(task)
+        initial = _state_of(environment)
+        outcomes = [environment.execute(call) for call in calls]
+        return _Replay(
+            ok=[ok for ok, _ in outcomes],
+            observations=[text for _, text in outcomes],
+            state=_state_of(environment),
+            initial_state=initial,
+        )
+    finally:
+        environment.close()
+
+
+def minimal_calls(
+    task: Task, calls: Sequence[ToolCall], make_env: Callable[[], Environment]
+) -> tuple[list[ToolCall], _Replay]:
+    """``calls`` that replay without an error from ``task``'s initial state, minus each
+    one whose absence changes neither the final state nor another call's result."""
+    replayed = _replay(task, calls, make_env)
+    kept = [call for call, ok in zip(calls, replayed.ok, strict=True) if ok]
+    if len(kept) < len(calls):
+        replayed = _replay(task, kept, make_env)
+    if replayed.state is None:
+        return kept, replayed  # no state to compare: every call that ran stays
+    position = 0
+    while position < len(kept):
+        without = [*kept[:position], *kept[position + 1 :]]
+        trial = _replay(task, without, make_env)
+        others = [*replayed.observations[:position], *replayed.observations[position + 1 :]]
+        if all(trial.ok) and trial.state == replayed.state and trial.observations == others:
+            kept, replayed = without, trial
+        else:
+            position += 1
+    return kept, replayed
+
+
+def round_unit(
+    task: Task, calls: Sequence[ToolCall], make_env: Callable[[], Environment]
+) -> CallUnit | None:
+    """The unit of one round's successful calls; None when none of them replays."""
+    kept, replayed = minimal_calls(task, calls, make_env)
+    changes = replayed.state is None or replayed.state != replayed.initial_state
+    if kept and changes:
+        return CallUnit(kept, list(replayed.observations), changes_state=True)
+    answered = _replay(task, calls, make_env)
+    for call, ok, observation in reversed(
+        list(zip(calls, answered.ok, answered.observations, strict=True))
+    ):
+        if ok and observation.strip():
+            single = _replay(task, [call], make_env)
+            if single.ok == [True]:
+                return CallUnit([call], list(single.observations), changes_state=False)
+    return None
+
+
+def call_units(
+    exploration: Exploration, make_env: Callable[[], Environment], max_units: int
+) -> list[CallUnit]:
+    """At most ``max_units`` units, one per round of ``exploration`` that has one, no two
+    with the same calls. Blocking (run it in a worker thread)."""
+    units: list[CallUnit] = []
+    for round_ in exploration.rounds:
+        if len(units) >= max_units:
+            break
+        succeeded = [step.action for step in round_.steps if step.ok]
+        if not succeeded:
+            continue
+        unit = round_unit(exploration.task, succeeded, make_env)
+        if unit is not None and all(unit.calls != other.calls for other in units):
+            units.append(unit)
+    return units

@@ -1,0 +1,73 @@
+"""``abstract``: one request asked per call unit, then the filters, over a real pool file,
+the real BFCL environment and a remote LLM on loopback."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from dataloop_fake_llm import RoleFakeLLM
+from dataloop_harness import WellFormedBrain, filesystem_seed_tasks
+
+from coevolve.schedules.synthesis import PoolFile
+from coevolve.services.abstractor.handler import AbstractorConfig, AbstractorDeps, abstract
+from coevolve.services.pool_store.store import PoolStore
+from coevolve.shared.envs.bfcl.tasks import seed_tasks
+from coevolve.shared.llm import RoleClients
+from coevolve.shared.messages import Exploration, ExplorationRound, InteractionStep, ToolCall
+
+pytestmark = pytest.mark.anyio
+
+
+def folder(name: str) -> ToolCall:
+    return ToolCall(name="mkdir", arguments={"dir_name": name})
+
+
+def exploration(rounds: list[list[tuple[ToolCall, bool]]]) -> Exploration:
+    return Exploration(
+        id="expl-units",
+        mode="guided",
+        task=filesystem_seed_tasks(1)[0],
+        rounds=[
+            ExplorationRound(
+                steps=[InteractionStep(history=[], action=c, observation="", ok=ok) for c, ok in r]
+            )
+            for r in rounds
+        ],
+    )
+
+
+async def abstracted(tmp_path: Path, brain: WellFormedBrain, explored: Exploration):  # type: ignore[no-untyped-def]
+    fake = RoleFakeLLM(brain).start()
+    clients = RoleClients.from_section(fake.llm_section(), tmp_path)
+    config = AbstractorConfig(max_tasks=5, leak_backend="ngram")
+    try:
+        with PoolStore(tmp_path / "pool.duckdb") as store:
+            store.add_tasks(seed_tasks())
+            deps = AbstractorDeps(clients["abstractor"], config, PoolFile(store), tmp_path)
+            return await abstract(explored, deps), fake
+    finally:
+        await clients.aclose()
+        fake.stop()
+
+
+async def test_each_unit_gets_a_request_and_the_filters_drop_the_bad_ones(tmp_path: Path) -> None:
+    task = filesystem_seed_tasks(1)[0]
+    brain = WellFormedBrain(requests=["good", "eval_leak", "duplicate", "malformed"], parent=task)
+    rounds = [[(folder(name), True)] for name in ("alpha", "beta", "gamma", "delta")]
+    result, fake = await abstracted(tmp_path, brain, exploration(rounds))
+
+    assert fake.calls == {"abstractor": 4} and result.drafts == 4
+    [candidate] = result.candidates
+    assert candidate.task.ground_truth == [[folder("alpha")]]
+    assert "'alpha'" in candidate.task.user_turns[0]
+    reasons = Counter(reason for reason, _ in result.dropped)
+    assert reasons == {"eval_leak": 1, "near_duplicate": 1, "malformed_request": 1}
+
+
+async def test_an_exploration_with_nothing_that_replays_asks_no_llm(tmp_path: Path) -> None:
+    missing = ToolCall(name="cd", arguments={"folder": "no_such_folder"})
+    result, fake = await abstracted(tmp_path, WellFormedBrain(), exploration([[(missing, False)]]))
+    assert not fake.calls and result.drafts == 0 and not result.candidates
+    assert [reason for reason, _ in result.dropped] == ["no_calls"]
