@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coevolve.shared.envs import Environment
+from coevolve.shared.envs import Environment, state_of
 from coevolve.shared.messages import Exploration, Task, ToolCall
 
 
@@ -39,24 +39,16 @@ class _Replay:
     initial_state: Mapping[str, Any] | None
 
 
-def _state_of(environment: Environment) -> Mapping[str, Any] | None:
-    state = getattr(environment, "state", None)
-    if not callable(state):
-        return None
-    value = state()
-    return dict(value) if isinstance(value, Mapping) else None
-
-
 def _replay(task: Task, calls: Sequence[ToolCall], make_env: Callable[[], Environment]) -> _Replay:
     environment = make_env()
     try:
         environment.reset(task)
-        initial = _state_of(environment)
+        initial = state_of(environment)
         outcomes = [environment.execute(call) for call in calls]
         return _Replay(
             ok=[ok for ok, _ in outcomes],
             observations=[text for _, text in outcomes],
-            state=_state_of(environment),
+            state=state_of(environment),
             initial_state=initial,
         )
     finally:

@@ -34,7 +34,7 @@ from typing import Any
 
 from coevolve.services.judge.wording import call_syntax, opposite_action
 from coevolve.shared.argument_values import salient_values, scalars
-from coevolve.shared.envs import Environment
+from coevolve.shared.envs import Environment, state_of
 from coevolve.shared.messages import Task, ToolCall
 from coevolve.shared.similarity import Backend, NearDuplicateIndex
 
@@ -149,14 +149,6 @@ def call_text(call: ToolCall) -> str:
     return f"{call.name}({json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)})"
 
 
-def _state_of(environment: Environment) -> dict[str, Any] | None:
-    state = getattr(environment, "state", None)
-    if not callable(state):
-        return None
-    value = state()
-    return dict(value) if isinstance(value, Mapping) else None
-
-
 def _run(
     environment: Environment,
     task: Task,
@@ -172,9 +164,9 @@ def _run(
     traced: list[TracedCall] = []
     for turn, calls in enumerate(ground_truth):
         for index, call in enumerate(calls):
-            before = _state_of(environment) if trace else None
+            before = state_of(environment) if trace else None
             ok, observation = environment.execute(call)
-            changed = trace and before is not None and _state_of(environment) != before
+            changed = trace and before is not None and state_of(environment) != before
             traced.append(TracedCall(turn, index, call, ok, observation, changed))
         environment.step(END_OF_TURN)
     return traced, context, tools
@@ -185,7 +177,7 @@ def trace_calls(task: Task, make_env: Callable[[], Environment]) -> CallTrace:
     environment = make_env()
     try:
         calls, context, tools = _run(environment, task, task.ground_truth, trace=True)
-        final = _state_of(environment)
+        final = state_of(environment)
     finally:
         environment.close()
     return CallTrace(context=context, calls=calls, final_state=final, tools=tools)
@@ -202,7 +194,7 @@ def final_state_without(
     environment = make_env()
     try:
         _run(environment, task, ground_truth, trace=False)
-        return _state_of(environment)
+        return state_of(environment)
     finally:
         environment.close()
 

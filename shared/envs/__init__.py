@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from coevolve.shared.envs.protocol import Environment, ReplayResult, StepResult
+from coevolve.shared.envs.protocol import Environment, ReplayResult, StepResult, state_of
 
 EnvironmentFactory = Callable[..., Environment]
 
@@ -58,4 +58,5 @@ __all__ = [
     "available_environments",
     "make_environment",
     "register_environment",
+    "state_of",
 ]

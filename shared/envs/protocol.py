@@ -9,6 +9,7 @@ minimal action sequence) turn by turn, for sanity checks and for judging synthes
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -73,3 +74,13 @@ class Environment(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def state_of(environment: Environment) -> dict[str, Any] | None:
+    """The environment's comparable state (BFCL: its API instances' public attributes)
+    when it offers ``state()``; None for an environment that does not."""
+    state = getattr(environment, "state", None)
+    if not callable(state):
+        return None
+    value = state()
+    return dict(value) if isinstance(value, Mapping) else None

@@ -18,7 +18,17 @@ from dataloop_fake_llm import Answer, offered_functions, prompt_text
 from coevolve.shared.actor import Actor, ActorRunner
 from coevolve.shared.bus import Bus
 from coevolve.shared.envs.bfcl.tasks import eval_queries, seed_tasks
-from coevolve.shared.messages import ChatMessage, RolloutGroup, Task, Trajectory, derived_id
+from coevolve.shared.messages import (
+    ChatMessage,
+    Exploration,
+    ExplorationRound,
+    InteractionStep,
+    RolloutGroup,
+    Task,
+    ToolCall,
+    Trajectory,
+    derived_id,
+)
 from coevolve.shared.pool_client import PoolClient
 from coevolve.shared.similarity import LeakGuard
 from coevolve.shared.toolcalls import format_tool_call
@@ -87,6 +97,24 @@ def mixed_group(task: Task, rewards: Sequence[float] = (1.0, 0.0, 0.0, 1.0)) -> 
         origin=task.origin,
         policy_version=1,
         trajectories=[trajectory(task, reward, i) for i, reward in enumerate(rewards)],
+    )
+
+
+def logged_exploration(
+    rounds: Sequence[Sequence[tuple[ToolCall, bool]]], task: Task | None = None
+) -> Exploration:
+    """An exploration of ``task`` (the first file-system seed task) whose rounds made
+    these calls, each (call, whether it ran without an error)."""
+    return Exploration(
+        id="expl-logged",
+        mode="guided",
+        task=task or filesystem_seed_tasks(1)[0],
+        rounds=[
+            ExplorationRound(
+                steps=[InteractionStep(history=[], action=c, observation="", ok=ok) for c, ok in r]
+            )
+            for r in rounds
+        ],
     )
 
 

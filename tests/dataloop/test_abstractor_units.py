@@ -8,34 +8,20 @@ from pathlib import Path
 
 import pytest
 from dataloop_fake_llm import RoleFakeLLM
-from dataloop_harness import WellFormedBrain, filesystem_seed_tasks
+from dataloop_harness import WellFormedBrain, filesystem_seed_tasks, logged_exploration
 
 from coevolve.schedules.synthesis import PoolFile
 from coevolve.services.abstractor.handler import AbstractorConfig, AbstractorDeps, abstract
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.llm import RoleClients
-from coevolve.shared.messages import Exploration, ExplorationRound, InteractionStep, ToolCall
+from coevolve.shared.messages import Exploration, ToolCall
 
 pytestmark = pytest.mark.anyio
 
 
 def folder(name: str) -> ToolCall:
     return ToolCall(name="mkdir", arguments={"dir_name": name})
-
-
-def exploration(rounds: list[list[tuple[ToolCall, bool]]]) -> Exploration:
-    return Exploration(
-        id="expl-units",
-        mode="guided",
-        task=filesystem_seed_tasks(1)[0],
-        rounds=[
-            ExplorationRound(
-                steps=[InteractionStep(history=[], action=c, observation="", ok=ok) for c, ok in r]
-            )
-            for r in rounds
-        ],
-    )
 
 
 async def abstracted(tmp_path: Path, brain: WellFormedBrain, explored: Exploration):  # type: ignore[no-untyped-def]
@@ -56,7 +42,7 @@ async def test_each_unit_gets_a_request_and_the_filters_drop_the_bad_ones(tmp_pa
     task = filesystem_seed_tasks(1)[0]
     brain = WellFormedBrain(requests=["good", "eval_leak", "duplicate", "malformed"], parent=task)
     rounds = [[(folder(name), True)] for name in ("alpha", "beta", "gamma", "delta")]
-    result, fake = await abstracted(tmp_path, brain, exploration(rounds))
+    result, fake = await abstracted(tmp_path, brain, logged_exploration(rounds))
 
     assert fake.calls == {"abstractor": 4} and result.drafts == 4
     [candidate] = result.candidates
@@ -68,6 +54,8 @@ async def test_each_unit_gets_a_request_and_the_filters_drop_the_bad_ones(tmp_pa
 
 async def test_an_exploration_with_nothing_that_replays_asks_no_llm(tmp_path: Path) -> None:
     missing = ToolCall(name="cd", arguments={"folder": "no_such_folder"})
-    result, fake = await abstracted(tmp_path, WellFormedBrain(), exploration([[(missing, False)]]))
+    result, fake = await abstracted(
+        tmp_path, WellFormedBrain(), logged_exploration([[(missing, False)]])
+    )
     assert not fake.calls and result.drafts == 0 and not result.candidates
     assert [reason for reason, _ in result.dropped] == ["no_calls"]

@@ -3,11 +3,11 @@ BFCL file system (multi_turn_base_2: one folder, ``documents``)."""
 
 from __future__ import annotations
 
-from dataloop_harness import filesystem_seed_tasks
+from dataloop_harness import logged_exploration
 
 from coevolve.services.abstractor.call_units import call_units
 from coevolve.shared.envs import Environment, make_environment
-from coevolve.shared.messages import Exploration, ExplorationRound, InteractionStep, ToolCall
+from coevolve.shared.messages import Exploration, ToolCall
 
 LS = ToolCall(name="ls", arguments={})
 PWD = ToolCall(name="pwd", arguments={})
@@ -22,20 +22,7 @@ def bfcl() -> Environment:
 
 
 def exploration(*rounds: list[tuple[ToolCall, bool]]) -> Exploration:
-    return Exploration(
-        id="expl",
-        mode="unguided",
-        task=filesystem_seed_tasks(1)[0],
-        rounds=[
-            ExplorationRound(
-                steps=[
-                    InteractionStep(history=[], action=call, observation="", ok=ok)
-                    for call, ok in steps
-                ]
-            )
-            for steps in rounds
-        ],
-    )
+    return logged_exploration(rounds)
 
 
 def test_the_unit_is_the_state_change_without_the_lookups_and_failures() -> None:
