@@ -56,11 +56,14 @@ def _replay(task: Task, calls: Sequence[ToolCall], make_env: Callable[[], Enviro
 
 
 def minimal_calls(
-    task: Task, calls: Sequence[ToolCall], make_env: Callable[[], Environment]
+    task: Task,
+    calls: Sequence[ToolCall],
+    make_env: Callable[[], Environment],
+    replayed: _Replay,
 ) -> tuple[list[ToolCall], _Replay]:
-    """``calls`` that replay without an error from ``task``'s initial state, minus each
-    one whose absence changes neither the final state nor another call's result."""
-    replayed = _replay(task, calls, make_env)
+    """``calls`` that replay without an error from ``task``'s initial state (``replayed``:
+    their replay), minus each one whose absence changes neither the final state nor
+    another call's result."""
     kept = [call for call, ok in zip(calls, replayed.ok, strict=True) if ok]
     if len(kept) < len(calls):
         replayed = _replay(task, kept, make_env)
@@ -82,11 +85,11 @@ def round_unit(
     task: Task, calls: Sequence[ToolCall], make_env: Callable[[], Environment]
 ) -> CallUnit | None:
     """The unit of one round's successful calls; None when none of them replays."""
-    kept, replayed = minimal_calls(task, calls, make_env)
+    answered = _replay(task, calls, make_env)
+    kept, replayed = minimal_calls(task, calls, make_env, answered)
     changes = replayed.state is None or replayed.state != replayed.initial_state
     if kept and changes:
         return CallUnit(kept, list(replayed.observations), changes_state=True)
-    answered = _replay(task, calls, make_env)
     for call, ok, observation in reversed(
         list(zip(calls, answered.ok, answered.observations, strict=True))
     ):
