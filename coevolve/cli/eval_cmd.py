@@ -26,7 +26,7 @@ import msgspec
 import typer
 
 from coevolve.cli.options import ConfigOption, settings_from
-from coevolve.shared.config import EngineKind
+from coevolve.shared.config import EngineKind, Settings
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import SUITES, suite_tasks
 from coevolve.shared.envs.protocol import Environment
@@ -306,6 +306,16 @@ def eval_command(
             show_default=False,
         ),
     ] = None,
+    classes: Annotated[
+        str | None,
+        typer.Option(
+            "--classes",
+            help="Comma-separated BFCL API classes: only entries (and their turns) that use "
+            "no other class; 'all': every entry. Default: the configuration's "
+            "pool_store.seed_classes, the world a run trains in.",
+            show_default=False,
+        ),
+    ] = None,
     limit: Annotated[
         int | None, typer.Option("--limit", help="Only the first N entries.", min=1)
     ] = None,
@@ -396,12 +406,16 @@ def eval_command(
         raise typer.BadParameter(
             f"choose from {', '.join(TOOL_RENDERINGS)}", param_hint="--tool-rendering"
         )
-    configured = settings_from(config, None).tool_rendering  # installs it for this process
-    configure_tool_rendering(tool_rendering or configured)
+    settings = settings_from(config, None)
+    configure_tool_rendering(tool_rendering or settings.tool_rendering)  # for this process
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from coevolve.report.compare import UnpairedReportsError, describe_comparison
 
-    tasks = pick_tasks(suite_tasks(suite, split), limit, sample, seed)
+    world = world_classes(classes, settings)
+    try:
+        tasks = pick_tasks(suite_tasks(suite, split, world), limit, sample, seed)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--classes") from exc
 
     saved: dict[str, dict[str, Any]] = {}
 
@@ -421,6 +435,7 @@ def eval_command(
             likelihood=likelihood,
             engine_kind=engine,
         )
+        report.extra["classes"] = sorted(world) if world is not None else "all"
         if sample is not None:
             report.extra.update(sample=sample, seed=seed)
         # the description is the output of a plain single eval; otherwise it is progress
@@ -450,6 +465,17 @@ def eval_command(
         out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     if json_output:
         typer.echo(json.dumps(result))
+
+
+def world_classes(option: str | None, settings: Settings) -> list[str] | None:
+    """The API classes of ``--classes`` (None: every class), by default the run's world."""
+    if option is None:
+        from coevolve.services.pool_store.actor import PoolStoreConfig
+
+        return settings.section("pool_store", PoolStoreConfig).seed_classes
+    if option.strip().lower() == "all":
+        return None
+    return [name.strip() for name in option.split(",") if name.strip()]
 
 
 def _comparison(

@@ -232,8 +232,10 @@ def run_lockstep_schedule(
     pool_path = run / "pool.duckdb"
     with PoolStore(pool_path) as store:
         if sum(store.stats().tasks_by_origin.values()) == 0:
-            grains = settings.section("pool_store", PoolStoreConfig).seed_grains
-            store.add_tasks(seed_tasks_for("bfcl", grains))
+            pool_config = settings.section("pool_store", PoolStoreConfig)
+            store.add_tasks(
+                seed_tasks_for("bfcl", pool_config.seed_grains, pool_config.seed_classes)
+            )
     synthesis = f"synthesis every {synthesize_every}" if synthesize_every else "no synthesis"
     typer.echo(f"lockstep schedule on {pool_path}: {iterations} steps, {synthesis}")
     run_lockstep(

@@ -61,11 +61,20 @@ def default_seed_grains() -> dict[str, float]:
     return dict(DEFAULT_SEED_GRAINS)
 
 
+def default_seed_classes() -> list[str]:
+    from coevolve.shared.envs.bfcl.tasks import FOCUS_CLASSES
+
+    return list(FOCUS_CLASSES)
+
+
 class PoolStoreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     db_file: str = "pool.duckdb"
     seed_environments: list[str] = msgspec.field(default_factory=lambda: ["bfcl"])
     # shares of per-turn tasks and whole entries in the seed pool (see seed_tasks_for)
     seed_grains: dict[str, float] = msgspec.field(default_factory=default_seed_grains)
+    # the world: seed only BFCL entries whose API classes are all in this list (default: a
+    # focused three-class world, see FOCUS_CLASSES); null: every class, the full BFCL world
+    seed_classes: list[str] | None = msgspec.field(default_factory=default_seed_classes)
     mix: dict[str, float] = msgspec.field(
         default_factory=lambda: {"seed": 0.5, "explored": 0.25, "synthesized": 0.25}
     )
@@ -76,6 +85,12 @@ class PoolStoreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # which tasks of an origin jobs and sample replies get: sampler (dynamic | uniform),
     # window, unseen_share, uniform_weight, retire_after (see sampling.SamplingConfig)
     sampling: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
+
+    def __post_init__(self) -> None:
+        if self.seed_classes is not None:
+            from coevolve.shared.envs.bfcl.tasks import check_classes
+
+            check_classes(self.seed_classes)
 
 
 class PoolStoreActor(Actor):
@@ -104,7 +119,9 @@ class PoolStoreActor(Actor):
 
     async def _seed(self, environment: str) -> None:
         assert self.store is not None
-        tasks = await anyio.to_thread.run_sync(seed_tasks_for, environment, self.config.seed_grains)
+        tasks = await anyio.to_thread.run_sync(
+            seed_tasks_for, environment, self.config.seed_grains, self.config.seed_classes
+        )
         added, _ = await self._db(self.store.add_tasks, tasks)
         log.info("seeded %d %s tasks from the train split", len(added), environment)
 
@@ -206,8 +223,13 @@ class PoolStoreActor(Actor):
                 await self.publish(ROLLOUT_JOBS, job)
 
 
-def seed_tasks_for(environment: str, grains: dict[str, float] | None = None) -> list[Task]:
-    """The train split of an environment, as origin-"seed" tasks.
+def seed_tasks_for(
+    environment: str,
+    grains: dict[str, float] | None = None,
+    classes: Sequence[str] | None = None,
+) -> list[Task]:
+    """The train split of an environment, as origin-"seed" tasks (for BFCL: of the entries
+    whose API classes are all in ``classes``; None: every entry).
 
     For BFCL: per-turn tasks (``env_config["grain"] == "turn"``, ids ``<entry>#t<turn>``)
     beside whole entries, in the shares ``grains`` gives (``turns`` / ``entries``, default
@@ -215,10 +237,15 @@ def seed_tasks_for(environment: str, grains: dict[str, float] | None = None) -> 
     seed origin sees them in it).
     """
     if environment == "bfcl":
-        from coevolve.shared.envs.bfcl.tasks import seed_pool
+        from coevolve.shared.envs.bfcl.tasks import check_classes, seed_pool
 
+        if classes is not None:
+            try:
+                check_classes(classes)
+            except ValueError as exc:
+                raise ConfigError(f"services.pool_store.seed_classes: {exc}") from exc
         try:
-            return seed_pool(grains)
+            return seed_pool(grains, classes)
         except ValueError as exc:
             raise ConfigError(f"services.pool_store.seed_grains: {exc}") from exc
     raise ConfigError(f"services.pool_store.seed_environments: no seed tasks for {environment!r}")

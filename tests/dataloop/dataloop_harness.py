@@ -44,9 +44,11 @@ CRITERIA_TRUE = {
 
 # pool-store settings whose seed pool holds whole entries too (the default is per-turn
 # only), so the groups of filesystem_seed_tasks are of tasks in the pool
+# the full BFCL world: the scripted explorer works in the file system
 POOL_WITH_ENTRIES: dict[str, object] = {
     "feed_jobs": False,
     "seed_grains": {"turns": 0.8, "entries": 0.2},
+    "seed_classes": None,
 }
 
 
@@ -125,7 +127,8 @@ class WellFormedBrain:
     abstractor writes the request for the calls its prompt shows (the folder's creation,
     or a listing when nothing was created). ``requests`` makes the abstractor's n-th
     answer another kind the pipeline must filter: ``eval_leak`` (an eval query copied),
-    ``duplicate`` (the explored task's first turn), ``malformed`` (a function's name).
+    ``duplicate`` (the explored task's first turn), ``malformed`` (a function's name),
+    ``code`` (the call written as code inside a sentence).
     """
 
     def __init__(
@@ -177,6 +180,12 @@ class WellFormedBrain:
         if kind == "malformed":
             return {"description": "A function name.", "request": "mkdir"}
         folder = re.search(r'dir_name = "([^"]+)"', text)
+        if kind == "code":
+            name = folder.group(1) if folder else "x"
+            return {
+                "description": "A call.",
+                "request": f"Please run mkdir(dir_name='{name}') in my current folder for me.",
+            }
         if folder is not None:
             return {
                 "description": "Create a folder in the current directory.",

@@ -22,7 +22,7 @@ import copy
 import hashlib
 import json
 import random
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from functools import cache
 from typing import Any, Literal
 
@@ -30,7 +30,7 @@ import msgspec
 from bfcl_eval.constants.category_mapping import VERSION_PREFIX
 
 from coevolve.shared.envs.bfcl.calls import parse_call_string
-from coevolve.shared.envs.bfcl.catalog import DATA_DIR
+from coevolve.shared.envs.bfcl.catalog import DATA_DIR, all_class_names
 from coevolve.shared.messages import Task, ToolCall
 
 ENVIRONMENT_NAME = "bfcl"
@@ -66,6 +66,12 @@ SUITES: dict[str, str] = {**ENTRY_SUITES, **TURN_SUITES}
 DEFAULT_SEED_GRAINS: dict[str, float] = {"turns": 1.0, "entries": 0.0}
 
 SPLIT_SALT = "coevolve-bfcl-split-v1"
+
+# The default world: the entries that use only these API classes (124 train and 108 eval
+# turns of multi_turn_base). Their tool lists are short and shared, so a run's tasks repeat
+# and a 135M policy's warm start solves some of them; the full BFCL world is
+# ``pool_store.seed_classes: null`` (docs/main-job.md has the measurements).
+FOCUS_CLASSES: tuple[str, ...] = ("MessageAPI", "TradingBot", "VehicleControlAPI")
 
 Split = Literal["train", "eval"]
 
@@ -201,6 +207,20 @@ def load_turn_tasks(category: str = "multi_turn_base") -> list[Task]:
     return [turn for task in load_tasks(category) for turn in turn_tasks(task)]
 
 
+def check_classes(classes: Collection[str]) -> None:
+    """Raise ValueError naming any of ``classes`` that is not a BFCL API class."""
+    if not classes:
+        raise ValueError("no API classes given (null means every class)")
+    unknown = sorted(set(classes) - set(all_class_names()))
+    if unknown:
+        raise ValueError(f"unknown API classes {unknown}; choose from {all_class_names()}")
+
+
+def in_world(task: Task, classes: Collection[str] | None) -> bool:
+    """Whether every API class ``task`` uses is one of ``classes`` (None: any class)."""
+    return classes is None or set(task.env_config.get("involved_classes", ())) <= set(classes)
+
+
 def split_tasks(tasks: list[Task]) -> tuple[list[Task], list[Task]]:
     """(train, eval), deterministic by scenario number (a turn goes with its entry)."""
     train = [task for task in tasks if split_of(task.source_entry or task.id) == "train"]
@@ -214,17 +234,21 @@ def seed_tasks() -> list[Task]:
     return train
 
 
-def seed_pool(grains: Mapping[str, float] | None = None) -> list[Task]:
+def seed_pool(
+    grains: Mapping[str, float] | None = None, classes: Collection[str] | None = None
+) -> list[Task]:
     """The train half of multi_turn_base as the task pool starts: whole entries and
     per-turn tasks mixed by ``grains`` (shares of ``turns`` and ``entries``, default
-    ``DEFAULT_SEED_GRAINS``).
+    ``DEFAULT_SEED_GRAINS``), of the entries that use only ``classes`` (None: all).
 
     Everything of the grain that is short of its share is kept; the other grain is thinned
     (a fixed choice, the same on every run) until the shares hold. Per-turn tasks are marked
     ``env_config["grain"] == "turn"`` and ids ``...#tN``, so a sampler can weight them.
     """
     turns_share, entries_share = _grain_shares(grains or DEFAULT_SEED_GRAINS)
-    entries = seed_tasks()
+    if classes is not None:
+        check_classes(classes)
+    entries = [task for task in seed_tasks() if in_world(task, classes)]
     turns = [turn for task in entries for turn in turn_tasks(task)]
     if entries_share == 0.0:
         return turns
@@ -254,9 +278,11 @@ def _fixed_subset(tasks: list[Task], size: int) -> list[Task]:
     return [task for index, task in enumerate(tasks) if index in keep]
 
 
-def suite_tasks(suite: str, split: str = "eval") -> list[Task]:
+def suite_tasks(
+    suite: str, split: str = "eval", classes: Collection[str] | None = None
+) -> list[Task]:
     """The tasks of an eval suite (``bfcl-multi-turn-base``: entries, ``bfcl-turns-base``:
-    one per turn): ``all``, ``eval``, ``train``."""
+    one per turn): ``all``, ``eval``, ``train``; only entries using ``classes`` when given."""
     if split not in ("all", "eval", "train"):
         raise ValueError(f"split must be 'all', 'eval' or 'train', not {split!r}")
     try:
@@ -265,7 +291,10 @@ def suite_tasks(suite: str, split: str = "eval") -> list[Task]:
         raise UnknownCategoryError(
             f"unknown suite {suite!r}; choose from {sorted(SUITES)}"
         ) from None
+    if classes is not None:
+        check_classes(classes)
     tasks = load_turn_tasks(category) if suite in TURN_SUITES else load_tasks(category)
+    tasks = [task for task in tasks if in_world(task, classes)]
     if split == "all":
         return tasks
     train, evaluation = split_tasks(tasks)
