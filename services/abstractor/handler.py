@@ -27,6 +27,7 @@ from coevolve.services.abstractor.prompts import (
     request_messages,
     request_problems,
     request_schema,
+    rewrite_messages,
     unit_task,
 )
 from coevolve.shared.envs import make_environment
@@ -46,6 +47,9 @@ class AbstractorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     # candidates per exploration: one per round with calls that replay (call_units.py)
     max_tasks: int = 2
     max_tokens: int = 300
+    # a request written as code (or too short) is asked for again this many times, with
+    # the reason; then the unit is dropped as malformed_request
+    rewrites: int = 1
     # add the argument values a request leaves out as a "Details:" clause (completion.py)
     complete_values: bool = True
     dedup_threshold: float = 0.7
@@ -154,6 +158,14 @@ class AbstractorDeps:
 
 
 @dataclass
+class MalformedDraft:
+    """A request still unusable after its rewrites, and why."""
+
+    draft: RequestDraft
+    problems: list[str]
+
+
+@dataclass
 class Abstraction:
     drafts: int  # call units taken from the exploration, one request asked for each
     candidates: list[TaskCandidate] = field(default_factory=list)
@@ -184,16 +196,14 @@ async def abstract(exploration: Exploration, deps: AbstractorDeps) -> Abstractio
         drop("no_calls", "no call of the exploration replays from its start state")
         return result
     await refresh_pool_queries(deps)
-    known = tool_names(tools)
     for index, unit in enumerate(units):
         with deps.tracer.start_as_current_span("abstractor abstract"):
             draft = await write_request(deps.llm, exploration, unit, tools, config, deps.outputs)
         if isinstance(draft, Rejection):
             result.rejections.append(draft)
             continue
-        problems = request_problems(draft, known)
-        if problems:
-            drop("malformed_request", "; ".join(problems))
+        if isinstance(draft, MalformedDraft):
+            drop("malformed_request", "; ".join(draft.problems))
             continue
         task = unit_task(
             draft, unit, exploration, index, signal_evidence=exploration.signal_evidence
@@ -271,18 +281,32 @@ async def write_request(
     tools: list[dict[str, Any]],
     config: AbstractorConfig,
     counter: RejectionCounter,
-) -> RequestDraft | Rejection:
-    """The abstractor role's request for ``unit``, or why its output is unusable
-    (counted)."""
-    return await ask_structured(
-        llm,
-        request_messages(exploration, unit, tools),
-        RequestDraft,
-        schema=request_schema(),
-        max_tokens=config.max_tokens,
-        temperature=llm.settings.temperature,
-        counter=counter,
-    )
+) -> RequestDraft | Rejection | MalformedDraft:
+    """The abstractor role's request for ``unit``; why its output is unusable (counted);
+    or its last draft with the problems still left after ``config.rewrites`` retries."""
+    messages = request_messages(exploration, unit, tools)
+    known = tool_names(tools)
+    rewrites = 0
+    while True:
+        draft = await ask_structured(
+            llm,
+            messages,
+            RequestDraft,
+            schema=request_schema(),
+            max_tokens=config.max_tokens,
+            temperature=llm.settings.temperature,
+            counter=counter,
+        )
+        if isinstance(draft, Rejection):
+            return draft
+        problems = request_problems(draft, known)
+        if not problems:
+            return draft
+        if rewrites == config.rewrites:
+            return MalformedDraft(draft, problems)
+        rewrites += 1
+        log.info("exploration %s: request rewritten: %s", exploration.id, problems)
+        messages = rewrite_messages(messages, draft, problems)
 
 
 def eval_leak(guard: LeakGuard, task: Task) -> str | None:

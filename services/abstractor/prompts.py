@@ -25,6 +25,7 @@ from coevolve.shared.messages import (
     Task,
     derived_id,
 )
+from coevolve.shared.wording import call_syntax, name_words
 
 ChatMessages = list[dict[str, str]]
 
@@ -71,9 +72,11 @@ Answer with one JSON object: {"description": <one sentence saying what the task 
 
 
 def describe_call(index: int, call_name: str, arguments: dict[str, Any], tool: Any) -> str:
+    """One call in words: its name as words, never the identifier, which a 0.5B model
+    copied into the request ("place_order" in 2 of run 10's 6 candidates)."""
     what = compact_description(tool) if tool is not None else ""
     values = ", ".join(f"{k} = {json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
-    lines = [f"{index}. {call_name}" + (f": {what}" if what else "")]
+    lines = [f"{index}. {' '.join(name_words(call_name))}" + (f": {what}" if what else "")]
     lines.append(f"   arguments: {values}" if values else "   arguments: none")
     return "\n".join(lines)
 
@@ -116,9 +119,30 @@ def request_problems(draft: RequestDraft, known_functions: set[str]) -> list[str
         problems.append("empty description")
     if not draft.request.strip():
         problems.append("empty request")
-    elif len(request_words(draft.request, known_functions)) < MIN_REQUEST_WORDS:
+        return problems
+    if len(request_words(draft.request, known_functions)) < MIN_REQUEST_WORDS:
         problems.append(f"a request of fewer than {MIN_REQUEST_WORDS} plain words")
+    syntax = call_syntax(draft.request, known_functions)
+    if syntax:
+        problems.append("written as code: " + ", ".join(syntax))
     return problems
+
+
+def rewrite_messages(
+    messages: ChatMessages, draft: RequestDraft, problems: Sequence[str]
+) -> ChatMessages:
+    """The prompt again, with the unusable answer and why, asking for a new one."""
+    answer = json.dumps(msgspec.to_builtins(draft), ensure_ascii=False)
+    feedback = (
+        f"That request cannot be used: {'; '.join(problems)}. Write it again as a person "
+        "would say it, in plain English with the values, without any function name or "
+        "code. Answer with the same JSON object."
+    )
+    return [
+        *messages,
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": feedback},
+    ]
 
 
 def unit_task(

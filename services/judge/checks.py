@@ -10,9 +10,9 @@ They run after the replay (``replay.py``) and before any LLM, each a verdict cri
   final environment state; a call whose removal leaves the final state as it was is
   redundant and the candidate is rejected naming it;
 - ``plain_request``: no request carries call syntax (a call, a JSON object, a function's
-  identifier; ``wording.py``);
+  identifier; ``shared/wording.py``);
 - ``same_action``: no request asks for the opposite of its calls ("remove" for
-  ``add_to_watchlist``; ``wording.py``);
+  ``add_to_watchlist``; ``shared/wording.py``);
 - ``intent_matches``: the task's text is closer to the functions it calls (name and
   description) than to most other functions the environment offers (all-MiniLM-L6-v2
   embeddings, or the n-gram cosine without the model; ``coevolve.shared.similarity``).
@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from coevolve.services.judge.wording import call_syntax, opposite_action
 from coevolve.shared.argument_values import salient_values, scalars
 from coevolve.shared.envs import Environment, state_of
 from coevolve.shared.messages import Task, ToolCall
 from coevolve.shared.similarity import Backend, NearDuplicateIndex
+from coevolve.shared.wording import call_syntax, opposite_action
 
 # The criteria semantic_checks reports, in its order (all checks enabled).
 SEMANTIC_CRITERIA: tuple[str, ...] = (

@@ -40,11 +40,13 @@ async def abstracted(tmp_path: Path, brain: WellFormedBrain, explored: Explorati
 
 async def test_each_unit_gets_a_request_and_the_filters_drop_the_bad_ones(tmp_path: Path) -> None:
     task = filesystem_seed_tasks(1)[0]
-    brain = WellFormedBrain(requests=["good", "eval_leak", "duplicate", "malformed"], parent=task)
+    kinds = ["good", "eval_leak", "duplicate", "malformed", "malformed"]
+    brain = WellFormedBrain(requests=kinds, parent=task)
     rounds = [[(folder(name), True)] for name in ("alpha", "beta", "gamma", "delta")]
     result, fake = await abstracted(tmp_path, brain, logged_exploration(rounds))
 
-    assert fake.calls == {"abstractor": 4} and result.drafts == 4
+    # the malformed request is asked for once more, and is malformed again
+    assert fake.calls == {"abstractor": 5} and result.drafts == 4
     [candidate] = result.candidates
     assert candidate.task.ground_truth == [[folder("alpha")]]
     assert "'alpha'" in candidate.task.user_turns[0]
@@ -59,3 +61,17 @@ async def test_an_exploration_with_nothing_that_replays_asks_no_llm(tmp_path: Pa
     )
     assert not fake.calls and result.drafts == 0 and not result.candidates
     assert [reason for reason, _ in result.dropped] == ["no_calls"]
+
+
+async def test_a_request_written_as_code_is_asked_for_again_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    brain = WellFormedBrain(requests=["code", "good"])
+    result, fake = await abstracted(
+        tmp_path, brain, logged_exploration([[(folder("alpha"), True)]])
+    )
+
+    assert fake.calls == {"abstractor": 2} and not result.dropped
+    [candidate] = result.candidates
+    assert "mkdir(" not in candidate.task.user_turns[0]
+    assert "'alpha'" in candidate.task.user_turns[0]

@@ -14,6 +14,7 @@ from xgrammar.testing import _is_grammar_accept_string
 from coevolve.services.abstractor.call_units import CallUnit
 from coevolve.services.abstractor.prompts import (
     RequestDraft,
+    describe_call,
     request_messages,
     request_problems,
     request_schema,
@@ -279,6 +280,8 @@ def test_request_prompt_shows_the_calls_their_functions_and_results(
     assert "2. touch: " in user and 'file_name = "a.txt"' in user
     assert f"- {task.user_turns[0]}" in user
     assert "never a function name, code, JSON or a log line" in user
+    # identifiers are shown as words, so the request has none to copy
+    assert describe_call(1, "place_order", {"symbol": "AAPL"}, None).startswith("1. place order")
 
 
 def test_request_problems(bfcl: tuple[Task, list[Any]]) -> None:
@@ -288,7 +291,12 @@ def test_request_problems(bfcl: tuple[Task, list[Any]]) -> None:
     # a function's name, or a log line, is not what a user asks
     for request in ("touch", "get_exchange_rate({}) -> {'exchanged_value': 0.5}"):
         named = msgspec.structs.replace(DRAFT, request=request)
-        assert request_problems(named, names) == ["a request of fewer than 3 plain words"]
+        assert request_problems(named, names)[0] == "a request of fewer than 3 plain words"
+    # call syntax inside an otherwise plain sentence is what the judge rejects as well
+    coded = msgspec.structs.replace(DRAFT, request="Please run touch(file_name='a.txt') there.")
+    assert request_problems(coded, names) == ["written as code: touch(file_name='a.txt')"]
+    trading = msgspec.structs.replace(DRAFT, request="Use place_order to buy 10 shares of AAPL.")
+    assert request_problems(trading, {"place_order"}) == ["written as code: place_order"]
     empty = RequestDraft(description=" ", request=" ")
     assert request_problems(empty, names) == ["empty description", "empty request"]
 

@@ -1,6 +1,7 @@
 """How a request is worded: plain English, asking for what its calls do.
 
-Two faults of synthesized requests that the other checks let through:
+The abstractor refuses, and the judge rejects, requests with these two faults, which
+replaying the calls cannot see:
 
 - call syntax: ``remove_from_watchlist({"stock": "Zeta Corp"})``, a JSON object, a
   function's identifier, a function's name with only a "Details:" clause
