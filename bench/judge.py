@@ -201,8 +201,8 @@ def opposite_function(
 ) -> Labelled | None:
     """One call swapped for the function of its class that does the opposite action
     (``remove_stock_from_watchlist`` for ``add_to_watchlist``), the request unchanged."""
-    from coevolve.services.judge.wording import OPPOSITE_ACTIONS, name_words
     from coevolve.shared.envs.bfcl.catalog import function_docs
+    from coevolve.shared.wording import OPPOSITE_ACTIONS, name_words
 
     pairs = [*OPPOSITE_ACTIONS, *((b, a) for a, b in OPPOSITE_ACTIONS)]
     calls = task.ground_truth[0]
@@ -582,28 +582,14 @@ def _rate(count: int, total: int) -> float | None:
 # --------------------------------------------------------------------------- run
 
 
-def _judge_llm(server: Any) -> Any:
-    from coevolve.shared.llm import OpenAIBackend, RoleLLM, role_settings
-    from coevolve.shared.llm.roles import local_endpoint
-
-    settings = role_settings({"default": {"temperature": 0.0}})["judge"]
-    endpoint = local_endpoint(settings, server.base_url, server.api_key, server.alias)
-    return RoleLLM("judge", OpenAIBackend(endpoint), settings)
-
-
 async def _with_llm(outcomes: Sequence[Outcome], run_dir: Path, max_tokens: int) -> None:
-    from coevolve.shared.llm.server import LlamaServer, ServerSettings
+    from coevolve.bench.local_llm import served_roles
+    from coevolve.shared.llm.server import ServerSettings
 
-    server = LlamaServer(
-        ServerSettings(n_threads=1, n_ctx=8192), log_file=run_dir / "logs" / "llm.log"
-    )
-    await asyncio.to_thread(server.start)
-    llm = _judge_llm(server)
-    try:
-        await llm_stages(outcomes, llm, max_tokens)
-    finally:
-        await llm.client.aclose()
-        await asyncio.to_thread(server.stop)
+    settings = ServerSettings(n_threads=1, n_ctx=8192)
+    greedy = {"default": {"temperature": 0.0}}
+    async with served_roles(settings, ("judge",), run_dir, greedy) as llms:
+        await llm_stages(outcomes, llms["judge"], max_tokens)
 
 
 def run(quick: bool) -> dict[str, Any]:

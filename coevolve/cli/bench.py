@@ -29,6 +29,7 @@ BENCHMARKS = {
     "services": "coevolve up vs up --schedule lockstep: learner steps, accepted tasks per hour",
     "sft": "SFT warm start, ours vs TRL SFTTrainer: s/step, peak RSS, loss tokens, losses",
     "judge": "judge stages on BFCL train turns and corrupted copies: accept/reject rates, s/cand",
+    "synthesis": "recorded explorations through abstractor and judge per role model: accepted",
 }
 
 

@@ -1,0 +1,368 @@
+"""Synthesis benchmark: how many accepted tasks each role model makes of the same
+recorded explorations.
+
+The inputs are fixed: the 16 explorations a default run recorded
+(``docs/results/explorations-20261126-run10.jsonl``, one ``Exploration`` in msgspec JSON a
+line, as the explorer's ``record`` writes them). For each model of ``ROLE_MODELS`` one
+local llama.cpp server serves every LLM role: the abstractor, the judge and the judge's
+round-trip solver. Each exploration goes through the abstractor's handler (``abstract``)
+and each of its candidates through the judge's (``judge_candidate``), their dependencies
+built as the services build them, without the bus: the abstractor de-duplicates against a
+DuckDB pool seeded with BFCL's train split (every class: the pool of the run that recorded
+the explorations), and its leak guard is built once before the timing starts. The judge
+runs every stage, the round trip and the LLM judge included (both off by default), so
+``passed_checks`` counts what the default judge accepts and ``accepted`` what the full
+judge accepts. The roles keep a default run's settings (temperature 0.7).
+
+Per model: ``explorations``, ``candidates``, ``accepted``, ``round_trip_pass``,
+``passed_checks``, ``s_per_candidate`` (wall seconds of abstractor and judge over the
+candidates), ``seconds``, the abstractor's drops by reason (``unusable_output:<kind>`` for
+answers it could not use), the judge's rejections by failed check, and each accepted
+task's request and calls, for a person to label. ``--quick``: the first 4 explorations,
+the default 0.5B model only. Server threads: ``OMP_NUM_THREADS``, else 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from coevolve.bench.local_llm import served_roles
+from coevolve.schedules.synthesis import PoolFile
+from coevolve.services.abstractor.handler import (
+    Abstraction,
+    AbstractorConfig,
+    AbstractorDeps,
+    abstract,
+    similarity_cache_dir,
+)
+from coevolve.services.judge.checks import call_text
+from coevolve.services.judge.handler import JudgeConfig, Judged, JudgeDeps, judge_candidate
+from coevolve.services.pool_store.actor import seed_tasks_for
+from coevolve.services.pool_store.store import PoolStore
+from coevolve.shared.config import DEFAULT_RUN_DIR
+from coevolve.shared.llm import LLMServerError, LLMUnavailable, Role, RoleLLM, ServerSettings
+from coevolve.shared.llm.model_file import DEFAULT_MODEL, ROLE_MODELS
+from coevolve.shared.messages import Exploration, Task
+from coevolve.shared.similarity import LeakGuard
+from coevolve.shared.structured import RejectionCounter
+
+ROOT = Path(__file__).resolve().parents[1]
+INPUTS = Path("docs/results/explorations-20261126-run10.jsonl")
+QUICK_EXPLORATIONS = 4
+SERVED_ROLES: tuple[Role, ...] = ("abstractor", "judge")  # the round-trip solver is the judge's
+# outcomes of candidates that never got past the deterministic stages
+CHECK_OUTCOMES = frozenset({"rejected_by_replay", "rejected_by_checks"})
+
+# model alias, run directory -> the roles' clients on that model for the block
+Serve = Callable[[str, Path], AbstractAsyncContextManager[Mapping[Role, RoleLLM]]]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The abstractor's and judge's sections as the benchmark runs them."""
+
+    abstractor: AbstractorConfig = field(default_factory=AbstractorConfig)
+    judge: JudgeConfig = field(default_factory=lambda: JudgeConfig(round_trip=True, llm_judge=True))
+
+
+def progress(line: str) -> None:
+    print(f"[synthesis] {line}", file=sys.stderr, flush=True)
+
+
+def load_explorations(path: Path, limit: int | None = None) -> list[Exploration]:
+    """The explorations of a record file (msgspec JSON, one a line), the first ``limit``."""
+    lines = [line for line in path.read_bytes().splitlines() if line.strip()]
+    return [msgspec.json.decode(line, type=Exploration) for line in lines[:limit]]
+
+
+def server_threads() -> int:
+    """The LLM server's threads: ``OMP_NUM_THREADS``, else 1 (as every model process here)."""
+    return int(os.environ.get("OMP_NUM_THREADS") or 1)
+
+
+def local_roles(model: str, run_dir: Path) -> AbstractAsyncContextManager[Mapping[Role, RoleLLM]]:
+    """A llama.cpp server with ``model`` for the block, every role on it."""
+    settings = ServerSettings(model=model, n_threads=server_threads())
+    return served_roles(settings, SERVED_ROLES, run_dir)
+
+
+def cpu_info() -> dict[str, Any]:
+    """The CPU's model name and whether it has native bfloat16 dot products."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return {"model": None, "avx512_bf16": None}
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
+    values = {key.strip(): value.strip() for key, value in fields.items()}
+    return {
+        "model": values.get("model name"),
+        "avx512_bf16": "avx512_bf16" in values.get("flags", "").split(),
+    }
+
+
+def for_labelling(task: Task) -> dict[str, Any]:
+    """An accepted task as a person reads it: the request and the calls."""
+    return {
+        "id": task.id,
+        "request": "\n".join(task.user_turns),
+        "calls": [call_text(call) for turn in task.ground_truth for call in turn],
+    }
+
+
+@dataclass
+class Tally:
+    """What one model made of the explorations."""
+
+    explorations: int = 0
+    call_units: int = 0
+    candidates: int = 0
+    accepted: int = 0
+    passed_checks: int = 0
+    round_trip_pass: int = 0
+    seconds: float = 0.0
+    abstractor_rejections: Counter[str] = field(default_factory=Counter)
+    judge_rejections: Counter[str] = field(default_factory=Counter)
+    judge_outcomes: Counter[str] = field(default_factory=Counter)
+    judge_unusable_outputs: Counter[str] = field(default_factory=Counter)  # by kind
+    accepted_tasks: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    def add_abstraction(self, abstraction: Abstraction) -> None:
+        self.explorations += 1
+        self.call_units += abstraction.drafts
+        self.candidates += len(abstraction.candidates)
+        self.abstractor_rejections.update(reason for reason, _ in abstraction.dropped)
+        self.abstractor_rejections.update(
+            f"unusable_output:{rejection.kind}" for rejection in abstraction.rejections
+        )
+
+    def add_judged(self, judged: Judged) -> None:
+        verdict = judged.verdict
+        self.judge_outcomes[judged.outcome] += 1
+        self.passed_checks += judged.outcome not in CHECK_OUTCOMES
+        self.round_trip_pass += verdict.criteria.get("round_trip") is True
+        if verdict.accepted:
+            self.accepted += 1
+            self.accepted_tasks.append(for_labelling(verdict.task))
+            return
+        failed = [name for name, passed in verdict.criteria.items() if not passed]
+        # the LLM judge can reject with every criterion holding, and an unusable answer
+        # has none: the outcome names the stage then
+        self.judge_rejections.update(failed or [judged.outcome])
+
+    def report(self) -> dict[str, Any]:
+        per_candidate = self.seconds / self.candidates if self.candidates else None
+        row: dict[str, Any] = {
+            "explorations": self.explorations,
+            "call_units": self.call_units,
+            "candidates": self.candidates,
+            "accepted": self.accepted,
+            "passed_checks": self.passed_checks,
+            "round_trip_pass": self.round_trip_pass,
+            "s_per_candidate": None if per_candidate is None else round(per_candidate, 2),
+            "seconds": round(self.seconds, 2),
+            "abstractor_rejections": dict(self.abstractor_rejections),
+            "judge_rejections": dict(self.judge_rejections),
+            "judge_outcomes": dict(self.judge_outcomes),
+            "judge_unusable_outputs": dict(self.judge_unusable_outputs),
+            "accepted_tasks": self.accepted_tasks,
+        }
+        if self.error is not None:
+            row["error"] = self.error
+        return row
+
+
+async def synthesize(
+    model: str,
+    explorations: Sequence[Exploration],
+    abstractor: AbstractorDeps,
+    judge: JudgeDeps,
+) -> Tally:
+    """Each exploration through the abstractor, each candidate through the judge; an LLM
+    that becomes unreachable ends the pass (what was done is kept)."""
+    tally = Tally()
+    started = time.perf_counter()
+    try:
+        for number, exploration in enumerate(explorations, start=1):
+            abstraction = await abstract(exploration, abstractor)
+            tally.add_abstraction(abstraction)
+            for candidate in abstraction.candidates:
+                tally.add_judged(await judge_candidate(candidate, judge))
+            progress(
+                f"{model}: exploration {number}/{len(explorations)}: "
+                f"+{len(abstraction.candidates)} candidates ({tally.candidates} in all, "
+                f"{tally.accepted} accepted, {time.perf_counter() - started:.0f} s)"
+            )
+    except LLMUnavailable as exc:
+        tally.error = f"the LLM became unavailable: {exc}"
+    tally.seconds = time.perf_counter() - started
+    # the round-trip solver's and the judge's answers that could not be used
+    tally.judge_unusable_outputs.update(judge.judgments.rejected)
+    return tally
+
+
+async def measure_model(
+    model: str,
+    explorations: Sequence[Exploration],
+    serve: Serve,
+    pool: PoolFile,
+    guard: LeakGuard | None,
+    setup: Setup,
+    run_dir: Path,
+    cache_dir: Path,
+) -> dict[str, Any]:
+    """One model's pass, its de-duplication texts fresh; an error row when its server
+    cannot start (the 1.5B model is installed only on request)."""
+    progress(f"{model}: starting its server")
+    try:
+        async with serve(model, run_dir / model) as roles:
+            abstractor = AbstractorDeps(
+                roles["abstractor"], setup.abstractor, pool, cache_dir, leak_guard=guard
+            )
+            judge = JudgeDeps(roles["judge"], setup.judge, RejectionCounter())
+            tally = await synthesize(model, explorations, abstractor, judge)
+    except LLMServerError as exc:
+        progress(f"{model}: no server: {exc}")
+        return {"error": f"the LLM server did not start: {exc}"}
+    return tally.report()
+
+
+async def measure_models(
+    models: Sequence[str],
+    explorations: Sequence[Exploration],
+    serve: Serve,
+    pool: PoolFile,
+    setup: Setup,
+    run_dir: Path,
+    cache_dir: Path,
+) -> dict[str, dict[str, Any]]:
+    """Each model's row, one after the other, with one leak guard built for all."""
+    guard: LeakGuard | None = None
+    if setup.abstractor.leak_guard:
+        progress("building the eval leak guard")
+        config = setup.abstractor
+        guard = await asyncio.to_thread(
+            lambda: LeakGuard(backend=config.leak_backend, cache_dir=cache_dir)
+        )
+    return {
+        model: await measure_model(
+            model, explorations, serve, pool, guard, setup, run_dir, cache_dir
+        )
+        for model in models
+    }
+
+
+def seeded_pool(path: Path) -> PoolStore:
+    """A DuckDB pool at ``path`` holding BFCL's train split as seed tasks."""
+    store = PoolStore(path)
+    try:
+        store.add_tasks(seed_tasks_for("bfcl"))
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def run(
+    quick: bool,
+    serve: Serve | None = None,
+    setup: Setup | None = None,
+    inputs: Path | None = None,
+    base_run_dir: Path | None = None,
+) -> dict[str, Any]:
+    """The benchmark's report (see the module docstring); ``serve``, ``setup``, ``inputs``
+    replace the local servers, the sections and the explorations (tests)."""
+    setup = setup or Setup()
+    source = inputs or ROOT / INPUTS
+    explorations = load_explorations(source, QUICK_EXPLORATIONS if quick else None)
+    models = [DEFAULT_MODEL.alias] if quick else list(ROLE_MODELS)
+    base = base_run_dir or Path(os.environ.get("COEVOLVE_RUN_DIR") or DEFAULT_RUN_DIR)
+    run_dir = (base / "bench" / f"synthesis-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # the embedding index of the eval queries outlives this run, as in a default run's
+    cache_dir = similarity_cache_dir(setup.abstractor, base.resolve())
+    progress(f"{len(explorations)} explorations, models {', '.join(models)}; {run_dir}")
+    with seeded_pool(run_dir / "pool.duckdb") as store:
+        results = asyncio.run(
+            measure_models(
+                models,
+                explorations,
+                serve or local_roles,
+                PoolFile(store),
+                setup,
+                run_dir,
+                cache_dir,
+            )
+        )
+    report: dict[str, Any] = {
+        "benchmark": "synthesis",
+        "quick": quick,
+        "inputs": {
+            "path": str(INPUTS if inputs is None else source),
+            "sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+            "explorations": len(explorations),
+        },
+        "models": results,
+        "cpu": cpu_info(),
+        "threads": server_threads(),
+        "judge": {"round_trip": setup.judge.round_trip, "llm_judge": setup.judge.llm_judge},
+        "run_dir": str(run_dir),
+    }
+    print_table(report)
+    return report
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=150)
+    cpu = report["cpu"]
+    table = Table(
+        title=f"synthesis of {report['inputs']['explorations']} recorded explorations, "
+        f"{cpu['model']}, {report['threads']} server thread(s)"
+    )
+    columns = ("model", "explorations", "candidates", "passed checks", "round trip")
+    for column in (*columns, "accepted", "s/cand", "seconds"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for model, row in report["models"].items():
+        if "candidates" not in row:
+            table.add_row(model, *["-"] * 7)
+            continue
+        per = row["s_per_candidate"]
+        table.add_row(
+            model,
+            *(str(row[key]) for key in ("explorations", "candidates", "passed_checks")),
+            str(row["round_trip_pass"]),
+            str(row["accepted"]),
+            "-" if per is None else f"{per:.1f}",
+            f"{row['seconds']:.0f}",
+        )
+    console.print(table)
+    for model, row in report["models"].items():
+        if "error" in row:
+            console.print(f"{model}: {row['error']}", markup=False)
+        if "candidates" not in row:
+            continue
+        lines = [
+            f"{model}: abstractor dropped {row['abstractor_rejections']}",
+            f"{model}: judge rejected, by check {row['judge_rejections']}",
+            *(
+                f"{model}: accepted {task['request']!r} -> {'; '.join(task['calls'])}"
+                for task in row["accepted_tasks"]
+            ),
+        ]
+        for line in lines:
+            console.print(line, markup=False, highlight=False)
