@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from typing import Annotated
 
 import anyio
@@ -18,22 +19,30 @@ import typer
 
 from coevolve.cli.data_cmds import connect_settings
 from coevolve.cli.options import ConfigOption, RunDirOption
+from coevolve.services.pool_store.actor import PoolStoreConfig
 from coevolve.shared.bus import Bus, BusError
-from coevolve.shared.envs.bfcl.tasks import seed_tasks
+from coevolve.shared.envs.bfcl.tasks import in_world, seed_tasks
 from coevolve.shared.messages import ExplorationRequest, Task
 from coevolve.shared.permissions import OPERATOR
 from coevolve.shared.subjects import EXPLORATION_REQUESTS
 
 
-def choose_tasks(count: int, seed: int, task_ids: list[str] | None = None) -> list[Task]:
-    """``task_ids`` from the train split, or ``count`` of its tasks drawn with ``seed``."""
-    train = seed_tasks()
+def choose_tasks(
+    count: int,
+    seed: int,
+    task_ids: list[str] | None = None,
+    classes: Sequence[str] | None = None,
+) -> list[Task]:
+    """``task_ids`` from the train split, or ``count`` of its tasks drawn with ``seed``;
+    only entries of the world ``classes`` (None: every entry)."""
+    train = [task for task in seed_tasks() if in_world(task, classes)]
     if task_ids:
         by_id = {task.id: task for task in train}
         unknown = [task_id for task_id in task_ids if task_id not in by_id]
         if unknown:
             raise typer.BadParameter(
-                f"not in the train split: {', '.join(unknown)} (eval entries are never explored)",
+                f"not in the train split of the run's world: {', '.join(unknown)} (eval "
+                "entries are never explored)",
                 param_hint="--task",
             )
         return [by_id[task_id] for task_id in task_ids]
@@ -71,8 +80,9 @@ def explore(
     run_dir: RunDirOption = None,
 ) -> None:
     """Publish unguided exploration requests from train-split states (seed mode)."""
-    chosen = choose_tasks(tasks, seed, task_ids)
     settings = connect_settings(config, run_dir)
+    world = settings.section("pool_store", PoolStoreConfig).seed_classes
+    chosen = choose_tasks(tasks, seed, task_ids, world)
 
     async def main() -> list[ExplorationRequest]:
         bus = await Bus.connect(settings.bus, name="coevolve-explore", user=OPERATOR)

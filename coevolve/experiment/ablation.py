@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import yaml
 
 from coevolve.bench.dataloop import (
@@ -91,6 +92,13 @@ class ExperimentSpec:
         if not isinstance(loaded, dict):
             raise ValueError(f"{self.base_config} must hold a mapping")
         return loaded
+
+    def world(self) -> list[str] | None:
+        """The API classes the runs train in (``pool_store.seed_classes``; None: all)."""
+        from coevolve.services.pool_store.actor import PoolStoreConfig
+
+        section = self.base_settings().get("services", {}).get("pool_store", {})
+        return msgspec.convert(section, PoolStoreConfig).seed_classes
 
     def marks(self) -> list[float]:
         """Minute marks at which the current policy is kept for evaluation (0 excluded:
@@ -343,7 +351,8 @@ async def control_arm(
                 if pacer is not None and marks:
                     due = pacer.requests_due(now)
                     if due:
-                        tasks = choose_tasks(due, seed=rng.randrange(1 << 30))
+                        draw = rng.randrange(1 << 30)
+                        tasks = choose_tasks(due, seed=draw, classes=spec.world())
                         await publish_requests(bus, tasks, rounds=1)
                         live.requests_sent += due
                 if marks:
@@ -369,7 +378,12 @@ def keep_current_policy(run: Path, marks_dir: Path, mark: float) -> int:
 
 
 def evaluate(
-    weights: Path, run: Path, tasks: int, cache: Path, max_steps: int = 4
+    weights: Path,
+    run: Path,
+    tasks: int,
+    cache: Path,
+    max_steps: int = 4,
+    classes: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Held-out per-turn BFCL success of ``weights`` (``coevolve eval`` in a subprocess),
     cached in ``cache``."""
@@ -380,6 +394,7 @@ def evaluate(
     # the same seeded sample, spread over entries, for every policy: paired across arms
     argv += ["--policy", str(weights), "--sample", str(tasks), "--seed", "0"]
     argv += ["--max-steps-per-turn", str(max_steps)]
+    argv += ["--classes", ",".join(classes) if classes is not None else "all"]
     argv += ["--json", "--run-dir", str(run)]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
@@ -469,7 +484,9 @@ def run_arm(
             if version == 1:  # the warm start's own v1, copied into every arm
                 cache = out / "warm" / "eval-v1.json"
             try:
-                score = evaluate(weights, run, spec.eval_tasks, cache, spec.eval_max_steps)
+                score = evaluate(
+                    weights, run, spec.eval_tasks, cache, spec.eval_max_steps, spec.world()
+                )
             except (RuntimeError, ValueError, KeyError) as exc:  # recorded, not fatal
                 error = str(exc)
                 log(f"[experiment] {arm} seed {seed}: evaluation of v{version} failed: {exc}")
@@ -508,6 +525,7 @@ def run_experiment(
         spec.eval_tasks,
         out / "warm" / "eval-v1.json",
         spec.eval_max_steps,
+        spec.world(),
     )
     for arm, seed in todo:
         run_arm(spec, out, arm, seed, base_run_dir, log)
