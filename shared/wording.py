@@ -44,6 +44,9 @@ OPPOSITE_ACTIONS: tuple[tuple[frozenset[str], frozenset[str]], ...] = tuple(
 # brackets): ``f()``, ``cd(folder='x')``; not "file(s)" nor "Nvidia (NVDA)"
 _CALL = re.compile(r"\b[A-Za-z_]\w*\((?:\s*|[^()]*[=:{\[\"'][^()]*)\)")
 _JSON_OBJECT = re.compile(r"\{\s*[\"']\w+[\"']\s*:")
+# log lines: the abstractor's own prompt echoed ("arguments: x = 1 returned: {"), an HTTP
+# request line; none of BFCL's 731 base turns has either
+_LOG_LINE = re.compile(r"\b(?:arguments|returned)\s*:|\b(?:GET|POST|PUT|PATCH|DELETE)\s+\S*/")
 _WORD = re.compile(r"[a-z]+")
 # the abstractor's completion appends the values a request leaves out as "Details: ..."
 _DETAILS = re.compile(r"\bDetails:.*$", re.DOTALL)
@@ -64,6 +67,7 @@ def call_syntax(request: str, functions: Iterable[str]) -> list[str]:
     identifier); [] for plain English."""
     found = [match.group(0)[:60] for match in _CALL.finditer(request)]
     found += [match.group(0) for match in _JSON_OBJECT.finditer(request)]
+    found += [match.group(0) for match in _LOG_LINE.finditer(request)]
     names = list(functions)
     found += [
         name
@@ -75,6 +79,21 @@ def call_syntax(request: str, functions: Iterable[str]) -> list[str]:
     if len(plain) < MIN_PLAIN_WORDS:
         found.append(f"{len(plain)} plain words before its details")
     return list(dict.fromkeys(found))
+
+
+def other_function_named(request: str, called: Sequence[str], offered: Sequence[str]) -> str | None:
+    """An offered function that is not called but whose name (two words or more, in
+    words: "check tire pressure") ``request`` says, while it says no called function's
+    name; None otherwise. One of BFCL's 731 base turns does this."""
+    text = " ".join(_WORD.findall(request.lower()))
+
+    def said(function: str) -> bool:
+        words = name_words(function)
+        return len(words) >= 2 and re.search(rf"\b{' '.join(words)}\b", text) is not None
+
+    if any(said(name) for name in called):
+        return None
+    return next((name for name in offered if name not in called and said(name)), None)
 
 
 def opposite_action(request: str, called: str, offered: Sequence[str]) -> str | None:

@@ -299,7 +299,7 @@ async def write_request(
         )
         if isinstance(draft, Rejection):
             return draft
-        problems = request_problems(draft, known)
+        problems = request_problems(draft, known, [call.name for call in unit.calls])
         if not problems:
             return draft
         if rewrites == config.rewrites:

@@ -25,7 +25,7 @@ from coevolve.shared.messages import (
     Task,
     derived_id,
 )
-from coevolve.shared.wording import call_syntax, name_words
+from coevolve.shared.wording import call_syntax, name_words, other_function_named
 
 ChatMessages = list[dict[str, str]]
 
@@ -112,8 +112,11 @@ def request_words(request: str, functions: set[str]) -> list[str]:
     return [w for w in words if re.fullmatch(r"[A-Za-z][a-z']*", w) and w not in functions]
 
 
-def request_problems(draft: RequestDraft, known_functions: set[str]) -> list[str]:
-    """Why ``draft`` cannot become a task's request; [] when it can."""
+def request_problems(
+    draft: RequestDraft, known_functions: set[str], called: Sequence[str] = ()
+) -> list[str]:
+    """Why ``draft`` cannot become a task's request for the calls of ``called``; [] when
+    it can."""
     problems: list[str] = []
     if not draft.description.strip():
         problems.append("empty description")
@@ -125,6 +128,9 @@ def request_problems(draft: RequestDraft, known_functions: set[str]) -> list[str
     syntax = call_syntax(draft.request, known_functions)
     if syntax:
         problems.append("written as code: " + ", ".join(syntax))
+    other = other_function_named(draft.request, called, sorted(known_functions))
+    if other is not None:
+        problems.append(f"it asks to {' '.join(name_words(other))}, which these calls do not do")
     return problems
 
 

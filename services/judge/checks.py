@@ -10,9 +10,10 @@ They run after the replay (``replay.py``) and before any LLM, each a verdict cri
   final environment state; a call whose removal leaves the final state as it was is
   redundant and the candidate is rejected naming it;
 - ``plain_request``: no request carries call syntax (a call, a JSON object, a function's
-  identifier; ``shared/wording.py``);
+  identifier) or a log line (``shared/wording.py``);
 - ``same_action``: no request asks for the opposite of its calls ("remove" for
-  ``add_to_watchlist``; ``shared/wording.py``);
+  ``add_to_watchlist``) or names another function instead of its own ("check tire
+  pressure" for ``adjustClimateControl``; ``shared/wording.py``);
 - ``intent_matches``: the task's text is closer to the functions it calls (name and
   description) than to most other functions the environment offers (all-MiniLM-L6-v2
   embeddings, or the n-gram cosine without the model; ``coevolve.shared.similarity``).
@@ -36,7 +37,7 @@ from coevolve.shared.argument_values import salient_values, scalars
 from coevolve.shared.envs import Environment, state_of
 from coevolve.shared.messages import Task, ToolCall
 from coevolve.shared.similarity import Backend, NearDuplicateIndex
-from coevolve.shared.wording import call_syntax, opposite_action
+from coevolve.shared.wording import call_syntax, opposite_action, other_function_named
 
 # The criteria semantic_checks reports, in its order (all checks enabled).
 SEMANTIC_CRITERIA: tuple[str, ...] = (
@@ -521,17 +522,24 @@ def check_plain_request(task: Task, trace: CallTrace) -> CheckResult:
 
 
 def check_same_action(task: Task, trace: CallTrace) -> CheckResult:
-    """No request asks for the opposite of what its turn's calls do."""
+    """No request asks for the opposite of what its turn's calls do, or names another
+    function of its environment instead of its own."""
     offered = offered_names(trace)
     reasons = []
+    called_by_turn: dict[int, list[str]] = {}
     for traced in trace.calls:
         if traced.turn >= len(task.user_turns):
             continue
+        called_by_turn.setdefault(traced.turn, []).append(traced.call.name)
         said = opposite_action(task.user_turns[traced.turn], traced.call.name, offered)
         if said is not None:
             reasons.append(
                 f"request {traced.turn} asks to {said!r} but its call is {traced.call.name}"
             )
+    for turn, called in sorted(called_by_turn.items()):
+        other = other_function_named(task.user_turns[turn], called, offered)
+        if other is not None:
+            reasons.append(f"request {turn} names {other} but calls {', '.join(called)}")
     return CheckResult("same_action", not reasons, reasons)
 
 

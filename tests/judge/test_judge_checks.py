@@ -102,11 +102,35 @@ def test_a_request_for_the_opposite_of_its_call_is_rejected() -> None:
         "Add NVDA to my watchlist with add_to_watchlist.",
         'Add {"stock": "NVDA"} to my watchlist.',
         "Call get_stock_info() and then add NVDA to my watchlist.",
+        # the abstractor's prompt echoed, and an HTTP request line: both seen in a run
+        'add to watchlist: Adds a stock. arguments: stock = "NVDA" returned: {',
+        "POST https://example.com/nvda/watchlist",
     ],
 )
 def test_call_syntax_in_any_form_is_found(request_text: str) -> None:
     task = with_request(with_calls(turn(STOCK), WATCH_NVDA), request_text)
     assert "plain_request" in failed_checks(task)
+
+
+def test_a_request_naming_another_function_of_its_class_is_rejected() -> None:
+    """A task a default run accepted: the request names one function, the call is another."""
+    climate = [
+        ToolCall(
+            name="adjustClimateControl",
+            arguments={"temperature": 35.0, "unit": "celsius", "fanSpeed": 12, "mode": "heat"},
+        )
+    ]
+    task = with_request(
+        with_calls(turn(DOORS), climate),
+        "Check tire pressure Details: temperature 35.0; unit 'celsius'; fanSpeed 12; mode 'heat'.",
+    )
+    failed = failed_checks(task)
+    assert "same_action" in failed
+    assert "check_tire_pressure" in failed["same_action"][0]
+    fixed = with_request(
+        task, "Adjust the climate control to 35 degrees celsius, fan speed 12, in heat mode."
+    )
+    assert "same_action" not in failed_checks(fixed)
 
 
 def test_a_redundant_state_changing_call_is_named() -> None:

@@ -296,7 +296,16 @@ def test_request_problems(bfcl: tuple[Task, list[Any]]) -> None:
     coded = msgspec.structs.replace(DRAFT, request="Please run touch(file_name='a.txt') there.")
     assert request_problems(coded, names) == ["written as code: touch(file_name='a.txt')"]
     trading = msgspec.structs.replace(DRAFT, request="Use place_order to buy 10 shares of AAPL.")
-    assert request_problems(trading, {"place_order"}) == ["written as code: place_order"]
+    assert request_problems(trading, {"place_order"}, ["place_order"]) == [
+        "written as code: place_order"
+    ]
+    # a request for another function of the environment than the one called
+    tires = msgspec.structs.replace(DRAFT, request="Check tire pressure on all four wheels.")
+    offered = {"check_tire_pressure", "adjustClimateControl"}
+    assert request_problems(tires, offered, ["adjustClimateControl"]) == [
+        "it asks to check tire pressure, which these calls do not do"
+    ]
+    assert request_problems(tires, offered, ["check_tire_pressure"]) == []
     empty = RequestDraft(description=" ", request=" ")
     assert request_problems(empty, names) == ["empty description", "empty request"]
 
