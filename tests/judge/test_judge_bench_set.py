@@ -6,9 +6,12 @@ import itertools
 
 from coevolve.bench.judge import (
     ALL_CORRUPTIONS,
+    INTENT_GRID,
     deterministic_pass,
     deterministic_stages,
+    fit_intent_threshold,
     labelled_set,
+    with_intent_threshold,
 )
 from coevolve.shared.envs.bfcl.tasks import split_of
 
@@ -69,3 +72,25 @@ def test_the_errors_synthesis_made_are_in_the_set_and_rejected() -> None:
     for item in made:
         outcome = deterministic_stages(item, "ngram")
         assert not deterministic_pass(outcome), (item.kind, item.note, outcome.passed)
+
+
+def test_the_intent_threshold_is_fitted_on_the_given_half_only() -> None:
+    items, _ = labelled_set(8, seed=3)
+    outcomes = [deterministic_stages(item, "ngram") for item in items]
+    positives = [o for o in outcomes if o.item.positive]
+    # the highest score any positive needs: everything at or below it passes that check
+    strict = fit_intent_threshold(outcomes, min_accept=1.0)
+    lenient = fit_intent_threshold(outcomes, min_accept=0.0)
+    assert lenient == max(INTENT_GRID) and strict <= lenient
+    for outcome in positives:
+        at_strict = with_intent_threshold(outcome, strict)
+        assert at_strict.passed["intent_matches"] == (outcome.intent_score >= strict)
+    passing = [deterministic_pass(with_intent_threshold(o, strict)) for o in positives]
+    if strict > min(INTENT_GRID):
+        assert all(passing)
+    # a threshold no turn reaches rejects every positive's relevance
+    assert not any(
+        with_intent_threshold(o, 1.01).passed["relevance"]
+        for o in positives
+        if o.intent_score < 1.0
+    )
