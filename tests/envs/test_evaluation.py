@@ -93,13 +93,11 @@ def _cli() -> typer.Typer:
 
 
 def test_eval_command_ground_truth_json_on_the_last_line() -> None:
-    result = CliRunner().invoke(
-        _cli(),
-        ["--suite", "bfcl-multi-turn-base", "--policy", "ground-truth", "--json"],
-    )
+    args = ["--suite", "bfcl-multi-turn-base", "--classes", "all", "--policy", "ground-truth"]
+    result = CliRunner().invoke(_cli(), [*args, "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["n"] == 200 and report["split"] == "all"
+    assert report["n"] == 200 and report["split"] == "all" and report["classes"] == "all"
     assert report["accuracy"] >= 0.99
     failing = [e for e in report["entries"] if e["score"] < 1.0]
     assert all("replay errors" in e["detail"] for e in failing)
