@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -147,27 +146,23 @@ def run(
 
 def paired_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     """GRPO - warm start per seed (95% t-interval over seeds) and per task, pooled."""
-    from scipy import stats
+    from coevolve.report.stats import mean_interval, sign_test
 
     differences = [
         r["heldout_success_grpo_final"] - r["heldout_success_warm_start"] for r in results
     ]
-    n = len(differences)
-    mean = sum(differences) / n if n else 0.0
+    mean = sum(differences) / len(differences) if differences else 0.0
     interval: list[float] | None = None
-    if n >= 2:
-        sd = statistics.stdev(differences)
-        half = float(stats.t.ppf(0.975, n - 1)) * sd / n**0.5
-        interval = [round(mean - half, 4), round(mean + half, 4)]
+    if len(differences) >= 2:
+        t_interval = mean_interval(differences)
+        interval = [round(t_interval.low, 4), round(t_interval.high, 4)]
     gained = lost = 0
     for r in results:
         warm = {e["task_id"]: e["reward"] for e in r["heldout_episodes"]["warm_start"]}
         final = {e["task_id"]: e["reward"] for e in r["heldout_episodes"][r["final_label"]]}
         gained += sum(1 for t, v in final.items() if v >= 1.0 > warm.get(t, 0.0))
         lost += sum(1 for t, v in final.items() if v < 1.0 <= warm.get(t, 0.0))
-    # exact two-sided sign test on the tasks that changed (McNemar's exact form)
-    changed = gained + lost
-    p_value = float(stats.binomtest(gained, changed).pvalue) if changed else 1.0
+    p_value = sign_test(gained, lost)
     return {
         "seeds": [r["seed"] for r in results],
         "heldout_success_warm_start": [r["heldout_success_warm_start"] for r in results],

@@ -25,6 +25,11 @@ class Interval:
         return self.low > 0 or self.high < 0
 
 
+def sign_test(wins: int, losses: int) -> float:
+    """Two-sided exact sign test on the discordant pairs (McNemar's exact form)."""
+    return 1.0 if wins + losses == 0 else float(scipy_stats.binomtest(wins, wins + losses).pvalue)
+
+
 def mean_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
     """Mean with its t interval; with one value the interval is that value."""
     if not values:
@@ -132,8 +137,7 @@ def paired_delta(
     if binary:
         wins = sum(1 for d in differences if d > 0)
         losses = sum(1 for d in differences if d < 0)
-        p = 1.0 if wins + losses == 0 else float(scipy_stats.binomtest(wins, wins + losses).pvalue)
-        test = "exact sign test (McNemar)"
+        p, test = sign_test(wins, losses), "exact sign test (McNemar)"
     elif all(d == 0 for d in differences):
         p, test = 1.0, "paired permutation"
     else:
