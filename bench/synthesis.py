@@ -18,8 +18,8 @@ Per model: ``explorations``, ``candidates``, ``accepted``, ``round_trip_pass``,
 ``passed_checks``, ``s_per_candidate`` (wall seconds of abstractor and judge over the
 candidates), ``seconds``, the abstractor's drops by reason (``unusable_output:<kind>`` for
 answers it could not use), the judge's rejections by failed check, and each accepted
-task's request and calls, for a person to label. ``--quick``: the first 4 explorations,
-the default 0.5B model only. Server threads: ``OMP_NUM_THREADS``, else 1.
+task's request and calls, for a person to label. ``--quick``: the first 4 explorations
+(every model still). Server threads: ``OMP_NUM_THREADS``, else 1.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from coevolve.services.pool_store.actor import seed_tasks_for
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.config import DEFAULT_RUN_DIR
 from coevolve.shared.llm import LLMServerError, LLMUnavailable, Role, RoleLLM, ServerSettings
-from coevolve.shared.llm.model_file import DEFAULT_MODEL, ROLE_MODELS
+from coevolve.shared.llm.model_file import ROLE_MODELS
 from coevolve.shared.messages import Exploration, Task
 from coevolve.shared.similarity import LeakGuard
 from coevolve.shared.structured import RejectionCounter
@@ -283,13 +283,15 @@ def run(
     setup: Setup | None = None,
     inputs: Path | None = None,
     base_run_dir: Path | None = None,
+    models: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The benchmark's report (see the module docstring); ``serve``, ``setup``, ``inputs``
-    replace the local servers, the sections and the explorations (tests)."""
+    and ``models`` replace the local servers, the sections, the explorations and the
+    models compared (tests)."""
     setup = setup or Setup()
     source = inputs or ROOT / INPUTS
     explorations = load_explorations(source, QUICK_EXPLORATIONS if quick else None)
-    models = [DEFAULT_MODEL.alias] if quick else list(ROLE_MODELS)
+    models = list(models or ROLE_MODELS)
     base = base_run_dir or Path(os.environ.get("COEVOLVE_RUN_DIR") or DEFAULT_RUN_DIR)
     run_dir = (base / "bench" / f"synthesis-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -141,7 +141,12 @@ def test_explorations_become_candidates_and_the_judge_sorts_them(
     )
     served: list[str] = []
     report = synthesis.run(
-        quick=True, serve=scripted(fake, served), setup=NGRAM, inputs=inputs, base_run_dir=tmp_path
+        quick=True,
+        serve=scripted(fake, served),
+        setup=NGRAM,
+        inputs=inputs,
+        base_run_dir=tmp_path,
+        models=[DEFAULT_MODEL.alias],
     )
 
     assert served == [DEFAULT_MODEL.alias] and list(report["models"]) == served
@@ -176,7 +181,11 @@ def test_explorations_become_candidates_and_the_judge_sorts_them(
 def test_quick_takes_the_first_four_committed_explorations(
     tmp_path: Path, fake: RoleFakeLLM
 ) -> None:
-    report = synthesis.run(quick=True, serve=scripted(fake, []), setup=NGRAM, base_run_dir=tmp_path)
+    served: list[str] = []
+    report = synthesis.run(
+        quick=True, serve=scripted(fake, served), setup=NGRAM, base_run_dir=tmp_path
+    )
+    assert served == list(ROLE_MODELS)  # --quick still compares every model
     committed = (synthesis.ROOT / synthesis.INPUTS).read_bytes()
     assert report["inputs"]["path"] == str(synthesis.INPUTS)
     assert report["inputs"]["sha256"] == hashlib.sha256(committed).hexdigest()
