@@ -46,6 +46,10 @@ _CALL = re.compile(r"\b[A-Za-z_]\w*\((?:\s*|[^()]*[=:{\[\"'][^()]*)\)")
 _JSON_OBJECT = re.compile(r"\{\s*[\"']\w+[\"']\s*:")
 # log lines: the abstractor's own prompt echoed ("arguments: x = 1 returned: {"), an HTTP
 # request line; none of BFCL's 731 base turns has either
+# an argument's identifier assigned a value ("base_currency = 'USD'"), and a phrase said
+# three times over (a model's degenerate loop); none of BFCL's 731 base turns has either
+_ASSIGNMENT = re.compile(r"\b[A-Za-z]+(?:_[A-Za-z]+)+\s*=")
+_REPEATED = re.compile(r"\b(\w+(?:\W+\w+){1,5})(?:\W+\1\b){2,}", re.IGNORECASE)
 _LOG_LINE = re.compile(r"\b(?:arguments|returned)\s*:|\b(?:GET|POST|PUT|PATCH|DELETE)\s+\S*/")
 _WORD = re.compile(r"[a-z]+")
 # the abstractor's completion appends the values a request leaves out as "Details: ..."
@@ -63,11 +67,19 @@ def is_identifier(function: str) -> bool:
 
 
 def call_syntax(request: str, functions: Iterable[str]) -> list[str]:
-    """What in ``request`` is call syntax (a call, a JSON object, a function's
-    identifier); [] for plain English."""
-    found = [match.group(0)[:60] for match in _CALL.finditer(request)]
+    """What in ``request`` is not plain English: call syntax (a call, a JSON object, a
+    function's identifier, an argument assigned), a log line, a phrase repeated over;
+    [] for plain English."""
+    calls = list(_CALL.finditer(request))
+    found = [match.group(0)[:60] for match in calls]
     found += [match.group(0) for match in _JSON_OBJECT.finditer(request)]
     found += [match.group(0) for match in _LOG_LINE.finditer(request)]
+    found += [
+        match.group(0)
+        for match in _ASSIGNMENT.finditer(request)
+        if not any(call.start() <= match.start() < call.end() for call in calls)
+    ]
+    found += [f"{match.group(1)!r} repeated" for match in _REPEATED.finditer(request)]
     names = list(functions)
     found += [
         name

@@ -105,6 +105,9 @@ def test_a_request_for_the_opposite_of_its_call_is_rejected() -> None:
         # the abstractor's prompt echoed, and an HTTP request line: both seen in a run
         'add to watchlist: Adds a stock. arguments: stock = "NVDA" returned: {',
         "POST https://example.com/nvda/watchlist",
+        # an argument assigned, and a degenerate loop: both from a 1.5B abstractor
+        'Add to my watchlist: stock_symbol = "NVDA"',
+        "Add NVDA to my watchlist; add NVDA to my watchlist; add NVDA to my watchlist;",
     ],
 )
 def test_call_syntax_in_any_form_is_found(request_text: str) -> None:
