@@ -315,6 +315,7 @@ async def control_arm(
     """Until ``spec.minutes``: keep the policy file current at each mark, count tasks
     added, and (random arm) send the paced exploration requests."""
     live = ArmLive()
+    world = spec.world()  # read once: the pacer's loop sends requests every few seconds
     bus = await Bus.connect(run_bus_settings(run, url), name="experiment")
     rng = random.Random(seed)
     try:
@@ -352,7 +353,7 @@ async def control_arm(
                     due = pacer.requests_due(now)
                     if due:
                         draw = rng.randrange(1 << 30)
-                        tasks = choose_tasks(due, seed=draw, classes=spec.world())
+                        tasks = choose_tasks(due, seed=draw, classes=world)
                         await publish_requests(bus, tasks, rounds=1)
                         live.requests_sent += due
                 if marks:

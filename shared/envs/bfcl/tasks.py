@@ -70,7 +70,7 @@ SPLIT_SALT = "coevolve-bfcl-split-v1"
 # The default world: the entries that use only these API classes (124 train and 108 eval
 # turns of multi_turn_base). Their tool lists are short and shared, so a run's tasks repeat
 # and a 135M policy's warm start solves some of them; the full BFCL world is
-# ``pool_store.seed_classes: null`` (docs/main-job.md has the measurements).
+# ``pool_store.seed_classes: null`` (docs/environments.md has the measurements).
 FOCUS_CLASSES: tuple[str, ...] = ("MessageAPI", "TradingBot", "VehicleControlAPI")
 
 Split = Literal["train", "eval"]
