@@ -30,7 +30,13 @@ import torch
 
 from coevolve.services.learner.actor import LearnerServiceConfig, WarmStartConfig
 from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig, StepMetrics
-from coevolve.services.learner.warm_start import OVERSAMPLE, run_warm_start, warm_start_tasks
+from coevolve.services.learner.warm_start import (
+    DEMONSTRATIONS_SEED,
+    OVERSAMPLE,
+    demonstrations,
+    run_warm_start,
+    warm_start_tasks,
+)
 from coevolve.services.pool_store.actor import PoolStoreConfig
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.services.rollout.actor import RolloutConfig
@@ -323,7 +329,16 @@ def run_lockstep(
         on_new_tasks=on_new_tasks,
     )
     try:
-        warm_start_once(loop.learner, store, run_dir, learner.warm_start, echo)
+        warm = warm_start_once(loop.learner, store, run_dir, learner.warm_start, echo)
+        if warm and learner.grpo.demo_coef > 0 and learner.demo_tasks > 0:
+            count = learner.demo_tasks
+            sampled = store.sample_batch(
+                OVERSAMPLE * count, mix={"seed": 1.0}, seed=DEMONSTRATIONS_SEED
+            )
+            tasks = warm_start_tasks(sampled, learner.warm_start, count)
+            examples = demonstrations(loop.learner.policy, tasks, learner.warm_start)
+            loop.learner.set_demonstrations(examples)
+            echo(f"demonstration replay: {len(examples)} examples of {len(tasks)} tasks")
         return loop.run(iterations, report)
     finally:
         loop.close()

@@ -12,7 +12,8 @@ truth (``warm_start``); it cannot be skipped: while no such task is reachable th
 reports a failed phase and retries. The SFT saves its position after every step, so a
 killed learner resumes it where it stopped. The warm-started policy becomes the frozen KL
 reference (GRPO trains a fresh adapter on top), its completion is recorded in the
-checkpoint, and it is published as version 1.
+checkpoint, and it is published as version 1. Then the ground truth of other seed tasks
+is replayed as demonstrations, a little of it with every GRPO update (``demo_coef``).
 
 A checkpoint is written before its version is announced, and an announcement's id
 carries the weights' digest: a restarted learner never announces a version number twice.
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoints/learner.pt"
 WARM_START_CHECKPOINT = "checkpoints/warm_start.pt"
 WARM_START_TASKS = "checkpoints/warm_start.tasks.json"
+DEMONSTRATION_TASKS = "checkpoints/demonstrations.tasks.json"
 REMEMBERED_GROUPS = 4096
 NO_TASKS_RETRY_S = (2.0, 30.0)  # first and longest wait before asking the pool again
 
@@ -74,6 +76,10 @@ class LearnerServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     # train on fewer than groups_per_step groups once the first has waited this long
     max_wait_s: float = 30.0
     warm_start: WarmStartConfig = msgspec.field(default_factory=WarmStartConfig)
+    # seed tasks whose replayed ground truth GRPO's demonstration replay draws from
+    # (``grpo.demo_coef``; only with the warm start, which needs the same kind of tasks);
+    # chosen once per run and kept in the run directory
+    demo_tasks: int = 64
 
 
 @dataclass
@@ -108,8 +114,11 @@ class LearnerActor(Actor):
             log.info(
                 "resumed at step %d, version %d", self.learner.step_count, self.learner.version
             )
-        if self.config.warm_start.enabled and not self.learner.warm_started:
-            await self._warm_start()
+        if self.config.warm_start.enabled:
+            if not self.learner.warm_started:
+                await self._warm_start()
+            if self.config.grpo.demo_coef > 0 and self.config.demo_tasks > 0:
+                await self._load_demonstrations()
         await self._announce_if_newer()
 
     def _load(self) -> GrpoLearner:
@@ -159,41 +168,62 @@ class LearnerActor(Actor):
         for name in (WARM_START_CHECKPOINT, WARM_START_TASKS):
             self.settings.path(name).unlink(missing_ok=True)
 
+    async def _load_demonstrations(self) -> None:
+        from coevolve.services.learner.warm_start import DEMONSTRATIONS_SEED, demonstrations
+
+        learner = self.learner
+        assert learner is not None
+        tasks = await self._seed_tasks(
+            DEMONSTRATION_TASKS, self.config.demo_tasks, DEMONSTRATIONS_SEED, "demonstrations"
+        )
+        examples = await anyio.to_thread.run_sync(
+            lambda: demonstrations(learner.policy, tasks, self.config.warm_start),
+            abandon_on_cancel=True,
+        )
+        learner.set_demonstrations(examples)
+        log.info("demonstration replay: %d examples of %d tasks", len(examples), len(tasks))
+
     async def _warm_start_tasks(self) -> list[Task]:
         """The warm start's tasks: those of an interrupted warm start, else fresh from the
-        pool. Until the pool has some with ground truth this reports a failed phase and
-        retries (it never skips the warm start)."""
+        pool (see ``_seed_tasks``)."""
+        count = self.config.warm_start.tasks
+        return await self._seed_tasks(WARM_START_TASKS, count, 0, "warm start")
+
+    async def _seed_tasks(self, saved_name: str, count: int, seed: int, phase: str) -> list[Task]:
+        """``count`` seed tasks with ground truth drawn from the pool with ``seed``, kept in
+        ``saved_name`` so a restarted learner gets the same. Until the pool has some this
+        reports a failed ``phase`` and retries (it never goes on without them)."""
         from coevolve.shared.backoff import Backoff
         from coevolve.shared.pool_client import PoolClient
 
-        saved = self.settings.path(WARM_START_TASKS)
+        saved = self.settings.path(saved_name)
         if saved.exists():
             return msgspec.json.decode(saved.read_bytes(), type=list[Task])
         pool = PoolClient(self.bus)
         backoff = Backoff(*NO_TASKS_RETRY_S)
         while True:
             try:
-                tasks = await self._tasks_with_ground_truth(pool)
+                tasks = await self._tasks_with_ground_truth(pool, count, seed)
                 reason = "no task with ground truth in the pool"
             except Exception as exc:  # pool-store not up yet
                 tasks, reason = [], f"pool-store did not answer: {exc!r}"
             if tasks:
+                saved.parent.mkdir(parents=True, exist_ok=True)
                 tmp = saved.with_suffix(".tmp")
                 tmp.write_bytes(msgspec.json.encode(tasks))
                 os.replace(tmp, saved)
                 return tasks
             wait = backoff.next_delay()
-            log.warning("warm start failed: %s; retrying in %.0f s", reason, wait)
-            self.report_progress("warm start failed", detail=f"{reason}; retrying in {wait:.0f} s")
+            log.warning("%s failed: %s; retrying in %.0f s", phase, reason, wait)
+            self.report_progress(f"{phase} failed", detail=f"{reason}; retrying in {wait:.0f} s")
             await anyio.sleep(wait)
 
-    async def _tasks_with_ground_truth(self, pool: Any) -> list[Task]:
+    async def _tasks_with_ground_truth(self, pool: Any, count: int, seed: int) -> list[Task]:
         from coevolve.services.learner.warm_start import OVERSAMPLE, warm_start_tasks
 
         settings = self.config.warm_start
-        size = OVERSAMPLE * settings.tasks
-        sampled: list[Task] = await pool.sample(size, mix={"seed": 1.0}, seed=0)
-        return warm_start_tasks(sampled, settings)
+        sampled: list[Task] = await pool.sample(OVERSAMPLE * count, mix={"seed": 1.0}, seed=seed)
+        return warm_start_tasks(sampled, settings, count)
 
     async def _announce_if_newer(self) -> None:
         from coevolve.shared.policy import weights_digest

@@ -154,7 +154,7 @@ def accumulate_sft_gradients(
     examples: Sequence[SftExample],
     pad_id: int,
     device: torch.device,
-    token_normalizer: int,
+    token_normalizer: float,
     min_shared_prompt: int = 16,
     activation_tokens: int | None = DEFAULT_ACTIVATION_TOKENS,
 ) -> float:
@@ -197,7 +197,7 @@ def _example_loss_backward(
     examples: Sequence[SftExample],
     pad_id: int,
     device: torch.device,
-    token_normalizer: int,
+    token_normalizer: float,
 ) -> float:
     ids, attention, supervised = collate(examples, pad_id, device)
     logprobs, _ = sequence_logprobs(

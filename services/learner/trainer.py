@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import random
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -54,6 +55,8 @@ from coevolve.services.learner.memory import (
     over_budget,
     release_freed_memory,
 )
+from coevolve.services.learner.sft import accumulate_sft_gradients, prompt_key
+from coevolve.shared.demonstrations import SftExample
 from coevolve.shared.messages import RolloutGroup, Trajectory
 from coevolve.shared.policy import LoadedPolicy, export_weights
 from coevolve.shared.policy.adapters import freeze_trained_as_reference
@@ -97,12 +100,20 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_shared_prompt: int = 16
     # how many groups the learner service gathers for one step
     groups_per_step: int = 4
+    # demonstration replay (as PPO-ptx mixes in its pretraining loss): every update also
+    # lowers the cross-entropy of ``demo_examples`` ground-truth examples of seed tasks,
+    # weighted by ``demo_coef``, so GRPO sharpens the policy without drifting from the
+    # wording of real calls (0 or no demonstrations set: off)
+    demo_coef: float = 0.1
+    demo_examples: int = 4
 
     def __post_init__(self) -> None:
         if self.ppo_epochs < 1 or self.mini_batches < 1:
             raise ValueError("ppo_epochs and mini_batches must be at least 1")
         if self.behaviour_weight_cap is not None and self.behaviour_weight_cap <= 0:
             raise ValueError("behaviour_weight_cap must be > 0 (or null for no cap)")
+        if self.demo_coef < 0 or self.demo_examples < 0:
+            raise ValueError("demo_coef and demo_examples must be >= 0")
 
     @property
     def updates_per_step(self) -> int:
@@ -125,6 +136,8 @@ class StepMetrics:
     tokens once, ``tokens`` every token run through the policy (a shared prompt once per
     pass, the proximal pass included), and ``tokens_per_s`` is ``tokens`` over the step's
     wall time; ``grad_norm`` is the mean over the updates, before clipping.
+    ``demo_loss``: the mean cross-entropy per token of the replayed demonstrations (0 when
+    none were replayed; ``LearnerConfig.demo_coef``).
     """
 
     step: int
@@ -155,6 +168,7 @@ class StepMetrics:
     tokens: int
     tokens_per_s: float
     duration_s: float
+    demo_loss: float = 0.0
 
     def scalars(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items() if k not in ("step", "version")}
@@ -306,6 +320,8 @@ class GrpoLearner:
         self.pad_id = int(pad_id if pad_id is not None else policy.tokenizer.eos_token_id or 0)
         self.writer = SummaryWriter(str(log_dir)) if log_dir is not None else None
         self.warned_truncated = False
+        # ground-truth examples replayed with every update (``set_demonstrations``)
+        self.demonstrations: list[SftExample] = []
 
     # ------------------------------------------------------------------ training
 
@@ -321,14 +337,19 @@ class GrpoLearner:
         stats: list[GrpoStats] = []
         tokens = 0
         grad_norms: list[float] = []
+        demo_losses: list[float] = []
         if samples:
             if self.config.updates_per_step > 1:
                 tokens += self.fill_proximal_logprobs(batch.groups)
+            demos = self.draw_demonstrations()
             for _ in range(self.config.ppo_epochs):
                 for part in split_groups(batch.groups, self.config.mini_batches):
                     part_stats, part_tokens = self.accumulate_gradients(part)
                     stats.extend(part_stats)
                     tokens += part_tokens
+                    if demos:
+                        demo_losses.append(self.accumulate_demo_gradients(demos))
+                        tokens += sum(len(e.input_ids) for e in demos)
                     grad_norms.append(self.apply_update())
         updates = sum(math.isfinite(norm) for norm in grad_norms)
         if updates:
@@ -357,6 +378,7 @@ class GrpoLearner:
             tokens=tokens,
             tokens_per_s=tokens / duration if duration > 0 else 0.0,
             duration_s=duration,
+            demo_loss=sum(demo_losses) / len(demo_losses) if demo_losses else 0.0,
         )
         self.log_metrics(metrics)
         release_freed_memory()
@@ -372,6 +394,39 @@ class GrpoLearner:
             log.warning("non-finite gradient norm (%s); update skipped", grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
+
+    def set_demonstrations(self, examples: Sequence[SftExample]) -> None:
+        """The ground-truth examples replayed with every update (``demo_coef``)."""
+        self.demonstrations = [e for e in examples if e.supervised_tokens > 0]
+
+    def draw_demonstrations(self) -> list[SftExample]:
+        """This step's ``demo_examples`` demonstrations, drawn by step number (so a resumed
+        learner draws what it would have); none when replay is off."""
+        wanted = min(self.config.demo_examples, len(self.demonstrations))
+        if self.config.demo_coef <= 0 or wanted == 0:
+            return []
+        drawn = random.Random(self.step_count).sample(self.demonstrations, wanted)
+        # examples with the same prompt (tools) side by side share its forward pass
+        return sorted(drawn, key=prompt_key)
+
+    def accumulate_demo_gradients(self, demos: Sequence[SftExample]) -> float:
+        """Backpropagate ``demo_coef`` times the demonstrations' mean token cross-entropy;
+        returns that mean (unweighted)."""
+        coef = self.config.demo_coef
+        normalizer = sum(e.supervised_tokens for e in demos) / coef
+        size = max(1, self.config.micro_batch_size)
+        weighted = 0.0
+        for start in range(0, len(demos), size):
+            weighted += accumulate_sft_gradients(
+                self.model,
+                demos[start : start + size],
+                self.pad_id,
+                self.device,
+                normalizer,
+                self.config.min_shared_prompt,
+                self.config.activation_tokens,
+            )
+        return weighted / coef
 
     def build_samples(self, groups: Sequence[RolloutGroup]) -> SampleBatch:
         """Samples with their advantages, per group, and the refusals by reason."""

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coevolve.services.learner.memory import release_freed_memory
-from coevolve.services.learner.sft import Progress, WarmStartReport, warm_start
+from coevolve.services.learner.sft import (
+    Progress,
+    WarmStartReport,
+    build_examples,
+    truncate,
+    warm_start,
+)
+from coevolve.shared.demonstrations import SftExample
 from coevolve.shared.messages import Task
 from coevolve.shared.policy import LoadedPolicy
 
@@ -22,17 +29,30 @@ if TYPE_CHECKING:
 
 # the pool mixes grains: sample this many times ``tasks`` and keep the wanted grain
 OVERSAMPLE = 4
+# the pool sample the demonstrations are drawn from (the warm start's is seed 0)
+DEMONSTRATIONS_SEED = 1
 
 
-def warm_start_tasks(sampled: Sequence[Task], config: WarmStartConfig) -> list[Task]:
-    """The first ``config.tasks`` distinct tasks of ``sampled`` with ground truth and of the
-    configured grain (``turn``, ``entry`` or ``any``)."""
+def warm_start_tasks(
+    sampled: Sequence[Task], config: WarmStartConfig, count: int | None = None
+) -> list[Task]:
+    """The first ``count`` (default ``config.tasks``) distinct tasks of ``sampled`` with
+    ground truth and of the configured grain (``turn``, ``entry`` or ``any``)."""
     unique = {
         t.id: t
         for t in sampled
         if any(t.ground_truth) and config.grain in ("any", t.env_config.get("grain", "entry"))
     }
-    return list(unique.values())[: config.tasks]
+    return list(unique.values())[: config.tasks if count is None else count]
+
+
+def demonstrations(
+    policy: LoadedPolicy, tasks: Sequence[Task], config: WarmStartConfig
+) -> list[SftExample]:
+    """``tasks``' ground truth replayed as the warm start replays it, within its length
+    limits: the examples GRPO's demonstration replay draws from (``demo_coef``)."""
+    examples, _, _ = build_examples(policy, tasks, max_target_tokens=config.max_target_tokens)
+    return [truncate(e, config.max_len) for e in examples]
 
 
 def run_warm_start(

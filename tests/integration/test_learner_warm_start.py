@@ -1,11 +1,13 @@
 """The learner service's warm start: a failed phase while no task is reachable, retried,
-progress in `coevolve status`, and completion recorded in the checkpoint."""
+progress in `coevolve status`, completion recorded in the checkpoint, and the
+demonstrations GRPO replays chosen and kept."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.shared.actor import ActorRunner
 from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
+from coevolve.shared.messages import Task
 from coevolve.shared.policy_sync import latest_policy
 
 pytestmark = pytest.mark.anyio
@@ -40,6 +43,7 @@ async def test_warm_start_waits_for_tasks_reports_progress_and_is_recorded(
         "batch_size": 1,
         "max_len": 136,
     }
+    loop_settings.services["learner"]["demo_tasks"] = 3
     learner = LearnerActor(loop_settings)
     bus = await Bus.connect(loop_settings.bus, "test")
     await bus.ensure_streams()
@@ -60,6 +64,12 @@ async def test_warm_start_waits_for_tasks_reports_progress_and_is_recorded(
         assert payload["extra"]["warm_started"] is True
         assert payload["reference"]  # the warm-started adapter, frozen as the KL reference
         assert not loop_settings.path("checkpoints", "warm_start.pt").exists()
+        # then seed tasks are chosen (and kept) for GRPO's demonstration replay; cut at
+        # max_len like the warm start's, these short examples hold no target token
+        kept = loop_settings.path("checkpoints", "demonstrations.tasks.json").read_bytes()
+        chosen = msgspec.json.decode(kept, type=list[Task])
+        assert len(chosen) == 3 and all(any(t.ground_truth) for t in chosen)
+        assert learner.learner is not None and learner.learner.demonstrations == []
         pool.request_stop()
         tg.cancel_scope.cancel()
     await bus.close()
