@@ -58,6 +58,7 @@ from coevolve.shared.policy.logprobs import (
     Temperature,
     check_temperature,
     entry_temperatures,
+    masked_logits,
     token_logprobs,
 )
 
@@ -288,16 +289,17 @@ class SharedPrefix:
             cache.update(keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1), index)
         prompt_mask = torch.ones(batch, self.length, dtype=attention_mask.dtype)
         position_ids = torch.arange(self.length, self.length + length).expand(batch, length)
-        output = self.model(
+        logits = masked_logits(
+            self.model,
+            predictors,
             input_ids=continuation_ids,
             attention_mask=torch.cat([prompt_mask.to(attention_mask.device), attention_mask], 1),
             position_ids=position_ids.to(continuation_ids.device),
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=predictors,
         )
         later, later_entropy = token_logprobs(
-            output.logits,
+            logits,
             continuation_ids[:, 1:][wanted[:, 1:]],
             entry_temperatures(temperature, wanted[:, 1:]),
             with_entropy,

@@ -4,11 +4,28 @@ ground truth both read them."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import transformers.modeling_utils
 from torch import Tensor, nn
 
 Temperature = float | Tensor
 """One temperature, or one per sequence (a ``[B]`` tensor)."""
+
+# transformers releases without this helper read a 2-D ``logits_to_keep`` as positions and
+# fail on a mask (seen with 5.17 on a GPU host); there every logit is computed, then picked
+MASKED_LOGITS_TO_KEEP = hasattr(transformers.modeling_utils, "slice_logits_to_keep")
+
+
+def masked_logits(model: nn.Module, keep: Tensor, **inputs: Any) -> Tensor:
+    """``model``'s logits at the True positions of the bool ``[B, T]`` mask ``keep``, as
+    ``[N, V]`` rows in row-major order; the vocabulary projection runs only there where
+    transformers supports it."""
+    if MASKED_LOGITS_TO_KEEP:
+        logits: Tensor = model(**inputs, logits_to_keep=keep).logits
+        return logits
+    return model(**inputs).logits[keep]
 
 
 def token_logprobs(
@@ -70,15 +87,12 @@ def sequence_logprobs(
     predictors = torch.zeros_like(wanted)
     predictors[:, :-1] = wanted[:, 1:]
 
-    output = model(
-        input_ids=token_ids,
-        attention_mask=attention_mask,
-        logits_to_keep=predictors,
-        use_cache=False,
+    logits = masked_logits(
+        model, predictors, input_ids=token_ids, attention_mask=attention_mask, use_cache=False
     )
-    # output.logits: [N, V], the rows of `predictors` in order, i.e. the tokens of `wanted`
+    # logits: [N, V], the rows of `predictors` in order, i.e. the tokens of `wanted`
     chosen, entropy = token_logprobs(
-        output.logits, token_ids[wanted], entry_temperatures(temperature, wanted), with_entropy
+        logits, token_ids[wanted], entry_temperatures(temperature, wanted), with_entropy
     )
     logprobs = torch.zeros(token_ids.shape, dtype=torch.float32, device=token_ids.device)
     logprobs = logprobs.masked_scatter(wanted, chosen)
