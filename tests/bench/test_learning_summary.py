@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from coevolve.bench.learning import paired_summary
+from coevolve.report.stats import paired_bootstrap_interval
 
 
 def seed_result(seed: int, warm: list[float], final: list[float]) -> dict[str, Any]:
@@ -34,21 +35,28 @@ def test_paired_summary_interval_and_task_counts() -> None:
     ]
     summary = paired_summary(results)
     assert summary["difference_mean"] == pytest.approx(0.1667, abs=1e-4)
-    # mean 1/6, sample sd 0.3819, t(0.975, 2) = 4.3027: half width 0.9487
+    # over the seeds' means: mean 1/6, sample sd 0.3819, t(0.975, 2) = 4.3027: +-0.9487
+    t_low, t_high = summary["seed_t_ci95"]
+    assert t_low == pytest.approx(0.1667 - 0.9487, abs=1e-3)
+    assert t_high == pytest.approx(0.1667 + 0.9487, abs=1e-3)
+    # the headline: seeds, then tasks within them, resampled (per-task differences)
+    expected = paired_bootstrap_interval({0: [0, 1, 0, 0], 1: [0, 0, 1, 1], 2: [-1, 0, 0, 0]})
     low, high = summary["difference_ci95"]
     assert summary["grpo_minus_warm_start"] == summary["difference_mean"]
     assert summary["grpo_minus_warm_start_ci"] == [low, high]
-    assert low == pytest.approx(0.1667 - 0.9487, abs=1e-3)
-    assert high == pytest.approx(0.1667 + 0.9487, abs=1e-3)
+    assert (low, high) == (round(expected.low, 4), round(expected.high, 4))
+    assert t_low < low < 0.1667 < high < t_high
     assert (summary["tasks_gained"], summary["tasks_lost"]) == (3, 1)
     assert summary["sign_test_p"] == pytest.approx(0.625, abs=1e-3)
     assert summary["warm_start_epochs"] == [3, 3, 3]
 
 
-def test_one_seed_has_no_interval() -> None:
-    summary = paired_summary([seed_result(0, [0, 0], [1, 0])])
-    assert summary["difference_ci95"] is None
-    assert summary["difference_mean"] == pytest.approx(0.5)
+def test_one_seed_has_a_task_interval_only() -> None:
+    summary = paired_summary([seed_result(0, [0, 0, 0, 0], [1, 0, 1, 1])])
+    assert summary["seed_t_ci95"] is None
+    assert summary["difference_mean"] == pytest.approx(0.75)
+    low, high = summary["difference_ci95"]
+    assert 0.0 <= low < 0.75 < high <= 1.0
 
 
 def test_bench_resume_reads_finished_seeds_back(tmp_path: Path) -> None:
