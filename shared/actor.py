@@ -16,7 +16,8 @@ per service) and its background loops. ``ActorRunner`` does the rest:
 - heartbeats go to the ``coevolve-heartbeats`` key-value bucket and a core subject,
   with the phase and progress the service reports (``Actor.report_progress``);
 - SIGTERM/SIGINT: stop fetching, let in-flight work finish for ``drain_timeout_s``, nak
-  what is still running, drain the connection, return (exit 0).
+  what is still running, drain the connection, return (exit 0);
+- a background loop that raises ``ServiceFailed`` ends the service with that error.
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ NETWORK_TIMEOUT_S = 5.0
 class Rejected(Exception):
     """Raised by a handler for a well-formed message it can never process (a task id
     nobody knows): the runtime dead-letters it at once with this reason, no retries."""
+
+
+class ServiceFailed(RuntimeError):
+    """Raised by a background loop when the service cannot go on (a learner rank died):
+    the service exits with an error instead of restarting the loop, and its supervisor
+    restarts it."""
 
 
 @dataclass(frozen=True)
@@ -319,6 +326,8 @@ class ActorRunner:
             try:
                 await loop()
                 return
+            except ServiceFailed:
+                raise
             except Exception:
                 log.exception("%s: background loop %s crashed", self.actor.name, loop)
                 await anyio.sleep(backoff.next_delay())

@@ -30,7 +30,8 @@ def _load_prctl() -> Callable[..., int] | None:
 _prctl = _load_prctl()
 
 
-def _terminate_with_parent() -> None:
+def terminate_with_parent() -> None:
+    """Ask the kernel for SIGTERM when the parent dies (call it in the child; Linux only)."""
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
@@ -41,4 +42,4 @@ def die_with_parent() -> Callable[[], None] | None:
     The signal follows the parent *thread* that spawned the child: spawn from a thread
     that lives as long as the child should (the main thread or a long-lived watchdog).
     """
-    return _terminate_with_parent if _prctl is not None else None
+    return terminate_with_parent if _prctl is not None else None

@@ -30,6 +30,7 @@ BENCHMARKS = {
     "sft": "SFT warm start, ours vs TRL SFTTrainer: s/step, peak RSS, loss tokens, losses",
     "judge": "judge stages on BFCL train turns and corrupted copies: accept/reject rates, s/cand",
     "synthesis": "recorded explorations through abstractor and judge per role model: accepted",
+    "ddp": "2 learner ranks (gloo) vs 1 on the same batches: weight difference, step s",
 }
 
 

@@ -25,7 +25,7 @@ import json
 import logging
 import os
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -33,8 +33,9 @@ from typing import Any, ClassVar, Literal
 import anyio
 import msgspec
 
+from coevolve.services.learner.ranks import PolicySpec, Ranks, build_learner
 from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig, StepMetrics
-from coevolve.shared.actor import Actor, Consumer, Delivery
+from coevolve.shared.actor import Actor, Consumer, Delivery, ServiceFailed
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import GRPO_STEP_PHASE, RolloutGroup, Task
 from coevolve.shared.subjects import LEARNER_GROUPS_CONSUMER
@@ -47,6 +48,7 @@ WARM_START_TASKS = "checkpoints/warm_start.tasks.json"
 DEMONSTRATION_TASKS = "checkpoints/demonstrations.tasks.json"
 REMEMBERED_GROUPS = 4096
 NO_TASKS_RETRY_S = (2.0, 30.0)  # first and longest wait before asking the pool again
+RANK_WATCH_S = 1.0  # how often rank 0 looks at the other learner ranks
 
 
 class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -76,10 +78,17 @@ class LearnerServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     # train on fewer than groups_per_step groups once the first has waited this long
     max_wait_s: float = 30.0
     warm_start: WarmStartConfig = msgspec.field(default_factory=WarmStartConfig)
+    # learner processes in data parallel (gloo on CPU, nccl on CUDA): each takes a share of
+    # a step's groups; this service is rank 0 and starts the others (``ranks``)
+    world_size: int = 1
     # seed tasks whose replayed ground truth GRPO's demonstration replay draws from
     # (``grpo.demo_coef``; only with the warm start, which needs the same kind of tasks);
     # chosen once per run and kept in the run directory
     demo_tasks: int = 64
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError("learner.world_size must be at least 1")
 
 
 @dataclass
@@ -102,11 +111,31 @@ class LearnerActor(Actor):
         self._waiting: list[_Waiting] = []
         self._step_lock = anyio.Lock()
         self.last_metrics: StepMetrics | None = None
+        self.ranks: Ranks | None = None
+        self._rank_failure: str | None = None
 
     # ------------------------------------------------------------------ start-up
 
+    def policy_spec(self) -> PolicySpec:
+        import torch
+
+        return PolicySpec(
+            model=self.config.model,
+            device=self.config.device,
+            finetune=self.config.finetune,
+            grpo=msgspec.json.encode(self.config.grpo),
+            run_dir=str(self.settings.run_dir),
+            threads=torch.get_num_threads(),
+        )
+
     async def setup(self) -> None:
+        if self.config.world_size > 1:
+            # started first, from this thread: they load their copies while this one does
+            self.ranks = Ranks(self.config.world_size, self.policy_spec())
         self.learner = await anyio.to_thread.run_sync(self._load, abandon_on_cancel=True)
+        if self.ranks is not None:
+            ranks, device = self.ranks, self.learner.device
+            await anyio.to_thread.run_sync(lambda: ranks.join_group(device), abandon_on_cancel=True)
         if self.checkpoint.exists():
             await anyio.to_thread.run_sync(self.learner.restore_checkpoint, self.checkpoint)
             if self.trained_file.exists():
@@ -119,19 +148,41 @@ class LearnerActor(Actor):
                 await self._warm_start()
             if self.config.grpo.demo_coef > 0 and self.config.demo_tasks > 0:
                 await self._load_demonstrations()
+        if self.ranks is not None:
+            ranks, learner = self.ranks, self.learner
+            await anyio.to_thread.run_sync(lambda: ranks.sync(learner), abandon_on_cancel=True)
+            log.info("%d learner ranks in step", self.config.world_size)
         await self._announce_if_newer()
 
-    def _load(self) -> GrpoLearner:
-        from coevolve.shared.policy import load_policy
+    async def teardown(self) -> None:
+        if self.ranks is not None:
+            await anyio.to_thread.run_sync(self.ranks.stop, abandon_on_cancel=True)
 
-        policy = load_policy(
-            self.config.model,
-            run_dir=self.settings.run_dir,
-            device=self.config.device,
-            finetune=self.config.finetune,
-        )
-        log_dir = self.settings.run_dir / "tensorboard" / "learner"
-        return GrpoLearner(policy, self.config.grpo, log_dir=log_dir)
+    def _load(self) -> GrpoLearner:
+        return build_learner(self.policy_spec(), self.settings.run_dir / "tensorboard" / "learner")
+
+    def loops(self) -> Sequence[Callable[[], Awaitable[None]]]:
+        return (self._watch_ranks,) if self.config.world_size > 1 else ()
+
+    async def _watch_ranks(self) -> None:
+        """End the service when a rank is lost: it restarts from its last checkpoint."""
+        while True:
+            dead = self.ranks.dead() if self.ranks is not None else []
+            if dead or self._rank_failure:
+                reason = ", ".join(dead) or self._rank_failure
+                raise ServiceFailed(f"learner rank lost: {reason}; restart from the checkpoint")
+            await anyio.sleep(RANK_WATCH_S)
+
+    def _step(self, groups: list[RolloutGroup]) -> StepMetrics:
+        learner = self.learner
+        assert learner is not None
+        if self.ranks is None:
+            return learner.step(groups)
+        try:
+            return self.ranks.step(learner, groups)
+        except Exception as exc:  # a collective failed: the ranks are out of step for good
+            self._rank_failure = repr(exc)
+            raise
 
     async def _warm_start(self) -> None:
         from coevolve.services.learner.warm_start import run_warm_start
@@ -316,7 +367,7 @@ class LearnerActor(Actor):
             self.report_progress(GRPO_STEP_PHASE, detail=f"{len(batch)} groups")
             try:
                 metrics = await anyio.to_thread.run_sync(
-                    learner.step, [w.group for w in batch], abandon_on_cancel=True
+                    self._step, [w.group for w in batch], abandon_on_cancel=True
                 )
                 self.last_metrics = metrics
                 self._trained.extend(w.group.id for w in batch)

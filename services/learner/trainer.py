@@ -28,7 +28,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from torch.utils.tensorboard import SummaryWriter
 
 from coevolve.services.learner.checkpoint import load_checkpoint, save_checkpoint
+from coevolve.services.learner.distributed import GradientSum, gathered, share, world
 from coevolve.services.learner.grpo import (
     GrpoStats,
     SharedPrefix,
@@ -339,18 +340,33 @@ class GrpoLearner:
         grad_norms: list[float] = []
         demo_losses: list[float] = []
         if samples:
+            # under torch.distributed each rank takes a share (``distributed``); the token
+            # normalisers stay those of the whole batch, so the summed gradient is the same
             if self.config.updates_per_step > 1:
-                tokens += self.fill_proximal_logprobs(batch.groups)
+                tokens += self.fill_proximal_logprobs(share(batch.groups))
             demos = self.draw_demonstrations()
+            demo_tokens = sum(e.supervised_tokens for e in demos)
             for _ in range(self.config.ppo_epochs):
                 for part in split_groups(batch.groups, self.config.mini_batches):
-                    part_stats, part_tokens = self.accumulate_gradients(part)
+                    total = GradientSum(self.trainable)
+                    part_trained = sum(sum(s.loss_mask) for group in part for s in group)
+                    part_stats, part_tokens = self.accumulate_gradients(
+                        share(part), part_trained, total.collect
+                    )
                     stats.extend(part_stats)
                     tokens += part_tokens
                     if demos:
-                        demo_losses.append(self.accumulate_demo_gradients(demos))
-                        tokens += sum(len(e.input_ids) for e in demos)
+                        mine = share(self.demo_chunks(demos))
+                        demo_losses.append(
+                            self.accumulate_demo_gradients(mine, demo_tokens, total.collect)
+                        )
+                        tokens += sum(len(e.input_ids) for chunk in mine for e in chunk)
+                    total.finish()
                     grad_norms.append(self.apply_update())
+            if world()[1] > 1:
+                stats = [s for rank_stats in gathered(stats) for s in rank_stats]
+                tokens = sum(gathered(tokens))
+                demo_losses = [sum(parts) for parts in zip(*gathered(demo_losses), strict=True)]
         updates = sum(math.isfinite(norm) for norm in grad_norms)
         if updates:
             self.step_count += 1
@@ -409,23 +425,34 @@ class GrpoLearner:
         # examples with the same prompt (tools) side by side share its forward pass
         return sorted(drawn, key=prompt_key)
 
-    def accumulate_demo_gradients(self, demos: Sequence[SftExample]) -> float:
-        """Backpropagate ``demo_coef`` times the demonstrations' mean token cross-entropy;
-        returns that mean (unweighted)."""
-        coef = self.config.demo_coef
-        normalizer = sum(e.supervised_tokens for e in demos) / coef
+    def demo_chunks(self, demos: Sequence[SftExample]) -> list[list[SftExample]]:
+        """The demonstrations in micro-batches: the units dealt to ranks."""
         size = max(1, self.config.micro_batch_size)
+        return [list(demos[start : start + size]) for start in range(0, len(demos), size)]
+
+    def accumulate_demo_gradients(
+        self,
+        chunks: Sequence[Sequence[SftExample]],
+        total_tokens: int,
+        collect: Callable[[], None] | None = None,
+    ) -> float:
+        """Backpropagate ``demo_coef`` times the cross-entropy of the demonstrations in
+        ``chunks`` over ``total_tokens`` (those of all this step's demonstrations), calling
+        ``collect`` after each chunk; returns this share of the mean, unweighted."""
+        coef = self.config.demo_coef
         weighted = 0.0
-        for start in range(0, len(demos), size):
+        for chunk in chunks:
             weighted += accumulate_sft_gradients(
                 self.model,
-                demos[start : start + size],
+                chunk,
                 self.pad_id,
                 self.device,
-                normalizer,
+                total_tokens / coef,
                 self.config.min_shared_prompt,
                 self.config.activation_tokens,
             )
+            if collect is not None:
+                collect()
         return weighted / coef
 
     def build_samples(self, groups: Sequence[RolloutGroup]) -> SampleBatch:
@@ -546,14 +573,20 @@ class GrpoLearner:
         )
 
     def accumulate_gradients(
-        self, grouped: Sequence[Sequence[Sample]]
+        self,
+        grouped: Sequence[Sequence[Sample]],
+        trained_tokens: int | None = None,
+        collect: Callable[[], None] | None = None,
     ) -> tuple[list[GrpoStats], int]:
-        """Forward/backward every micro-batch; the loss is a token mean over all of them.
+        """Forward/backward every micro-batch; the loss is a token mean over all of them
+        (over ``trained_tokens`` when given: a rank's share of a larger batch).
 
         A group's shared prompt is run once (``SharedPrefix``) and its trajectories are
-        scored as continuations of it; returns the statistics and the tokens processed.
+        scored as continuations of it; ``collect`` is called after each group. Returns the
+        statistics and the tokens processed.
         """
-        trained_tokens = sum(sum(s.loss_mask) for group in grouped for s in group)
+        if trained_tokens is None:
+            trained_tokens = sum(sum(s.loss_mask) for group in grouped for s in group)
         stats: list[GrpoStats] = []
         tokens = 0
         for group in grouped:
@@ -569,6 +602,8 @@ class GrpoLearner:
                 )
             stats.extend(group_stats)
             tokens += group_tokens
+            if collect is not None:
+                collect()
         return stats, tokens
 
     def held_tokens(self, group: Sequence[Sample], prompt_length: int) -> list[int]:
