@@ -18,6 +18,7 @@ import copy
 import math
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -25,6 +26,7 @@ from transformers import PreTrainedTokenizerBase
 
 from coevolve.shared.policy.chat import decode_ids
 from coevolve.shared.policy.loading import LoadedPolicy, base_model_of
+from coevolve.shared.policy.merged_adapter import write_merged_adapter
 from coevolve.shared.policy.weights import import_weights
 
 FINISH_STOP = "stop"
@@ -406,9 +408,11 @@ class TransformersEngine:
 class VllmEngine:
     """vLLM engine (GPU) behind the same interface; vllm is imported only when built.
 
-    LoRA versions are hot-swapped by writing the adapter in peft's format and naming it in
-    a new ``LoRARequest``; full weights are pushed into the workers' model. Log-probs are
-    requested in vLLM's ``processed_logprobs`` mode (after temperature), matching
+    LoRA versions are hot-swapped without reloading the model: the version's adapter stack
+    (warm start + GRPO) is written as one peft adapter (``merged_adapter``) and named in a
+    new ``LoRARequest``, vLLM's run-time LoRA API; full weights are pushed into the
+    workers' model. The rollout service checks the weights' digest before this is called.
+    Log-probs are requested in vLLM's ``processed_logprobs`` mode (after temperature), matching
     ``TransformersEngine``; entropy is estimated from the top ``entropy_top_k``
     log-probs vLLM returns (a lower bound of the true entropy).
     """
@@ -440,7 +444,8 @@ class VllmEngine:
             model=location,
             tokenizer=location,
             enable_lora=lora,
-            max_lora_rank=policy.lora.rank if (lora and policy.lora) else 16,
+            # the merged stack of the warm-start and GRPO adapters has twice their rank
+            max_lora_rank=2 * policy.lora.rank if (lora and policy.lora) else 16,
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len or self.max_context,
             max_logprobs=max(entropy_top_k, 1),
@@ -459,11 +464,12 @@ class VllmEngine:
     def load_weights(self, blob: bytes, version: int) -> None:
         import_weights(self.policy.model, blob)
         if self.policy.finetune == "lora":
-            target = f"{self._adapter_root}/v{version}"
-            self.policy.model.save_pretrained(target)
             from vllm.lora.request import LoRARequest
 
-            self._lora_request = LoRARequest(f"policy-v{version}", version + 1, target)
+            target = write_merged_adapter(
+                self.policy.model, Path(self._adapter_root) / f"v{version}"
+            )
+            self._lora_request = LoRARequest(f"policy-v{version}", version + 1, str(target))
         else:
             base = base_model_of(self.policy.model)
             state = [(n, p.detach()) for n, p in base.named_parameters()]
