@@ -235,7 +235,9 @@ class ActorRunner:
             with anyio.fail_after(30):
                 await bus.ensure_streams()
                 kv = await bus.js.create_key_value(
-                    bucket=HEARTBEAT_BUCKET, ttl=self.settings.runtime.heartbeat_ttl_s
+                    bucket=HEARTBEAT_BUCKET,
+                    ttl=self.settings.runtime.heartbeat_ttl_s,
+                    replicas=self.settings.bus.replicas,
                 )
             self.actor._bus, self.actor._tracer = bus, self._tracer
             async with anyio.create_task_group() as tg:

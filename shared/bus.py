@@ -74,8 +74,14 @@ class BackpressureError(BusError):
     """A bounded stream stayed full for the whole publish timeout."""
 
 
-def stream_config(spec: StreamSpec) -> StreamConfig:
+def server_urls(url: str) -> list[str]:
+    """``bus.url`` as the client's server list (a cluster's nodes are comma-separated)."""
+    return [part.strip() for part in url.split(",") if part.strip()]
+
+
+def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
     return StreamConfig(
+        num_replicas=replicas,
         name=spec.name,
         subjects=list(spec.subjects),
         retention=_RETENTION[spec.retention],
@@ -165,7 +171,7 @@ class Bus:
             # the client would retry an unreachable server forever: bound the first connect
             connecting = asyncio.ensure_future(
                 nats.connect(
-                    servers=[settings.url],
+                    servers=server_urls(settings.url),
                     name=name,
                     connect_timeout=min(2.0, settings.connect_timeout_s),
                     allow_reconnect=True,
@@ -206,7 +212,7 @@ class Bus:
         whose configuration changed, the others log it and carry on."""
         specs = tuple(spec for spec in specs if may_create_stream(self.user, spec.name))
         for spec in specs:
-            config = stream_config(spec)
+            config = stream_config(spec, self.settings.replicas)
             try:
                 await self.js.add_stream(config)
             except APIError as exc:

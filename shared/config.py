@@ -54,7 +54,11 @@ class BusTls(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class BusSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    # one server, or a cluster's nodes comma-separated (the client fails over between them)
     url: str = DEFAULT_NATS_URL
+    # copies of every stream, key-value bucket and object store: 3 on a 3-node cluster
+    # survives losing one node; more than the cluster's nodes is refused by the server
+    replicas: int = 1
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 10.0
     publish_timeout_s: float = 10.0

@@ -2,19 +2,23 @@
 
 With ``credentials`` the server requires them and applies each user's permissions
 (``shared/permissions.py``); with ``tls`` it speaks TLS only. The generated config file
-holds the passwords: it is written readable by the owner only.
+holds the passwords: it is written readable by the owner only. ``NatsCluster`` starts
+several nodes with routes to each other: one JetStream cluster.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from coevolve.shared.child_process import die_with_parent
 from coevolve.shared.credentials import Credentials, auth_config, write_private
@@ -22,6 +26,9 @@ from coevolve.shared.credentials import Credentials, auth_config, write_private
 
 class NatsServerError(RuntimeError):
     pass
+
+
+CLUSTER_NAME = "coevolve"
 
 
 def find_binary() -> Path:
@@ -66,6 +73,17 @@ class ServerTls:
         return "tls {\n" + "\n".join(lines) + "\n}\n"
 
 
+@dataclass(frozen=True)
+class ClusterRoutes:
+    """A node's place in a JetStream cluster: its name, its route port, the other nodes'."""
+
+    node: str
+    port: int
+    routes: tuple[int, ...]  # the other nodes' route ports on the same host
+    monitor_port: int
+    name: str = CLUSTER_NAME
+
+
 @dataclass
 class NatsServer:
     """A nats-server child process; its JetStream store lives under ``store_dir``."""
@@ -76,6 +94,7 @@ class NatsServer:
     log_file: Path | None = None
     credentials: dict[str, Credentials] | None = None
     tls: ServerTls | None = None
+    cluster: ClusterRoutes | None = None
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -122,6 +141,14 @@ class NatsServer:
             text += auth_config(self.credentials)
         if self.tls is not None:
             text += self.tls.config()
+        if self.cluster is not None:
+            routes = ", ".join(f"nats-route://{self.host}:{port}" for port in self.cluster.routes)
+            text += (
+                f"server_name: {self.cluster.node}\n"
+                f"http: {self.host}:{self.cluster.monitor_port}\n"
+                f"cluster {{ name: {self.cluster.name}, listen: {self.host}:{self.cluster.port}, "
+                f"routes: [{routes}] }}\n"
+            )
         return text
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -135,6 +162,94 @@ class NatsServer:
             self.process.wait(timeout_s)
 
     def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+@dataclass
+class NatsCluster:
+    """``size`` nats-server nodes on one host with routes to each other: a JetStream cluster
+    whose streams can keep ``size`` replicas, so it survives losing a minority of nodes."""
+
+    store_dir: Path
+    size: int = 3
+    host: str = "127.0.0.1"
+    log_dir: Path | None = None
+    credentials: dict[str, Credentials] | None = None
+    nodes: list[NatsServer] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """Every node's URL, comma-separated (``bus.url`` / ``NATS_URL`` take this)."""
+        return ",".join(node.url for node in self.nodes)
+
+    def start(self, timeout_s: float = 30.0) -> NatsCluster:
+        if self.size < 1:
+            raise NatsServerError("a cluster needs at least one node")
+        route_ports = [free_port() for _ in range(self.size)]
+        for index in range(self.size):
+            name = f"n{index + 1}"
+            others = tuple(p for i, p in enumerate(route_ports) if i != index)
+            self.nodes.append(
+                NatsServer(
+                    self.store_dir / name,
+                    host=self.host,
+                    log_file=self.log_dir / f"{name}.log" if self.log_dir else None,
+                    credentials=self.credentials,
+                    cluster=ClusterRoutes(name, route_ports[index], others, free_port()),
+                )
+            )
+        try:
+            for node in self.nodes:
+                node.start()
+            self.wait_for_leader(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def node(self, name: str) -> NatsServer:
+        for node in self.nodes:
+            if node.cluster is not None and node.cluster.node == name:
+                return node
+        raise KeyError(f"no node {name!r} in the cluster")
+
+    def jetstream_state(self, node: NatsServer) -> dict[str, Any]:
+        """The node's ``/jsz`` monitoring report (its view of the JetStream cluster)."""
+        assert node.cluster is not None
+        url = f"http://{self.host}:{node.cluster.monitor_port}/jsz"
+        with urllib.request.urlopen(url, timeout=2.0) as reply:
+            report: dict[str, Any] = json.loads(reply.read())
+        return report
+
+    def meta_leader(self) -> str | None:
+        """The node that leads JetStream's metadata, as a running node sees it."""
+        for node in self.nodes:
+            if node.process is None or node.process.poll() is not None:
+                continue
+            try:
+                leader = self.jetstream_state(node).get("meta_cluster", {}).get("leader")
+            except OSError:
+                continue
+            if leader:
+                return str(leader)
+        return None
+
+    def wait_for_leader(self, timeout_s: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if (leader := self.meta_leader()) is not None:
+                return leader
+            time.sleep(0.2)
+        raise NatsServerError(f"the JetStream cluster elected no leader within {timeout_s} s")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> NatsCluster:
         return self.start()
 
     def __exit__(self, *_: object) -> None:

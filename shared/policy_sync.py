@@ -4,6 +4,7 @@ the version; rollout workers fetch, verify and hot-swap."""
 from __future__ import annotations
 
 import anyio
+from nats.js.api import ObjectStoreConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.object_store import ObjectStore
 
@@ -24,7 +25,9 @@ async def policy_bucket(bus: Bus) -> ObjectStore:
         try:
             return await bus.js.object_store(POLICY_BUCKET)
         except (BucketNotFoundError, NotFoundError):
-            return await bus.js.create_object_store(POLICY_BUCKET)
+            return await bus.js.create_object_store(
+                POLICY_BUCKET, config=ObjectStoreConfig(replicas=bus.settings.replicas)
+            )
 
 
 def object_name(version: int) -> str:
