@@ -30,6 +30,8 @@ DEFAULT_RUN_DIR = Path("runs/default")
 EngineKind = Literal["llama_cpp", "transformers", "vllm"]
 ENGINE_KINDS: tuple[EngineKind, ...] = ("llama_cpp", "transformers", "vllm")
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+# the copies of every stream and bucket (bus.replicas), as `up --nats-cluster` tells services
+REPLICAS_ENV = "COEVOLVE_NATS_REPLICAS"
 # the section of the LLM roles (summarizer, explorer, abstractor, judge) under services:
 LLM_SECTION = "llm"
 
@@ -123,6 +125,11 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         raw["run_dir"] = run_dir
     if nats_url := os.environ.get("NATS_URL"):
         raw.setdefault("bus", {})["url"] = nats_url
+    if replicas := os.environ.get(REPLICAS_ENV):
+        try:
+            raw.setdefault("bus", {})["replicas"] = int(replicas)
+        except ValueError as exc:
+            raise ConfigError(f"{REPLICAS_ENV} must be a whole number, not {replicas!r}") from exc
     for env, key in (
         ("COEVOLVE_NATS_CREDS", "credentials"),
         ("COEVOLVE_NATS_CREDS_DIR", "credentials_dir"),

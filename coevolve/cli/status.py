@@ -61,8 +61,20 @@ async def collect(bus: Bus, stale_after_s: float) -> dict[str, Any]:
             info = await bus.js.stream_info(spec.name)
         except NotFoundError:
             continue
+        cluster = info.cluster
+        peers = cluster.replicas or [] if cluster is not None else []
         streams.append(
-            {"stream": spec.name, "messages": info.state.messages, "bytes": info.state.bytes}
+            {
+                "stream": spec.name,
+                "messages": info.state.messages,
+                "bytes": info.state.bytes,
+                # on a cluster: the node leading the stream and the other copies' state
+                "leader": cluster.leader if cluster is not None else None,
+                "replicas": [
+                    {"node": p.name, "current": bool(p.current), "offline": bool(p.offline)}
+                    for p in peers
+                ],
+            }
         )
     consumers = []
     for consumer in CONSUMERS:
@@ -144,9 +156,16 @@ def status(
         typer.echo(f"not running: {', '.join(report['missing'])}")
     for name, reason in report["held_back"].items():
         typer.echo(f"held back by the supervisor: {name}: {reason}")
-    typer.echo(f"\n{'stream':<28}{'messages':>10}{'bytes':>14}")
+    typer.echo(f"\n{'stream':<28}{'messages':>10}{'bytes':>14}  leader  copies")
     for s in report["streams"]:
-        typer.echo(f"{s['stream']:<28}{s['messages']:>10}{s['bytes']:>14}")
+        copies = " ".join(
+            f"{r['node']}({'offline' if r['offline'] else 'current' if r['current'] else 'behind'})"
+            for r in s["replicas"]
+        )
+        typer.echo(
+            f"{s['stream']:<28}{s['messages']:>10}{s['bytes']:>14}  {s['leader'] or '-':<6}  "
+            f"{copies or '-'}"
+        )
     typer.echo(f"\n{'consumer':<40}{'pending':>9}{'unacked':>9}{'redelivered':>13}")
     for c in report["consumers"]:
         name = f"{c['stream']}/{c['consumer']}"

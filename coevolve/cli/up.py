@@ -18,7 +18,7 @@ from coevolve.cli.events import EventPrinter, EventTracker, EventWatcherThread
 from coevolve.cli.options import ConfigOption, RunDirOption, settings_from
 from coevolve.schedules.synthesis import DEFAULT_MAX_SIGNALS
 from coevolve.shared.bus import BusError, declare_streams
-from coevolve.shared.config import NATS_CREDENTIALS_DIR, Settings
+from coevolve.shared.config import NATS_CREDENTIALS_DIR, REPLICAS_ENV, Settings
 from coevolve.shared.credentials import (
     CREDENTIALS_DIR_ENV,
     new_credentials,
@@ -26,7 +26,7 @@ from coevolve.shared.credentials import (
     write_credentials,
 )
 from coevolve.shared.llm.server import LLMServerError, start_for_run
-from coevolve.shared.nats_server import NatsServer, NatsServerError
+from coevolve.shared.nats_server import NatsCluster, NatsServer, NatsServerError
 from coevolve.shared.subjects import SERVICES
 from coevolve.shared.supervisor import ChildSpec, Supervisor, read_state
 
@@ -53,6 +53,16 @@ def up(
     nats_port: Annotated[
         int, typer.Option(help="Port of the NATS server started for you (0: any free port).")
     ] = 4222,
+    nats_cluster: Annotated[
+        int,
+        typer.Option(
+            help="Start a JetStream cluster of this many nats-server nodes on loopback instead "
+            "of one server; every stream and bucket then keeps that many copies (3 survives "
+            "losing a node). --nats-port is then unused: the nodes take free ports.",
+            min=1,
+            max=5,
+        ),
+    ] = 1,
     scale: Annotated[
         list[str] | None,
         typer.Option(help="Replicas of a service, e.g. --scale explorer=3 (repeatable)."),
@@ -116,26 +126,37 @@ def up(
     if schedule == "lockstep":
         run_lockstep_schedule(settings, iterations, synthesize_every, max_signals)
         return
-    server: NatsServer | None = None
+    server: NatsServer | NatsCluster | None = None
     nats_url = os.environ.get("NATS_URL")
     bus_settings = settings.bus
+    if nats_url and nats_cluster > 1:
+        raise typer.BadParameter("--nats-cluster starts its own servers: unset NATS_URL")
     if not nats_url:
         # secure by default: fresh credentials per user, the server requires them; written
         # (0600) once it started, so a refused start leaves a running run's files alone
         credentials = new_credentials()
         credentials_dir = run / NATS_CREDENTIALS_DIR
-        server = NatsServer(
-            run / "nats",
-            port=nats_port,
-            log_file=run / "logs" / "nats.log",
-            credentials=credentials,
-        )
+        if nats_cluster > 1:
+            server = NatsCluster(
+                run / "nats", nats_cluster, log_dir=run / "logs", credentials=credentials
+            )
+        else:
+            server = NatsServer(
+                run / "nats",
+                port=nats_port,
+                log_file=run / "logs" / "nats.log",
+                credentials=credentials,
+            )
         try:
             server.start()
             write_credentials(credentials_dir, credentials)
             os.environ[CREDENTIALS_DIR_ENV] = str(credentials_dir)  # up's own: the reader
             bus_settings = msgspec.structs.replace(
-                settings.bus, url=server.url, credentials=None, credentials_dir=str(credentials_dir)
+                settings.bus,
+                url=server.url,
+                replicas=nats_cluster,
+                credentials=None,
+                credentials_dir=str(credentials_dir),
             )
             anyio.run(declare_streams, bus_settings)
         except (NatsServerError, BusError) as exc:
@@ -162,6 +183,7 @@ def up(
             ready_file=run / "ready" / (f"{name}-{i}" if count > 1 else name),
             env={
                 "NATS_URL": nats_url,
+                REPLICAS_ENV: str(bus_settings.replicas),
                 "HF_HUB_OFFLINE": "1",
                 # several torch processes share the cores: one thread each avoids the
                 # oversubscription that made decoding ~7x slower here
@@ -196,10 +218,18 @@ def up(
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     up_file = run / UP_FILE
-    nats_pid = server.process.pid if server and server.process else None
+    nodes = server.nodes if isinstance(server, NatsCluster) else [server] if server else []
+    nats_pids = [node.process.pid for node in nodes if node.process is not None]
+    nats_pid = nats_pids[0] if nats_pids else None
     up_file.write_text(
         json.dumps(
-            {"nats_url": nats_url, "nats_pid": nats_pid, "pid": os.getpid(), "at": time.time()}
+            {
+                "nats_url": nats_url,
+                "nats_pid": nats_pid,
+                "nats_pids": nats_pids,
+                "pid": os.getpid(),
+                "at": time.time(),
+            }
         )
     )
     typer.echo("services starting; `coevolve status` shows them, Ctrl-C stops everything")

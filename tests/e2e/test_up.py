@@ -1,4 +1,5 @@
-"""`coevolve up` for real: NATS and all seven services as processes, status, SIGTERM."""
+"""`coevolve up` for real: NATS (one server, or a cluster of three) and all seven services
+as processes, status, SIGTERM."""
 
 from __future__ import annotations
 
@@ -34,11 +35,13 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_up_status_and_sigterm_leave_no_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("nats_nodes", [1, 3], ids=["one-server", "cluster-of-3"])
+def test_up_status_and_sigterm_leave_no_process(tmp_path: Path, nats_nodes: int) -> None:
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "NATS_URL"}
+    cluster = ["--nats-cluster", str(nats_nodes)] if nats_nodes > 1 else []
     up = subprocess.Popen(
-        coevolve("up", "--run-dir", str(run_dir), "--nats-port", "0"),
+        coevolve("up", "--run-dir", str(run_dir), "--nats-port", "0", *cluster),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -66,8 +69,13 @@ def test_up_status_and_sigterm_leave_no_process(tmp_path: Path) -> None:
         assert report["missing"] == []
         assert {s["stream"] for s in report["streams"]} >= {"COEVOLVE_ROLLOUT_GROUPS"}
 
+        if nats_nodes > 1:  # every stream led by one node and copied to the two others
+            for stream in report["streams"]:
+                assert stream["leader"] is not None, stream
+                assert len(stream["replicas"]) == nats_nodes - 1, stream
         up_info = json.loads((run_dir / "up.json").read_text())
-        pids = [s["pid"] for s in report["services"]] + [up_info["nats_pid"]]
+        assert len(up_info["nats_pids"]) == nats_nodes
+        pids = [s["pid"] for s in report["services"]] + up_info["nats_pids"]
         assert all(alive(pid) for pid in pids)
 
         up.send_signal(signal.SIGTERM)
