@@ -31,7 +31,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import APIError
+from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
 from coevolve.shared.config import BusSettings, BusTls
 from coevolve.shared.credentials import resolve
@@ -68,6 +68,34 @@ _RETENTION = {
 
 class BusError(RuntimeError):
     pass
+
+
+class StreamUnavailableError(nats.errors.TimeoutError):
+    """JetStream did not take a message: no server answered for its stream (on a cluster:
+    no node leads it, usually because fewer than half of the nodes are up). A timeout, so
+    the handlers of timeouts keep handling it; its text says what it likely means."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+# what js.publish raises when no server stores the message in time
+_UNAVAILABLE = (nats.errors.TimeoutError, NoStreamResponseError, ServiceUnavailableError)
+
+
+def unavailable_reason(subject: str, settings: BusSettings) -> str:
+    nodes = len(server_urls(settings.url))
+    if nodes > 1:
+        return (
+            f"{subject}: no node of the NATS cluster leads its stream; the cluster has "
+            f"probably lost quorum (fewer than {nodes // 2 + 1} of its {nodes} nodes up). "
+            "Retrying: work resumes without loss once enough nodes are back"
+        )
+    return f"{subject}: the NATS server did not store the message in time; retrying"
 
 
 class BackpressureError(BusError):
@@ -253,6 +281,12 @@ class Bus:
         while True:
             try:
                 return await self.js.publish(subject, payload, timeout=timeout, headers=headers)
+            except (
+                nats.errors.TimeoutError,
+                NoStreamResponseError,
+                ServiceUnavailableError,
+            ) as exc:
+                raise StreamUnavailableError(unavailable_reason(subject, self.settings)) from exc
             except APIError as exc:
                 if exc.err_code not in _STREAM_FULL_CODES:
                     raise

@@ -11,9 +11,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from coevolve.shared.bus import Bus, server_urls
+from coevolve.shared.bus import Bus, StreamUnavailableError, server_urls
 from coevolve.shared.config import load_settings
 from coevolve.shared.credentials import CREDENTIALS_DIR_ENV, USER_ENV, load_credentials
+from coevolve.shared.messages import Metric
 from coevolve.shared.nats_server import NatsCluster, NatsServer
 from coevolve.shared.permissions import ADMIN, USERS
 from coevolve.shared.subjects import ROLLOUT_GROUPS, stream_for
@@ -82,6 +83,9 @@ async def test_streams_survive_losing_their_leader_and_wait_out_a_lost_quorum(
         kill(second)  # one node of three left: no quorum, writes are refused
         with pytest.raises(TimeoutError):
             await publish_until_accepted(bus, b"without-quorum", 5)
+        bus.settings.publish_timeout_s = 2.0  # what a service sees, and says
+        with pytest.raises(StreamUnavailableError, match=r"lost quorum \(fewer than 2 of its 3"):
+            await bus.publish(ROLLOUT_GROUPS, Metric(service="test", name="probe", value=1.0))
 
         leader.start()  # a node returns: quorum again, nothing lost
         await publish_until_accepted(bus, b"quorum-back", 60)
