@@ -31,6 +31,7 @@ BENCHMARKS = {
     "judge": "judge stages on BFCL train turns and corrupted copies: accept/reject rates, s/cand",
     "synthesis": "recorded explorations through abstractor and judge per role model: accepted",
     "ddp": "2 learner ranks (gloo) vs 1 on the same batches: weight difference, step s",
+    "failover": "coevolve up on a 3-node NATS cluster losing its stream leader, then quorum",
 }
 
 
@@ -39,7 +40,10 @@ def bench(
     quick: Annotated[bool, typer.Option("--quick", help="Small sizes: under a minute.")] = False,
     minutes: Annotated[
         float | None,
-        typer.Option(help="Wall time of the benchmarks that run for a time (dataloop).", min=0.1),
+        typer.Option(
+            help="Wall time of the benchmarks that run for a time (dataloop, chaos, failover).",
+            min=0.1,
+        ),
     ] = None,
     seeds: Annotated[
         int | None,

@@ -1,0 +1,221 @@
+"""Failover benchmark: ``coevolve up`` on a 3-node JetStream cluster that loses nodes.
+
+The bench runs its own cluster (``NatsCluster``, 3 nodes on loopback, streams and buckets
+with 3 copies; ``up`` uses it through ``NATS_URL`` and ``COEVOLVE_NATS_REPLICAS``) so it can
+kill and restart nodes with their stores kept. Once groups flow:
+
+1. the node leading the rollout-groups stream is killed (``kill -9``); ``failover_s`` is
+   the time until a new group is published; the node is restarted ``RESTART_AFTER_S``
+   later;
+2. at ``QUORUM_AT`` of the run, the stream's leader and a second node are killed together:
+   one node of three cannot form a quorum, so the streams take no writes. The services must
+   say so (``quorum_loss_reported_by``: the services whose log says the cluster has lost
+   quorum); both nodes come back after ``QUORUM_DOWN_S`` and ``recovered_s`` is the time
+   from their restart until groups flow again.
+
+Then ``up`` is stopped and the chaos benchmark's audit runs (``bench/chaos.py``):
+``groups_lost``, ``duplicate_tasks``, ``duplicate_verdicts``, ``versions_non_monotonic``,
+``services_alive_at_end``. Writes ``result.json`` under ``RUN_DIR/bench/failover-<stamp>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from coevolve.bench.chaos import BusView, audit_bus, audit_pool, trained_groups, watch
+from coevolve.cli.up import supervised_services
+from coevolve.shared.bus import Bus
+from coevolve.shared.config import DEFAULT_RUN_DIR, REPLICAS_ENV, BusSettings
+from coevolve.shared.nats_server import NatsCluster, NatsServer
+from coevolve.shared.subjects import ROLLOUT_GROUPS, stream_for
+
+NODES = 3
+RESTART_AFTER_S = 20.0
+QUORUM_AT = 0.6
+QUORUM_DOWN_S = 30.0
+GROUPS_WAIT_S = 600.0  # the warm start comes first: groups flow after a few minutes
+QUORUM_TEXT = "lost quorum"
+
+
+@dataclass
+class NodeFault:
+    kind: str
+    nodes: list[str]
+    at_s: float
+    restarted_at_s: float | None = None
+    groups_flowing_again_s: float | None = None
+
+
+async def stream_leader(url: str) -> str:
+    bus = await Bus.connect(BusSettings(url=url, connect_timeout_s=30.0), "failover-bench")
+    try:
+        with anyio.fail_after(30):
+            while True:
+                with contextlib.suppress(Exception):
+                    info = await bus.js.stream_info(stream_for(ROLLOUT_GROUPS).name)
+                    if info.cluster is not None and info.cluster.leader:
+                        return str(info.cluster.leader)
+                await anyio.sleep(0.5)
+    finally:
+        await bus.close()
+
+
+def kill_node(node: NatsServer) -> None:
+    if node.process is not None and node.process.poll() is None:
+        os.kill(node.process.pid, signal.SIGKILL)
+        node.process.wait(5)
+
+
+async def until_groups_grow(view: BusView, timeout_s: float) -> float | None:
+    """Seconds until a group not seen before is published (None: not within the time)."""
+    seen, started = len(view.groups), time.monotonic()
+    with anyio.move_on_after(timeout_s):
+        while len(view.groups) <= seen:
+            await anyio.sleep(0.5)
+        return round(time.monotonic() - started, 1)
+    return None
+
+
+def quorum_reports(run_dir: Path) -> list[str]:
+    """The services whose log says the cluster has lost quorum."""
+    reported = []
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        with contextlib.suppress(OSError):
+            if QUORUM_TEXT in log.read_text(errors="replace"):
+                reported.append(log.stem)
+    return reported
+
+
+async def failover(run_dir: Path, out_dir: Path, minutes: float) -> dict[str, Any]:
+    from coevolve.bench.chaos import start_up
+    from coevolve.bench.dataloop import kill_leftovers, stop_process_group
+
+    cluster = NatsCluster(out_dir / "nats", NODES, log_dir=out_dir / "nats-logs")
+    await anyio.to_thread.run_sync(cluster.start)
+    os.environ[REPLICAS_ENV] = str(NODES)  # up and its services keep 3 copies
+    up = start_up(run_dir, cluster.url, out_dir / "up.log")
+    started = time.monotonic()
+    view = BusView()
+    faults: list[NodeFault] = []
+    alive_at_end: dict[str, str] = {}
+
+    def at() -> float:
+        return round(time.monotonic() - started, 1)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch, cluster.url, view)
+            with anyio.move_on_after(GROUPS_WAIT_S):
+                while not view.groups:
+                    await anyio.sleep(1.0)
+            if view.groups:
+                leader = cluster.node(await stream_leader(cluster.url))
+                assert leader.cluster is not None
+                fault = NodeFault("leader killed", [leader.cluster.node], at())
+                kill_node(leader)
+                faults.append(fault)
+                fault.groups_flowing_again_s = await until_groups_grow(view, 300)
+                await anyio.sleep(max(0.0, fault.at_s + RESTART_AFTER_S - at()))
+                await anyio.to_thread.run_sync(leader.start)
+                fault.restarted_at_s = at()
+
+                await anyio.sleep(max(0.0, QUORUM_AT * minutes * 60 - at()))
+                first = cluster.node(await stream_leader(cluster.url))
+                second = next(n for n in cluster.nodes if n is not first)
+                names = [n.cluster.node for n in (first, second) if n.cluster is not None]
+                quorum = NodeFault("quorum lost", names, at())
+                kill_node(first)
+                kill_node(second)
+                faults.append(quorum)
+                await anyio.sleep(QUORUM_DOWN_S)
+                for node in (first, second):
+                    await anyio.to_thread.run_sync(node.start)
+                quorum.restarted_at_s = at()
+                quorum.groups_flowing_again_s = await until_groups_grow(view, 300)
+            await anyio.sleep(max(0.0, minutes * 60 - at()))
+            alive_at_end = {
+                name: str(child.get("state"))
+                for name, child in supervised_services(run_dir).items()
+            }
+            tg.cancel_scope.cancel()
+        shutdown = await anyio.to_thread.run_sync(stop_process_group, up)
+        kill_leftovers(str(run_dir))
+        bus_audit = await audit_bus(cluster.url, view)
+    finally:
+        os.environ.pop(REPLICAS_ENV, None)
+        if up.poll() is None:
+            stop_process_group(up)
+        cluster.stop()
+    trained = trained_groups(run_dir)
+    unaccounted = view.groups - trained - bus_audit.pop("waiting_groups")
+    first_fault = faults[0] if faults else None
+    return {
+        "benchmark": "failover",
+        "minutes": minutes,
+        "nodes": NODES,
+        "faults": [asdict(f) for f in faults],
+        "failover_s": first_fault.groups_flowing_again_s if first_fault else None,
+        "quorum_loss_reported_by": quorum_reports(run_dir),
+        "recovered_s": faults[1].groups_flowing_again_s if len(faults) > 1 else None,
+        "groups_published": len(view.groups),
+        "groups_trained": len(trained & view.groups),
+        "groups_lost": len(unaccounted),
+        **audit_pool(run_dir / "pool.duckdb"),
+        "versions_non_monotonic": bus_audit["versions_non_monotonic"],
+        "policy_versions": bus_audit["policy_versions"],
+        "services_alive_at_end": alive_at_end,
+        "dead_letters_by_reason": bus_audit["dead_letters_by_reason"],
+        "shutdown": asdict(shutdown),
+    }
+
+
+def run(quick: bool = False, minutes: float | None = None) -> dict[str, Any]:
+    minutes = minutes if minutes is not None else (8.0 if quick else 20.0)
+    from coevolve.bench.dataloop import share_model_cache
+
+    base = Path(os.environ.get("COEVOLVE_RUN_DIR", DEFAULT_RUN_DIR))
+    out_dir = base / "bench" / f"failover-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = out_dir / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    share_model_cache(run_dir, base)
+    result = anyio.run(failover, run_dir, out_dir, minutes)
+    result["quick"] = quick
+    result["run_dir"] = str(out_dir)
+    (out_dir / "result.json").write_text(json.dumps(result, indent=2))
+    print_result(result)
+    return result
+
+
+def print_result(result: dict[str, Any]) -> None:
+    out = sys.stdout
+    print(f"failover benchmark: {result['minutes']} min on {result['nodes']} nodes", file=out)
+    for fault in result["faults"]:
+        print(
+            f"  {fault['at_s']:>7.1f} s  {fault['kind']} ({', '.join(fault['nodes'])}), "
+            f"restarted at {fault['restarted_at_s']} s, groups again after "
+            f"{fault['groups_flowing_again_s']} s",
+            file=out,
+        )
+    for key in (
+        "failover_s",
+        "recovered_s",
+        "quorum_loss_reported_by",
+        "groups_published",
+        "groups_trained",
+        "groups_lost",
+        "duplicate_tasks",
+        "duplicate_verdicts",
+        "versions_non_monotonic",
+        "services_alive_at_end",
+    ):
+        print(f"{key:<26}{result[key]}", file=out)
