@@ -60,3 +60,41 @@ def test_image_installs_with_the_readme_install_step() -> None:
     assert INSTALL in (ROOT / ".ci" / "run").read_text()
     images = {spec.get("build", {}).get("dockerfile") for spec in compose()["services"].values()}
     assert "deploy/Dockerfile" in images
+
+
+def test_the_cluster_profile_gives_every_service_three_nodes_and_three_copies() -> None:
+    base = compose()["services"]
+    cluster = yaml.safe_load((ROOT / "compose.cluster.yaml").read_text())["services"]
+    nodes = {name for name in cluster if name.startswith("nats")}
+    assert nodes == {"nats", "nats-2", "nats-3"}
+    for name in set(base) - {"nats"}:
+        environment = cluster[name]["environment"]
+        urls = environment["NATS_URL"].split(",")
+        assert {url.split("//")[1].split(":")[0] for url in urls} == nodes, name
+        assert environment["COEVOLVE_NATS_REPLICAS"] == "3"
+    names = {cluster[node]["environment"]["NATS_NODE"] for node in nodes}
+    assert names == {"n1", "n2", "n3"}
+
+
+def test_the_cluster_nodes_config_is_accepted_by_nats_server(tmp_path: Path) -> None:
+    """``nats-server -t`` checks deploy/nats-cluster.conf as a node would load it."""
+    import os
+    import shutil
+    import subprocess
+
+    from coevolve.shared.credentials import auth_config, new_credentials
+    from coevolve.shared.nats_server import find_binary
+
+    conf = tmp_path / "nats-cluster.conf"
+    shutil.copy(ROOT / "deploy" / "nats-cluster.conf", conf)
+    (tmp_path / "auth.conf").write_text(auth_config(new_credentials()))
+    checked = subprocess.run(
+        [str(find_binary()), "-c", str(conf), "-t"],
+        env={**os.environ, "NATS_NODE": "n2"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert checked.returncode == 0, checked.stderr
+    routes = re.findall(r"nats-route://([\w-]+):6222", conf.read_text())
+    assert set(routes) == {"nats", "nats-2", "nats-3"}
