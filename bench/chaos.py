@@ -292,7 +292,7 @@ def start_up(run_dir: Path, nats_url: str, log_path: Path) -> subprocess.Popen[b
 
 async def chaos(run_dir: Path, out_dir: Path, minutes: float, seed: int) -> dict[str, Any]:
     # imported here: dataloop imports the CLI, which lists the benchmarks
-    from coevolve.bench.dataloop import kill_leftovers, stop_process_group
+    from coevolve.bench.dataloop import stop_process_group
 
     # outside the run directory: kill_leftovers(run_dir) must not take it down before the audit
     server = NatsServer(out_dir / "nats", log_file=out_dir / "nats.log").start()
@@ -317,26 +317,48 @@ async def chaos(run_dir: Path, out_dir: Path, minutes: float, seed: int) -> dict
                 for fault in faults:
                     faulting.start_soon(fire, fault)
             await anyio.sleep(max(0.0, started + minutes * 60 - time.monotonic()))
-            alive_at_end = {
-                name: str(child.get("state"))
-                for name, child in supervised_services(run_dir).items()
-            }
+            alive_at_end = service_states(run_dir)
             tg.cancel_scope.cancel()
-        shutdown = await anyio.to_thread.run_sync(stop_process_group, up)
-        kill_leftovers(str(run_dir))
-        bus_audit = await audit_bus(server.url, view)
+        shutdown, bus_audit = await stop_and_audit(up, run_dir, server.url, view)
     finally:
         if up.poll() is None:
             stop_process_group(up)
         server.stop()
-    trained = trained_groups(run_dir)
-    # the learner records every group a step consumed, stale ones (dropped) included
-    unaccounted = view.groups - trained - bus_audit.pop("waiting_groups")
     return {
         "benchmark": "chaos",
         "minutes": minutes,
         "seed": seed,
         "fault_schedule": [asdict(f) for f in faults],
+        **run_audit(run_dir, view, bus_audit),
+        "learner_resumed_from_checkpoint": bool(learner_resumes(run_dir)),
+        "learner_resumed_in": learner_resumes(run_dir),
+        "services_alive_at_end": alive_at_end,
+        "shutdown": asdict(shutdown),
+    }
+
+
+def service_states(run_dir: Path) -> dict[str, str]:
+    """Each supervised service's state (``running``, ``backing_off``...) right now."""
+    return {name: str(child.get("state")) for name, child in supervised_services(run_dir).items()}
+
+
+async def stop_and_audit(
+    up: subprocess.Popen[bytes], run_dir: Path, url: str, view: BusView
+) -> tuple[Any, dict[str, Any]]:
+    """Stop ``up`` (and whatever it left), then audit the bus: (shutdown, bus audit)."""
+    from coevolve.bench.dataloop import kill_leftovers, stop_process_group
+
+    shutdown = await anyio.to_thread.run_sync(stop_process_group, up)
+    kill_leftovers(str(run_dir))
+    return shutdown, await audit_bus(url, view)
+
+
+def run_audit(run_dir: Path, view: BusView, bus_audit: dict[str, Any]) -> dict[str, Any]:
+    """What became of every group published, and the duplicates and version order."""
+    trained = trained_groups(run_dir)
+    # the learner records every group a step consumed, stale ones (dropped) included
+    unaccounted = view.groups - trained - bus_audit["waiting_groups"]
+    return {
         "groups_published": len(view.groups),
         "groups_trained": len(trained & view.groups),
         "groups_dropped_stale": int(sum(view.dropped_stale.values())),
@@ -344,30 +366,33 @@ async def chaos(run_dir: Path, out_dir: Path, minutes: float, seed: int) -> dict
         **audit_pool(run_dir / "pool.duckdb"),
         "versions_non_monotonic": bus_audit["versions_non_monotonic"],
         "policy_versions": bus_audit["policy_versions"],
-        "learner_resumed_from_checkpoint": bool(learner_resumes(run_dir)),
-        "learner_resumed_in": learner_resumes(run_dir),
-        "services_alive_at_end": alive_at_end,
         "dead_letters_by_reason": bus_audit["dead_letters_by_reason"],
         "dead_letters_by_service": bus_audit["dead_letters_by_service"],
-        "shutdown": asdict(shutdown),
     }
 
 
 def run(quick: bool = False, minutes: float | None = None, seed: int = 13) -> dict[str, Any]:
     minutes = minutes if minutes is not None else (4.0 if quick else 30.0)
-    # imported here: dataloop imports the CLI, which lists the benchmarks
-    from coevolve.bench.dataloop import share_model_cache
-
-    base = Path(os.environ.get("COEVOLVE_RUN_DIR", DEFAULT_RUN_DIR))
-    out_dir = base / "bench" / f"chaos-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = out_dir / "run"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    share_model_cache(run_dir, base)
+    out_dir, run_dir = bench_run_dirs("chaos")
     result = anyio.run(chaos, run_dir, out_dir, minutes, seed)
     result["quick"] = quick
     (out_dir / "result.json").write_text(json.dumps(result, indent=2))
     _print(result, out_dir)
     return result
+
+
+def bench_run_dirs(name: str) -> tuple[Path, Path]:
+    """``RUN_DIR/bench/<name>-<stamp>`` and the run directory of the ``up`` under it, which
+    shares the base run's converted models."""
+    # imported here: dataloop imports the CLI, which lists the benchmarks
+    from coevolve.bench.dataloop import share_model_cache
+
+    base = Path(os.environ.get("COEVOLVE_RUN_DIR", DEFAULT_RUN_DIR))
+    out_dir = base / "bench" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = out_dir / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    share_model_cache(run_dir, base)
+    return out_dir, run_dir
 
 
 def _print(result: dict[str, Any], out_dir: Path) -> None:

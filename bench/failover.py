@@ -32,10 +32,16 @@ from typing import Any
 
 import anyio
 
-from coevolve.bench.chaos import BusView, audit_bus, audit_pool, trained_groups, watch
-from coevolve.cli.up import supervised_services
+from coevolve.bench.chaos import (
+    BusView,
+    bench_run_dirs,
+    run_audit,
+    service_states,
+    stop_and_audit,
+    watch,
+)
 from coevolve.shared.bus import Bus
-from coevolve.shared.config import DEFAULT_RUN_DIR, REPLICAS_ENV, BusSettings
+from coevolve.shared.config import REPLICAS_ENV, BusSettings
 from coevolve.shared.nats_server import NatsCluster, NatsServer
 from coevolve.shared.subjects import ROLLOUT_GROUPS, stream_for
 
@@ -98,7 +104,7 @@ def quorum_reports(run_dir: Path) -> list[str]:
 
 async def failover(run_dir: Path, out_dir: Path, minutes: float) -> dict[str, Any]:
     from coevolve.bench.chaos import start_up
-    from coevolve.bench.dataloop import kill_leftovers, stop_process_group
+    from coevolve.bench.dataloop import stop_process_group
 
     cluster = NatsCluster(out_dir / "nats", NODES, log_dir=out_dir / "nats-logs")
     await anyio.to_thread.run_sync(cluster.start)
@@ -143,21 +149,14 @@ async def failover(run_dir: Path, out_dir: Path, minutes: float) -> dict[str, An
                 quorum.restarted_at_s = at()
                 quorum.groups_flowing_again_s = await until_groups_grow(view, 300)
             await anyio.sleep(max(0.0, minutes * 60 - at()))
-            alive_at_end = {
-                name: str(child.get("state"))
-                for name, child in supervised_services(run_dir).items()
-            }
+            alive_at_end = service_states(run_dir)
             tg.cancel_scope.cancel()
-        shutdown = await anyio.to_thread.run_sync(stop_process_group, up)
-        kill_leftovers(str(run_dir))
-        bus_audit = await audit_bus(cluster.url, view)
+        shutdown, bus_audit = await stop_and_audit(up, run_dir, cluster.url, view)
     finally:
         os.environ.pop(REPLICAS_ENV, None)
         if up.poll() is None:
             stop_process_group(up)
         cluster.stop()
-    trained = trained_groups(run_dir)
-    unaccounted = view.groups - trained - bus_audit.pop("waiting_groups")
     first_fault = faults[0] if faults else None
     return {
         "benchmark": "failover",
@@ -167,27 +166,15 @@ async def failover(run_dir: Path, out_dir: Path, minutes: float) -> dict[str, An
         "failover_s": first_fault.groups_flowing_again_s if first_fault else None,
         "quorum_loss_reported_by": quorum_reports(run_dir),
         "recovered_s": faults[1].groups_flowing_again_s if len(faults) > 1 else None,
-        "groups_published": len(view.groups),
-        "groups_trained": len(trained & view.groups),
-        "groups_lost": len(unaccounted),
-        **audit_pool(run_dir / "pool.duckdb"),
-        "versions_non_monotonic": bus_audit["versions_non_monotonic"],
-        "policy_versions": bus_audit["policy_versions"],
+        **run_audit(run_dir, view, bus_audit),
         "services_alive_at_end": alive_at_end,
-        "dead_letters_by_reason": bus_audit["dead_letters_by_reason"],
         "shutdown": asdict(shutdown),
     }
 
 
 def run(quick: bool = False, minutes: float | None = None) -> dict[str, Any]:
     minutes = minutes if minutes is not None else (8.0 if quick else 20.0)
-    from coevolve.bench.dataloop import share_model_cache
-
-    base = Path(os.environ.get("COEVOLVE_RUN_DIR", DEFAULT_RUN_DIR))
-    out_dir = base / "bench" / f"failover-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = out_dir / "run"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    share_model_cache(run_dir, base)
+    out_dir, run_dir = bench_run_dirs("failover")
     result = anyio.run(failover, run_dir, out_dir, minutes)
     result["quick"] = quick
     result["run_dir"] = str(out_dir)
