@@ -3,7 +3,8 @@
 Each round of an exploration starts from the task's initial state. Its calls that
 succeeded are replayed in order in a fresh environment, and the minimal sequence is kept:
 a call is left out when the replay without it fails no other call and ends in the same
-state with the same results (a listing before a change, a call repeated). A login whose
+state with the same results (a listing before a change, a call repeated); a call right
+after an identical one is dropped before that (``without_repeats``). A login whose
 token a later call uses stays: without it that call fails. When nothing changed the state,
 the round's last call that returned a result is a question of one call.
 
@@ -53,6 +54,18 @@ def _replay(task: Task, calls: Sequence[ToolCall], make_env: Callable[[], Enviro
         )
     finally:
         environment.close()
+
+
+def without_repeats(calls: Sequence[ToolCall]) -> list[ToolCall]:
+    """``calls`` without a call identical to the one just before it: an explorer that
+    repeats itself (placing the same order twice) is not asking for it twice, and a user
+    would not either. A repeat that changes nothing is also caught by ``minimal_calls``;
+    this one catches a repeat that changes the state again."""
+    kept: list[ToolCall] = []
+    for call in calls:
+        if not kept or call != kept[-1]:
+            kept.append(call)
+    return kept
 
 
 def minimal_calls(
@@ -109,7 +122,7 @@ def call_units(
     for round_ in exploration.rounds:
         if len(units) >= max_units:
             break
-        succeeded = [step.action for step in round_.steps if step.ok]
+        succeeded = without_repeats([step.action for step in round_.steps if step.ok])
         if not succeeded:
             continue
         unit = round_unit(exploration.task, succeeded, make_env)

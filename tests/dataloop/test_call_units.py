@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataloop_harness import logged_exploration
 
-from coevolve.services.abstractor.call_units import call_units
+from coevolve.services.abstractor.call_units import call_units, without_repeats
 from coevolve.shared.envs import Environment, make_environment
 from coevolve.shared.messages import Exploration, ToolCall
 
@@ -50,3 +50,10 @@ def test_rounds_give_one_unit_each_without_repeats_up_to_the_limit() -> None:
     units = call_units(log, bfcl, max_units=2)
     assert [u.calls for u in units] == [[MAKE], [CD, TOUCH]]
     assert call_units(exploration([(MISSING, False)]), bfcl, max_units=2) == []
+
+
+def test_a_call_right_after_an_identical_one_is_dropped_even_when_it_changes_state() -> None:
+    buy = ToolCall(name="place_order", arguments={"symbol": "AAPL", "amount": 10})
+    sell = ToolCall(name="place_order", arguments={"symbol": "AAPL", "amount": -10})
+    assert without_repeats([buy, buy, sell, buy]) == [buy, sell, buy]
+    assert without_repeats([]) == []
