@@ -73,10 +73,21 @@ def sync_payload(learner: GrpoLearner) -> dict[str, Any]:
     }
 
 
-def apply_sync(learner: GrpoLearner, payload: dict[str, Any]) -> None:
-    """Take rank 0's state (its weights follow by ``broadcast_parameters``)."""
-    if payload["warm_started"] and not learner.warm_started:
-        learner.freeze_reference()  # the same adapters as rank 0 before the weights arrive
+def synced(learner: GrpoLearner, payload: dict[str, Any]) -> None:
+    """Take rank 0's state: its weights by ``broadcast_parameters`` (a collective rank 0
+    runs right after sending ``payload``), then its counters, optimizer and demonstrations.
+
+    The warm start's reference is taken as rank 0 took it: under LoRA it is an adapter,
+    added before the weights arrive so both ranks hold the same parameters; under full
+    fine-tuning a copy of the weights, made once they have arrived.
+    """
+    freeze = payload["warm_started"] and not learner.warm_started
+    lora = learner.policy.finetune == "lora"
+    if freeze and lora:
+        learner.freeze_reference()
+    broadcast_parameters(learner.model)
+    if freeze and not lora:
+        learner.freeze_reference()
     learner.step_count = payload["step_count"]
     learner.version = payload["version"]
     learner.optimizer.load_state_dict(payload["optimizer"])
@@ -97,8 +108,7 @@ def rank_main(rank: int, world_size: int, address: str, spec: PolicySpec) -> Non
             if order == "stop":
                 return
             if order == "sync":
-                apply_sync(learner, payload)
-                broadcast_parameters(learner.model)
+                synced(learner, payload)
             elif order == "step":
                 learner.step(payload)
     finally:
