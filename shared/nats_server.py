@@ -224,26 +224,33 @@ class NatsCluster:
             report: dict[str, Any] = json.loads(reply.read())
         return report
 
-    def meta_leader(self) -> str | None:
-        """The node that leads JetStream's metadata, as a running node sees it."""
+    def meta_leader(self, peers: int = 1) -> str | None:
+        """The node that leads JetStream's metadata, as a running node sees it, once at
+        least ``peers`` nodes (the leader included) are current members."""
         for node in self.nodes:
             if node.process is None or node.process.poll() is not None:
                 continue
             try:
-                leader = self.jetstream_state(node).get("meta_cluster", {}).get("leader")
+                meta = self.jetstream_state(node).get("meta_cluster", {})
             except OSError:
                 continue
-            if leader:
-                return str(leader)
+            current = 1 + sum(1 for peer in meta.get("replicas") or [] if peer.get("current"))
+            if meta.get("leader") and current >= peers:
+                return str(meta["leader"])
         return None
 
     def wait_for_leader(self, timeout_s: float = 30.0) -> str:
+        """Wait until a leader leads every node: a stream of ``size`` copies can be placed
+        only then ("no suitable peers for placement" before)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if (leader := self.meta_leader()) is not None:
+            if (leader := self.meta_leader(peers=self.size)) is not None:
                 return leader
             time.sleep(0.2)
-        raise NatsServerError(f"the JetStream cluster elected no leader within {timeout_s} s")
+        raise NatsServerError(
+            f"the JetStream cluster did not gather its {self.size} nodes under a leader "
+            f"within {timeout_s} s"
+        )
 
     def stop(self) -> None:
         for node in self.nodes:
