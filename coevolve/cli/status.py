@@ -8,8 +8,9 @@ import time
 from typing import Any
 
 import anyio
+import nats.errors
 import typer
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from coevolve.cli.events import progress_text
 from coevolve.cli.options import ConfigOption, JsonOption, RunDirOption, settings_from
@@ -17,6 +18,9 @@ from coevolve.cli.up import recorded_nats_url, supervised_services
 from coevolve.shared.bus import Bus, BusError
 from coevolve.shared.messages import DecodeError, Heartbeat, decode
 from coevolve.shared.subjects import CONSUMERS, HEARTBEAT_BUCKET, SERVICES, STREAMS
+
+# what a stream or consumer query meets while no node leads it
+LEADERLESS = (ServiceUnavailableError, nats.errors.TimeoutError)
 
 
 async def collect(bus: Bus, stale_after_s: float) -> dict[str, Any]:
@@ -56,10 +60,14 @@ async def collect(bus: Bus, stale_after_s: float) -> dict[str, Any]:
             }
         )
     streams = []
+    unavailable: list[str] = []
     for spec in STREAMS:
         try:
             info = await bus.js.stream_info(spec.name)
         except NotFoundError:
+            continue
+        except LEADERLESS:  # a cluster electing a leader, or without quorum
+            unavailable.append(spec.name)
             continue
         cluster = info.cluster
         peers = cluster.replicas or [] if cluster is not None else []
@@ -82,6 +90,9 @@ async def collect(bus: Bus, stale_after_s: float) -> dict[str, Any]:
             cinfo = await bus.js.consumer_info(consumer.stream, consumer.durable)
         except NotFoundError:
             continue
+        except LEADERLESS:
+            unavailable.append(f"{consumer.stream}/{consumer.durable}")
+            continue
         consumers.append(
             {
                 "stream": consumer.stream,
@@ -97,6 +108,8 @@ async def collect(bus: Bus, stale_after_s: float) -> dict[str, Any]:
         "missing": [s for s in SERVICES if s not in alive],
         "streams": streams,
         "consumers": consumers,
+        # streams and consumers no server answered for (no leader right now)
+        "unavailable": unavailable,
     }
 
 
@@ -165,6 +178,11 @@ def status(
         typer.echo(
             f"{s['stream']:<28}{s['messages']:>10}{s['bytes']:>14}  {s['leader'] or '-':<6}  "
             f"{copies or '-'}"
+        )
+    if report["unavailable"]:
+        typer.echo(
+            "no leader right now (a cluster electing one, or without quorum): "
+            + ", ".join(report["unavailable"])
         )
     typer.echo(f"\n{'consumer':<40}{'pending':>9}{'unacked':>9}{'redelivered':>13}")
     for c in report["consumers"]:
