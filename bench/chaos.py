@@ -14,7 +14,8 @@ happens once:
 ``up`` runs on the defaults, or on the file ``COEVOLVE_CONFIG`` names. Then ``up`` is
 stopped and JetStream, DuckDB and the checkpoints are audited:
 ``groups_lost`` (published, yet neither consumed by a learner step, which trains a group
-or counts it as dropped for staleness, nor still waiting in the stream),
+or counts it as dropped for staleness, nor still waiting in the stream, nor to be made
+again by its job, still queued: ``groups_requeued``),
 ``duplicate_tasks`` / ``duplicate_verdicts`` / ``duplicate_results`` in DuckDB,
 ``versions_non_monotonic`` (announced versions not strictly increasing, or a digest
 announced twice), ``learner_resumed_from_checkpoint``, ``services_alive_at_end`` (the
@@ -53,7 +54,9 @@ from coevolve.shared.messages import (
     Metric,
     PolicyVersion,
     RolloutGroup,
+    RolloutJob,
     decode,
+    derived_id,
 )
 from coevolve.shared.nats_server import NatsServer
 from coevolve.shared.subjects import (
@@ -221,6 +224,12 @@ async def audit_bus(url: str, view: BusView) -> dict[str, Any]:
             decode(data, RolloutGroup).id
             for _, data in await stream_messages(bus, "COEVOLVE_ROLLOUT_GROUPS")
         }
+        # a job still queued makes its group again, under the same id: a group whose
+        # publish the stream refused (seen on the subject, never stored) is not lost
+        requeued = {
+            derived_id("group", decode(data, RolloutJob).id)
+            for _, data in await stream_messages(bus, "COEVOLVE_ROLLOUT_JOBS")
+        }
         updates = [
             decode(d, PolicyVersion) for _, d in await stream_messages(bus, "COEVOLVE_POLICY")
         ]
@@ -234,6 +243,7 @@ async def audit_bus(url: str, view: BusView) -> dict[str, Any]:
     non_monotonic = sum(1 for a, b in itertools.pairwise(versions) if b <= a)
     return {
         "waiting_groups": waiting,
+        "requeued_groups": requeued,
         "policy_versions": versions,
         "versions_non_monotonic": non_monotonic + len(digests) - len(set(digests)),
         "dead_letters_by_reason": dict(Counter(reason_of(x) for x in letters).most_common()),
@@ -358,11 +368,13 @@ def run_audit(run_dir: Path, view: BusView, bus_audit: dict[str, Any]) -> dict[s
     trained = trained_groups(run_dir)
     # the learner records every group a step consumed, stale ones (dropped) included
     unaccounted = view.groups - trained - bus_audit["waiting_groups"]
+    requeued = unaccounted & bus_audit["requeued_groups"]
     return {
         "groups_published": len(view.groups),
         "groups_trained": len(trained & view.groups),
         "groups_dropped_stale": int(sum(view.dropped_stale.values())),
-        "groups_lost": len(unaccounted),
+        "groups_requeued": len(requeued),
+        "groups_lost": len(unaccounted - requeued),
         **audit_pool(run_dir / "pool.duckdb"),
         "versions_non_monotonic": bus_audit["versions_non_monotonic"],
         "policy_versions": bus_audit["policy_versions"],
@@ -409,6 +421,7 @@ def _print(result: dict[str, Any], out_dir: Path) -> None:
         "groups_published",
         "groups_trained",
         "groups_dropped_stale",
+        "groups_requeued",
         "groups_lost",
         "duplicate_tasks",
         "duplicate_verdicts",

@@ -199,6 +199,7 @@ def print_result(result: dict[str, Any]) -> None:
         "quorum_loss_reported_by",
         "groups_published",
         "groups_trained",
+        "groups_requeued",
         "groups_lost",
         "duplicate_tasks",
         "duplicate_verdicts",

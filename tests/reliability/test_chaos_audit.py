@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 import duckdb
 
-from coevolve.bench.chaos import audit_pool, fault_schedule, is_busy, learner_resumes
+from coevolve.bench.chaos import (
+    BusView,
+    audit_pool,
+    fault_schedule,
+    is_busy,
+    learner_resumes,
+    run_audit,
+)
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.messages import (
     GRPO_STEP_PHASE,
@@ -82,3 +90,21 @@ def test_a_learner_resume_is_found_in_either_phase(tmp_path: Path) -> None:
     with (logs / "learner.log").open("a") as log:
         log.write("INFO resumed at step 3, version 4\n")
     assert learner_resumes(tmp_path) == ["grpo", "warm_start"]
+
+
+def test_a_group_its_queued_job_will_make_again_is_not_lost(tmp_path: Path) -> None:
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "learner.groups.json").write_text(json.dumps(["trained"]))
+    view = BusView(groups={"trained", "waiting", "refused-then-requeued", "gone"})
+    bus_audit = {
+        "waiting_groups": {"waiting"},
+        "requeued_groups": {"refused-then-requeued", "not-published-yet"},
+        "versions_non_monotonic": 0,
+        "policy_versions": [1],
+        "dead_letters_by_reason": {},
+        "dead_letters_by_service": {},
+    }
+    audit = run_audit(tmp_path, view, bus_audit)
+    assert audit["groups_published"] == 4 and audit["groups_trained"] == 1
+    assert audit["groups_requeued"] == 1
+    assert audit["groups_lost"] == 1  # "gone": stored nowhere and no job to make it again
