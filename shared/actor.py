@@ -40,6 +40,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
+from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
@@ -77,6 +78,16 @@ NETWORK_TIMEOUT_S = 5.0
 class Rejected(Exception):
     """Raised by a handler for a well-formed message it can never process (a task id
     nobody knows): the runtime dead-letters it at once with this reason, no retries."""
+
+
+def leaderless_hint(exc: BaseException) -> str:
+    """What a JetStream 'unavailable' error usually means, for a log line ('' otherwise)."""
+    if isinstance(exc, ServiceUnavailableError | NoStreamResponseError):
+        return (
+            " (no NATS node leads this stream right now: a cluster electing a leader, or one "
+            "that has lost quorum; it resumes without loss once enough nodes are back)"
+        )
+    return ""
 
 
 class ServiceFailed(RuntimeError):
@@ -318,7 +329,7 @@ class ActorRunner:
                     await kv.put(self._heartbeat_key(), encode(beat))
                     await bus.publish_core(heartbeat_subject(self.actor.name), beat)
             except (TimeoutError, nats.errors.Error) as exc:
-                log.warning("heartbeat failed: %s", exc)
+                log.warning("heartbeat failed: %s%s", exc, leaderless_hint(exc))
             await anyio.sleep(interval)
 
     async def _guarded_loop(self, loop: Callable[[], Awaitable[None]]) -> None:
@@ -354,7 +365,9 @@ class ActorRunner:
             except (TimeoutError, nats.errors.TimeoutError):
                 msgs = []
             except nats.errors.Error as exc:
-                log.warning("%s fetch failed: %s", consumer.spec.durable, exc)
+                log.warning(
+                    "%s fetch failed: %s%s", consumer.spec.durable, exc, leaderless_hint(exc)
+                )
                 msgs = []
                 await anyio.sleep(fetch_timeout)
             for _ in range(batch - len(msgs)):

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import anyio
 import pytest
+from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
+from coevolve.shared.actor import leaderless_hint
 from coevolve.shared.bus import Bus, StreamUnavailableError, server_urls
 from coevolve.shared.config import load_settings
 from coevolve.shared.credentials import CREDENTIALS_DIR_ENV, USER_ENV, load_credentials
@@ -92,3 +94,9 @@ async def test_streams_survive_losing_their_leader_and_wait_out_a_lost_quorum(
         assert await stored(bus) == 7
         second.start()
         await bus.close()
+
+
+def test_a_consumer_or_heartbeat_without_a_stream_leader_logs_what_it_means() -> None:
+    for error in (ServiceUnavailableError(), NoStreamResponseError()):
+        assert "lost quorum" in leaderless_hint(error)
+    assert leaderless_hint(ValueError("other")) == ""
