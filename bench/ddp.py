@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -123,15 +122,11 @@ def rewarded_by_length(group: RolloutGroup) -> RolloutGroup:
     return msgspec.structs.replace(group, trajectories=trajectories)
 
 
-def free_address() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
-
-
 def run_ranks(world_size: int, setup: Setup, cache: Path, work: Path) -> dict[str, Any]:
     """``setup.steps`` steps with ``world_size`` rank processes; rank 0's record."""
     import torch.multiprocessing as mp
+
+    from coevolve.services.learner.ranks import free_address
 
     print(f"{world_size} rank(s): {setup.steps} steps", flush=True)
     mp.start_processes(

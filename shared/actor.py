@@ -40,12 +40,11 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
 from coevolve.shared.backoff import Backoff
-from coevolve.shared.bus import MSG_ID_HEADER, Bus
+from coevolve.shared.bus import MSG_ID_HEADER, Bus, leaderless_hint
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import (
     DeadLetter,
@@ -78,16 +77,6 @@ NETWORK_TIMEOUT_S = 5.0
 class Rejected(Exception):
     """Raised by a handler for a well-formed message it can never process (a task id
     nobody knows): the runtime dead-letters it at once with this reason, no retries."""
-
-
-def leaderless_hint(exc: BaseException) -> str:
-    """What a JetStream 'unavailable' error usually means, for a log line ('' otherwise)."""
-    if isinstance(exc, ServiceUnavailableError | NoStreamResponseError):
-        return (
-            " (no NATS node leads this stream right now: a cluster electing a leader, or one "
-            "that has lost quorum; it resumes without loss once enough nodes are back)"
-        )
-    return ""
 
 
 class ServiceFailed(RuntimeError):

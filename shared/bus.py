@@ -83,8 +83,20 @@ class StreamUnavailableError(nats.errors.TimeoutError):
         return self.reason
 
 
-# what js.publish raises when no server stores the message in time
-_UNAVAILABLE = (nats.errors.TimeoutError, NoStreamResponseError, ServiceUnavailableError)
+# what JetStream answers while no node leads a stream (a cluster electing a leader, or
+# one without quorum); a publish may also just time out
+NO_LEADER = (ServiceUnavailableError, NoStreamResponseError)
+UNAVAILABLE = (nats.errors.TimeoutError, *NO_LEADER)
+
+
+def leaderless_hint(exc: BaseException) -> str:
+    """What a JetStream 'unavailable' error usually means, for a log line ('' otherwise)."""
+    if isinstance(exc, NO_LEADER):
+        return (
+            " (no NATS node leads this stream right now: a cluster electing a leader, or one "
+            "that has lost quorum; it resumes without loss once enough nodes are back)"
+        )
+    return ""
 
 
 def unavailable_reason(subject: str, settings: BusSettings) -> str:
@@ -281,11 +293,7 @@ class Bus:
         while True:
             try:
                 return await self.js.publish(subject, payload, timeout=timeout, headers=headers)
-            except (
-                nats.errors.TimeoutError,
-                NoStreamResponseError,
-                ServiceUnavailableError,
-            ) as exc:
+            except UNAVAILABLE as exc:
                 raise StreamUnavailableError(unavailable_reason(subject, self.settings)) from exc
             except APIError as exc:
                 if exc.err_code not in _STREAM_FULL_CODES:

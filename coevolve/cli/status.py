@@ -8,19 +8,15 @@ import time
 from typing import Any
 
 import anyio
-import nats.errors
 import typer
-from nats.js.errors import NotFoundError, ServiceUnavailableError
+from nats.js.errors import NotFoundError
 
 from coevolve.cli.events import progress_text
 from coevolve.cli.options import ConfigOption, JsonOption, RunDirOption, settings_from
 from coevolve.cli.up import recorded_nats_url, supervised_services
-from coevolve.shared.bus import Bus, BusError
+from coevolve.shared.bus import UNAVAILABLE, Bus, BusError
 from coevolve.shared.messages import DecodeError, Heartbeat, decode
 from coevolve.shared.subjects import CONSUMERS, HEARTBEAT_BUCKET, SERVICES, STREAMS
-
-# what a stream or consumer query meets while no node leads it
-LEADERLESS = (ServiceUnavailableError, nats.errors.TimeoutError)
 
 
 async def collect(bus: Bus, stale_after_s: float) -> dict[str, Any]:
@@ -66,7 +62,7 @@ async def collect(bus: Bus, stale_after_s: float) -> dict[str, Any]:
             info = await bus.js.stream_info(spec.name)
         except NotFoundError:
             continue
-        except LEADERLESS:  # a cluster electing a leader, or without quorum
+        except UNAVAILABLE:  # a cluster electing a leader, or without quorum
             unavailable.append(spec.name)
             continue
         cluster = info.cluster
@@ -90,7 +86,7 @@ async def collect(bus: Bus, stale_after_s: float) -> dict[str, Any]:
             cinfo = await bus.js.consumer_info(consumer.stream, consumer.durable)
         except NotFoundError:
             continue
-        except LEADERLESS:
+        except UNAVAILABLE:
             unavailable.append(f"{consumer.stream}/{consumer.durable}")
             continue
         consumers.append(

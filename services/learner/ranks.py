@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -32,6 +31,7 @@ from coevolve.services.learner.distributed import (
 from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig, StepMetrics
 from coevolve.shared.child_process import terminate_with_parent
 from coevolve.shared.messages import RolloutGroup
+from coevolve.shared.nats_server import free_port
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +116,8 @@ def rank_main(rank: int, world_size: int, address: str, spec: PolicySpec) -> Non
 
 
 def free_address() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    """A loopback address for the process group's rendezvous."""
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 class Ranks:

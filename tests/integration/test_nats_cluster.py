@@ -12,8 +12,7 @@ import anyio
 import pytest
 from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
-from coevolve.shared.actor import leaderless_hint
-from coevolve.shared.bus import Bus, StreamUnavailableError, server_urls
+from coevolve.shared.bus import Bus, StreamUnavailableError, leaderless_hint, server_urls
 from coevolve.shared.config import load_settings
 from coevolve.shared.credentials import CREDENTIALS_DIR_ENV, USER_ENV, load_credentials
 from coevolve.shared.messages import Metric
