@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,11 +18,12 @@ from typing import Any
 
 import nats
 
-from coevolve.shared.bus import Bus, consumer_config
+from coevolve.bench import tables
 from coevolve.shared.config import BusSettings
 from coevolve.shared.messages import RolloutGroup, Timings, Trajectory, encode
-from coevolve.shared.nats_server import NatsServer
-from coevolve.shared.subjects import BENCH_CORE, LEARNER_GROUPS_CONSUMER, ROLLOUT_GROUPS
+from coevolve.shared.runtime.bus import Bus, consumer_config
+from coevolve.shared.runtime.nats_server import NatsServer
+from coevolve.shared.runtime.subjects import BENCH_CORE, LEARNER_GROUPS_CONSUMER, ROLLOUT_GROUPS
 
 SENT_AT = "Bench-Sent-At"
 
@@ -184,19 +184,15 @@ async def measure(quick: bool) -> dict[str, Any]:
 
 def run(quick: bool = False) -> dict[str, Any]:
     result = asyncio.run(measure(quick))
-    out = sys.stdout
-    print(f"bus benchmark: {result['message_bytes']} B rollout groups", file=out)
-    print(f"{'transport':<12}{'msgs/s':>10}{'MB/s':>8}{'p50 ms':>9}{'p99 ms':>9}", file=out)
-    for name in ("core", "jetstream"):
-        r = result[name]
-        print(
-            f"{name:<12}{r['msgs_per_s']:>10}{r['mb_per_s']:>8}{r['p50_ms']:>9}{r['p99_ms']:>9}",
-            file=out,
-        )
     ratio = result["ratio_jetstream_over_core"]
-    print(
-        f"jetstream/core: throughput x{ratio['throughput']}, p50 latency x{ratio['p50_latency']}, "
-        f"p99 latency x{ratio['p99_latency']}",
-        file=out,
+    tables.print_table(
+        f"bus benchmark: {result['message_bytes']} B rollout groups",
+        ("transport", "msgs/s", "MB/s", "p50 ms", "p99 ms"),
+        [
+            (name, *(result[name][key] for key in ("msgs_per_s", "mb_per_s", "p50_ms", "p99_ms")))
+            for name in ("core", "jetstream")
+        ],
+        note=f"jetstream/core: throughput x{ratio['throughput']}, "
+        f"p50 latency x{ratio['p50_latency']}, p99 latency x{ratio['p99_latency']}",
     )
     return result

@@ -32,7 +32,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -42,9 +41,10 @@ from typing import Any
 import anyio
 import duckdb
 
+from coevolve.bench import tables
 from coevolve.bench.flood import reason_of
 from coevolve.cli.up import supervised_services
-from coevolve.shared.bus import MSG_ID_HEADER, Bus
+from coevolve.processes import descendant_commands
 from coevolve.shared.config import DEFAULT_RUN_DIR, BusSettings
 from coevolve.shared.messages import (
     GRPO_STEP_PHASE,
@@ -58,8 +58,9 @@ from coevolve.shared.messages import (
     decode,
     derived_id,
 )
-from coevolve.shared.nats_server import NatsServer
-from coevolve.shared.subjects import (
+from coevolve.shared.runtime.bus import MSG_ID_HEADER, Bus
+from coevolve.shared.runtime.nats_server import NatsServer
+from coevolve.shared.runtime.subjects import (
     HEARTBEATS,
     ROLLOUT_GROUPS,
     SERVICES,
@@ -137,27 +138,6 @@ async def watch(url: str, view: BusView) -> None:
 # --------------------------------------------------------------------------- faults
 
 
-def _descendants(root: int) -> list[tuple[int, str]]:
-    """(pid, command line) of every process below ``root``."""
-    parents: dict[int, int] = {}
-    commands: dict[int, str] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            stat = (entry / "stat").read_text()
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-            commands[int(entry.name)] = (
-                (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            )
-    found, frontier = [], [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, ppid in parents.items():
-            if ppid == parent:
-                found.append((pid, commands.get(pid, "")))
-                frontier.append(pid)
-    return found
-
-
 def is_busy(beat: Heartbeat | None) -> bool:
     """Whether a service is mid-work: the learner in a GRPO step, another with work in
     hand."""
@@ -195,7 +175,7 @@ async def inject(
         await anyio.to_thread.run_sync(server.start)
         fault.outcome = f"stopped {NATS_DOWN_S:.0f} s, restarted on the same store"
     else:
-        servers = [pid for pid, cmd in _descendants(up.pid) if "llama_cpp.server" in cmd]
+        servers = [pid for pid, cmd in descendant_commands(up.pid) if "llama_cpp.server" in cmd]
         for pid in servers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -293,7 +273,7 @@ def learner_resumes(run_dir: Path) -> list[str]:
 
 
 def start_up(run_dir: Path, nats_url: str, log_path: Path) -> subprocess.Popen[bytes]:
-    from coevolve.bench.dataloop import spawn_up
+    from coevolve.processes import spawn_up
 
     env = {**os.environ, "NATS_URL": nats_url}
     env.pop("COEVOLVE_RUN_DIR", None)  # COEVOLVE_CONFIG, when set, is the run's config
@@ -302,7 +282,7 @@ def start_up(run_dir: Path, nats_url: str, log_path: Path) -> subprocess.Popen[b
 
 async def chaos(run_dir: Path, out_dir: Path, minutes: float, seed: int) -> dict[str, Any]:
     # imported here: dataloop imports the CLI, which lists the benchmarks
-    from coevolve.bench.dataloop import stop_process_group
+    from coevolve.processes import stop_process_group
 
     # outside the run directory: kill_leftovers(run_dir) must not take it down before the audit
     server = NatsServer(out_dir / "nats", log_file=out_dir / "nats.log").start()
@@ -356,7 +336,7 @@ async def stop_and_audit(
     up: subprocess.Popen[bytes], run_dir: Path, url: str, view: BusView
 ) -> tuple[Any, dict[str, Any]]:
     """Stop ``up`` (and whatever it left), then audit the bus: (shutdown, bus audit)."""
-    from coevolve.bench.dataloop import kill_leftovers, stop_process_group
+    from coevolve.processes import kill_leftovers, stop_process_group
 
     shutdown = await anyio.to_thread.run_sync(stop_process_group, up)
     kill_leftovers(str(run_dir))
@@ -397,7 +377,7 @@ def bench_run_dirs(name: str) -> tuple[Path, Path]:
     """``RUN_DIR/bench/<name>-<stamp>`` and the run directory of the ``up`` under it, which
     shares the base run's converted models."""
     # imported here: dataloop imports the CLI, which lists the benchmarks
-    from coevolve.bench.dataloop import share_model_cache
+    from coevolve.processes import share_model_cache
 
     base = Path(os.environ.get("COEVOLVE_RUN_DIR", DEFAULT_RUN_DIR))
     out_dir = base / "bench" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -408,16 +388,21 @@ def bench_run_dirs(name: str) -> tuple[Path, Path]:
 
 
 def _print(result: dict[str, Any], out_dir: Path) -> None:
-    out = sys.stdout
-    print(f"chaos benchmark: {result['minutes']} min, seed {result['seed']} ({out_dir})", file=out)
-    for fault in result["fault_schedule"]:
-        target = f" {fault['target']}" if fault["target"] else ""
-        busy = "" if fault["busy"] is None else f" busy={fault['busy']}"
-        print(
-            f"  {fault['at_s']:>7.1f} s  {fault['kind']}{target}: {fault['outcome']}{busy}",
-            file=out,
-        )
-    for key in (
+    tables.print_table(
+        f"chaos benchmark: {result['minutes']} min, seed {result['seed']} ({out_dir})",
+        ("at (s)", "fault", "outcome", "busy"),
+        [
+            (
+                f"{fault['at_s']:.1f}",
+                f"{fault['kind']} {fault['target']}".strip(),
+                fault["outcome"],
+                fault["busy"],
+            )
+            for fault in result["fault_schedule"]
+        ],
+        left=(1, 2, 3),
+    )
+    keys = (
         "groups_published",
         "groups_trained",
         "groups_dropped_stale",
@@ -428,7 +413,12 @@ def _print(result: dict[str, Any], out_dir: Path) -> None:
         "duplicate_results",
         "versions_non_monotonic",
         "learner_resumed_from_checkpoint",
-    ):
-        print(f"{key:<34}{result[key]}", file=out)
-    print(f"services at the end: {result['services_alive_at_end']}", file=out)
-    print(f"dead letters by reason: {result['dead_letters_by_reason']}", file=out)
+    )
+    tables.print_table(
+        None,
+        ("audit", "value"),
+        [(key, result[key]) for key in keys],
+        note=f"services at the end: {result['services_alive_at_end']}\n"
+        f"dead letters by reason: {result['dead_letters_by_reason']}",
+        left=(0, 1),
+    )

@@ -51,7 +51,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,11 +60,16 @@ import anyio
 import duckdb
 from anyio.abc import TaskStatus
 
+from coevolve.bench import tables
 from coevolve.cli.explore_cmd import choose_tasks, publish_requests
-from coevolve.cli.up import recorded_nats_url
-from coevolve.shared.bus import MSG_ID_HEADER, Bus, BusError
+from coevolve.processes import (
+    kill_leftovers,
+    share_model_cache,
+    spawn_up,
+    stop_process_group,
+    wait_for_nats_url,
+)
 from coevolve.shared.config import DEFAULT_RUN_DIR, BusSettings
-from coevolve.shared.credentials import run_bus_settings
 from coevolve.shared.messages import (
     ORIGINS,
     DecodeError,
@@ -73,8 +78,10 @@ from coevolve.shared.messages import (
     Verdict,
     decode,
 )
-from coevolve.shared.nats_server import free_port
-from coevolve.shared.subjects import (
+from coevolve.shared.runtime.bus import MSG_ID_HEADER, Bus, BusError
+from coevolve.shared.runtime.credentials import run_bus_settings
+from coevolve.shared.runtime.nats_server import free_port
+from coevolve.shared.runtime.subjects import (
     CANDIDATES,
     DEAD_LETTERS,
     EXPLORATION_REQUESTS,
@@ -96,8 +103,6 @@ QUICK_MINUTES = 3.0
 MINUTES_ENV = "COEVOLVE_BENCH_MINUTES"
 SEED_EXPLORATIONS_ENV = "COEVOLVE_BENCH_SEED_EXPLORATIONS"
 PROGRESS_EVERY_S = 60.0
-UP_START_TIMEOUT_S = 120.0
-STOP_GRACE_S = 60.0
 CONNECT_TIMEOUT_S = 10.0
 # rollout groups are ~50 KB each; leave the subscription room for a burst
 PENDING_BYTES = 512 * 1024 * 1024
@@ -301,116 +306,12 @@ async def until_signalled(
 # ---------------------------------------------------------------------- the up process
 
 
-def spawn_up(
-    options: Sequence[str], env: Mapping[str, str], log_path: Path
-) -> subprocess.Popen[bytes]:
-    """``coevolve up OPTIONS`` in its own process group (so it can be stopped whole), one
-    torch thread per service and no hub access, its output appended to ``log_path``."""
-    argv = [sys.executable, "-m", "coevolve", "up", *options]
-    environment = {**env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=environment,
-            start_new_session=True,
-        )
-
-
 def start_up(run_dir: Path, nats_port: int, log_path: Path) -> subprocess.Popen[bytes]:
     """``coevolve up`` on embedded defaults and its own NATS."""
     env = dict(os.environ)
     for inherited in ("NATS_URL", "COEVOLVE_CONFIG", "COEVOLVE_RUN_DIR"):
         env.pop(inherited, None)
     return spawn_up(["--run-dir", str(run_dir), "--nats-port", str(nats_port)], env, log_path)
-
-
-def wait_for_nats_url(
-    run_dir: Path, process: subprocess.Popen[bytes], timeout_s: float = UP_START_TIMEOUT_S
-) -> str:
-    """The NATS URL ``up`` records once its server listens; fails if ``up`` exits first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        url = recorded_nats_url(run_dir)
-        if url is not None:
-            return url
-        if process.poll() is not None:
-            raise RuntimeError(f"coevolve up exited with {process.returncode} before NATS was up")
-        time.sleep(0.2)
-    raise TimeoutError(f"coevolve up recorded no NATS URL in {run_dir} within {timeout_s} s")
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    graceful: bool
-    returncode: int | None
-    seconds: float
-
-
-def stop_process_group(
-    process: subprocess.Popen[bytes],
-    grace_s: float = STOP_GRACE_S,
-    sig: signal.Signals = signal.SIGINT,
-) -> Shutdown:
-    """Send ``sig`` to the process group led by ``process``; SIGKILL the group after ``grace_s``.
-
-    ``process`` must have been started with ``start_new_session=True``. The group is
-    SIGKILLed at the end even after a graceful exit: it may hold grandchildren.
-    """
-    started = time.monotonic()
-    graceful = True
-    if process.poll() is None:
-        _signal_group(process.pid, sig)
-        try:
-            process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            graceful = False
-    _signal_group(process.pid, signal.SIGKILL)
-    returncode = process.wait(10)
-    return Shutdown(graceful, returncode, round(time.monotonic() - started, 1))
-
-
-def _signal_group(group: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(group, sig)
-
-
-def kill_leftovers(marker: str, proc: Path = Path("/proc")) -> list[int]:
-    """SIGKILL every process whose command line contains ``marker``, with its process group.
-
-    The marker is the run directory: only this run's services and NATS server carry it
-    (each leads a session of its own), so an ``up`` killed mid-shutdown leaves none behind.
-    """
-    killed: list[int] = []
-    own_group = os.getpgrp()
-    for entry in proc.glob("[0-9]*"):
-        pid = int(entry.name)
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            group = os.getpgid(pid)
-        except (OSError, ProcessLookupError):
-            continue
-        if pid == os.getpid() or marker.encode() not in command:
-            continue
-        if group != own_group:
-            _signal_group(group, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-        killed.append(pid)
-    return killed
-
-
-def share_model_cache(run_dir: Path, base_run_dir: Path) -> bool:
-    """Link ``run_dir/models`` to the base run's converted models, when it has any."""
-    models = base_run_dir.resolve() / "models"
-    if not models.is_dir() or (run_dir / "models").exists():
-        return False
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "models").symlink_to(models, target_is_directory=True)
-    return True
 
 
 # ---------------------------------------------------------------------- the outcome
@@ -601,48 +502,61 @@ def run(
 
 def print_table(result: dict[str, Any]) -> None:
     first = result["first_seen_s"]
-    print(f"coevolve up --schedule async, {result['minutes']:g} min, {result['cpu_count']} CPUs")
-    print(f"{'family':<24}{'messages':>10}{'first at (s)':>14}")
+
+    def seconds(seen: float | None) -> str | None:
+        return None if seen is None else f"{seen:.0f}"
+
+    families = []
     for family, count in result["counts"].items():
-        seen = first.get(family)
-        print(f"{family:<24}{count:>10}{'' if seen is None else f'{seen:.0f}':>14}")
+        families.append((family, count, seconds(first.get(family))))
         if family == "signals":
-            for kind, n in result["signals_by_kind"].items():
-                seen = first.get(f"signals.{kind}")
-                print(f"{'  ' + kind:<24}{n:>10}{'' if seen is None else f'{seen:.0f}':>14}")
-    for label, key in (
-        ("warm start done (v1)", "first_warm_start_s"),
-        ("first GRPO update", "first_policy_update_s"),
-        ("first signal", "first_signal_s"),
-        ("first candidate", "first_candidate_s"),
-        ("first accepted task", "first_accepted_s"),
-    ):
-        seen = result[key]
-        print(f"{label:<24}{'' if seen is None else f'{seen:.0f} s':>24}")
+            families += [
+                (f"  {kind}", n, seconds(first.get(f"signals.{kind}")))
+                for kind, n in result["signals_by_kind"].items()
+            ]
+    tables.print_table(
+        f"coevolve up --schedule async, {result['minutes']:g} min, {result['cpu_count']} CPUs",
+        ("family", "messages", "first at (s)"),
+        families,
+    )
     share = result["uniform_group_share"]
-    print(f"uniform groups (equal rewards): {'n/a' if share is None else f'{share:.3f}'}")
+    tables.print_table(
+        None,
+        ("milestone", "at (s)"),
+        [
+            (label, seconds(result[key]))
+            for label, key in (
+                ("warm start done (v1)", "first_warm_start_s"),
+                ("first GRPO update", "first_policy_update_s"),
+                ("first signal", "first_signal_s"),
+                ("first candidate", "first_candidate_s"),
+                ("first accepted task", "first_accepted_s"),
+            )
+        ],
+        note=f"uniform groups (equal rewards): {'n/a' if share is None else f'{share:.3f}'}",
+    )
     verdicts = result["verdicts"]
     pool_verdicts = verdicts["pool"] or verdicts["live"]
     rate = result["acceptance_rate"]
-    print(
-        f"verdicts: {pool_verdicts['accepted']} accepted, {pool_verdicts['rejected']} rejected; "
-        f"acceptance rate {'n/a' if rate is None else f'{rate:.3f}'}"
-    )
-    for reason, n in verdicts["top_rejection_reasons"]:
-        print(f"  {n:>5}  {reason[:100]}")
     pool = result["pool"]
-    print(
-        f"pool: seed {pool['seed']}, explored {pool['explored']}, "
-        f"synthesized {pool['synthesized']}; growth +{pool['growth']}"
-    )
     policy = result["policy"]
-    print(f"policy: v{policy['announced_version']} announced, {policy['files']} weight files")
     up = result["up"]
     stopped = "gracefully" if up["graceful_stop"] else "by SIGKILL"
-    print(f"up stopped {stopped} in {up['stop_s']} s (exit {up['returncode']})")
-    if up["error"]:
-        print(f"error: {up['error']}")
-    print(f"log: {result['log']}; result: {result['bench_dir']}/result.json")
+    lines = [
+        f"pool: seed {pool['seed']}, explored {pool['explored']}, "
+        f"synthesized {pool['synthesized']}; growth +{pool['growth']}",
+        f"policy: v{policy['announced_version']} announced, {policy['files']} weight files",
+        f"up stopped {stopped} in {up['stop_s']} s (exit {up['returncode']})",
+        *([f"error: {up['error']}"] if up["error"] else []),
+        f"log: {result['log']}; result: {result['bench_dir']}/result.json",
+    ]
+    tables.print_table(
+        f"verdicts: {pool_verdicts['accepted']} accepted, {pool_verdicts['rejected']} rejected; "
+        f"acceptance rate {'n/a' if rate is None else f'{rate:.3f}'}",
+        ("top rejection reasons", "verdicts"),
+        [(reason[:100], n) for reason, n in verdicts["top_rejection_reasons"]],
+        note="\n".join(lines),
+    )
 
 
 if __name__ == "__main__":

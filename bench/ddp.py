@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 import torch
 
+from coevolve.bench import tables
 from coevolve.shared.config import DEFAULT_RUN_DIR
 from coevolve.shared.messages import RolloutGroup
 
@@ -85,7 +86,7 @@ def mean_after_first(times: list[float]) -> float:
 def sample_batch(setup: Setup, cache: Path, work: Path) -> None:
     """The groups both runs train on, and the demonstrations they replay, to files."""
     from coevolve.schedules.lockstep import collect_groups
-    from coevolve.services.learner.actor import WarmStartConfig
+    from coevolve.services.learner.config import WarmStartConfig
     from coevolve.services.learner.warm_start import demonstrations
     from coevolve.shared.envs.bfcl.tasks import FOCUS_CLASSES, seed_pool
     from coevolve.shared.policy import SamplingParams, TransformersEngine, load_policy
@@ -143,8 +144,9 @@ def rank_main(
     rank: int, world_size: int, address: str, setup: Setup, cache: str, work_dir: str
 ) -> None:
     """One rank: same policy and adapter as every other, the groups from file, the steps."""
+    from coevolve.services.learner.config import LearnerConfig
     from coevolve.services.learner.distributed import broadcast_parameters, close_ranks, init_ranks
-    from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig
+    from coevolve.services.learner.trainer import GrpoLearner
     from coevolve.shared.demonstrations import SftExample
     from coevolve.shared.policy import load_policy
     from coevolve.shared.policy.weights import trainable_state
@@ -180,12 +182,18 @@ def rank_main(
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print(f"{'ranks':<8}{'step s':>10}{'losses':>40}")
-    for size in ("1", "2"):
-        losses = ", ".join(f"{x:.6f}" for x in result["losses"][size])
-        print(f"{size:<8}{result['step_s'][size]:>10.3f}{losses:>40}")
     verdict = "within" if result["within_target"] else "OVER"
-    print(
-        f"max |w(2 ranks) - w(1 rank)| after {result['setup']['steps']} steps: "
-        f"{result['max_param_diff']:.2e} ({verdict} the {TARGET_MAX_PARAM_DIFF:g} target)"
+    tables.print_table(
+        None,
+        ("ranks", "step s", "losses"),
+        [
+            (
+                size,
+                f"{result['step_s'][size]:.3f}",
+                ", ".join(f"{x:.6f}" for x in result["losses"][size]),
+            )
+            for size in ("1", "2")
+        ],
+        note=f"max |w(2 ranks) - w(1 rank)| after {result['setup']['steps']} steps: "
+        f"{result['max_param_diff']:.2e} ({verdict} the {TARGET_MAX_PARAM_DIFF:g} target)",
     )

@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from coevolve.services.learner.trainer import LearnerConfig
+from coevolve.bench import tables
+from coevolve.services.learner.config import LearnerConfig
 from coevolve.shared.config import EngineKind
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import suite_tasks
@@ -187,19 +188,21 @@ def run(quick: bool, run_dir: Path | None = None) -> dict[str, Any]:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print(
+    tables.print_table(
         f"{result['groups']} groups of {result['group_size']} and {result['eval_tasks']} "
-        f"eval turns, {result['model']} ({result['dtype']}), {result['threads']} threads"
-    )
-    print(f"{'engine':<14}{'group s':>9}{'tokens/s':>10}{'eval s/task':>13}")
-    for kind in ENGINES:
-        print(
-            f"{kind:<14}{result['group_s'][kind]:>9.1f}{result['tokens_per_s'][kind]:>10.1f}"
-            f"{result['eval_s_per_task'][kind]:>13.1f}"
-        )
-    print(
-        f"speedup_group {result['speedup_group']:.2f}x (target 4), tokens/s "
+        f"eval turns, {result['model']} ({result['dtype']}), {result['threads']} threads",
+        ("engine", "group s", "tokens/s", "eval s/task"),
+        [
+            (
+                kind,
+                f"{result['group_s'][kind]:.1f}",
+                f"{result['tokens_per_s'][kind]:.1f}",
+                f"{result['eval_s_per_task'][kind]:.1f}",
+            )
+            for kind in ENGINES
+        ],
+        note=f"speedup_group {result['speedup_group']:.2f}x (target 4), tokens/s "
         f"{result['speedup_tokens_per_s']:.2f}x; behaviour log-probs vs learner: mean |diff| "
         f"{result['logprob_abs_diff_mean']:.4f} over {result['logprob_tokens']} tokens, "
-        f"cap {result['behaviour_weight_cap']} hit {result['behaviour_weight_cap_hit_rate']:.2%}"
+        f"cap {result['behaviour_weight_cap']} hit {result['behaviour_weight_cap_hit_rate']:.2%}",
     )

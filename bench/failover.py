@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 
 import anyio
 
+from coevolve.bench import tables
 from coevolve.bench.chaos import (
     BusView,
     bench_run_dirs,
@@ -40,10 +40,10 @@ from coevolve.bench.chaos import (
     stop_and_audit,
     watch,
 )
-from coevolve.shared.bus import Bus
 from coevolve.shared.config import REPLICAS_ENV, BusSettings
-from coevolve.shared.nats_server import NatsCluster, NatsServer
-from coevolve.shared.subjects import ROLLOUT_GROUPS, stream_for
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.nats_server import NatsCluster, NatsServer
+from coevolve.shared.runtime.subjects import ROLLOUT_GROUPS, stream_for
 
 NODES = 3
 RESTART_AFTER_S = 20.0
@@ -104,7 +104,7 @@ def quorum_reports(run_dir: Path) -> list[str]:
 
 async def failover(run_dir: Path, out_dir: Path, minutes: float) -> dict[str, Any]:
     from coevolve.bench.chaos import start_up
-    from coevolve.bench.dataloop import stop_process_group
+    from coevolve.processes import stop_process_group
 
     cluster = NatsCluster(out_dir / "nats", NODES, log_dir=out_dir / "nats-logs")
     await anyio.to_thread.run_sync(cluster.start)
@@ -184,16 +184,21 @@ def run(quick: bool = False, minutes: float | None = None) -> dict[str, Any]:
 
 
 def print_result(result: dict[str, Any]) -> None:
-    out = sys.stdout
-    print(f"failover benchmark: {result['minutes']} min on {result['nodes']} nodes", file=out)
-    for fault in result["faults"]:
-        print(
-            f"  {fault['at_s']:>7.1f} s  {fault['kind']} ({', '.join(fault['nodes'])}), "
-            f"restarted at {fault['restarted_at_s']} s, groups again after "
-            f"{fault['groups_flowing_again_s']} s",
-            file=out,
-        )
-    for key in (
+    tables.print_table(
+        f"failover benchmark: {result['minutes']} min on {result['nodes']} nodes",
+        ("at (s)", "fault", "restarted at (s)", "groups again after (s)"),
+        [
+            (
+                f"{fault['at_s']:.1f}",
+                f"{fault['kind']} ({', '.join(fault['nodes'])})",
+                fault["restarted_at_s"],
+                fault["groups_flowing_again_s"],
+            )
+            for fault in result["faults"]
+        ],
+        left=(1,),
+    )
+    keys = (
         "failover_s",
         "recovered_s",
         "quorum_loss_reported_by",
@@ -205,5 +210,5 @@ def print_result(result: dict[str, Any]) -> None:
         "duplicate_verdicts",
         "versions_non_monotonic",
         "services_alive_at_end",
-    ):
-        print(f"{key:<26}{result[key]}", file=out)
+    )
+    tables.print_table(None, ("audit", "value"), [(key, result[key]) for key in keys], left=(0, 1))

@@ -34,9 +34,8 @@ import msgspec
 import nats.errors
 import yaml
 
+from coevolve.bench import tables
 from coevolve.services.signal_monitor.state import StateStore
-from coevolve.shared.actor import Actor, ActorRunner, Consumer, Delivery
-from coevolve.shared.bus import MSG_ID_HEADER, Bus
 from coevolve.shared.config import BusSettings, Settings, load_settings
 from coevolve.shared.messages import (
     SCHEMA_VERSION,
@@ -58,9 +57,11 @@ from coevolve.shared.messages import (
     decode,
     new_id,
 )
-from coevolve.shared.nats_server import NatsServer
 from coevolve.shared.pool_client import PoolClient
-from coevolve.shared.subjects import (
+from coevolve.shared.runtime.actor import Actor, ActorRunner, Consumer, Delivery
+from coevolve.shared.runtime.bus import MSG_ID_HEADER, Bus
+from coevolve.shared.runtime.nats_server import NatsServer
+from coevolve.shared.runtime.subjects import (
     ABSTRACTOR_CONSUMER,
     CANDIDATES,
     DEAD_LETTERS,
@@ -617,35 +618,27 @@ def run(quick: bool = False, bad: int | None = None, good: int | None = None) ->
 
 
 def _print(result: dict[str, Any]) -> None:
-    out = sys.stdout
     base, flood, audit_ = result["without_flood"], result["during_flood"], result["audit"]
-    print(
+    tables.print_table(
         f"flood benchmark: {flood['bad_messages']} bad messages "
         f"({flood['bad_refused_by_bus']} refused by the bus), {flood['good_results']} good "
         "rollout results and groups per phase",
-        file=out,
-    )
-    print(f"{'good traffic':<34}{'without flood':>14}{'during flood':>14}{'ratio':>8}", file=out)
-    for key, label, ratio in (
-        ("results_per_s", "pool-store results/s", "results"),
-        ("groups_per_s", "signal-monitor groups/s", "groups"),
-    ):
-        print(
-            f"{label:<34}{base[key]:>14}{flood[key]:>14}"
-            f"{result['ratio_during_over_without'][ratio]:>8}",
-            file=out,
-        )
-    print(
-        f"flood sent in {flood['flood_publish_s']} s on its own connection; still flooding "
+        ("good traffic", "without flood", "during flood", "ratio"),
+        [
+            (label, base[key], flood[key], result["ratio_during_over_without"][ratio])
+            for key, label, ratio in (
+                ("results_per_s", "pool-store results/s", "results"),
+                ("groups_per_s", "signal-monitor groups/s", "groups"),
+            )
+        ],
+        note=f"flood sent in {flood['flood_publish_s']} s on its own connection; still flooding "
         f"when the last good message was processed: {flood['flood_outlasted_good']}",
-        file=out,
     )
-    print(
+    tables.print_table(
         f"dead letters: {audit_['dead_letters']}; bad messages not dead-lettered: "
         f"{audit_['bad_missing_count']}; dead-lettered twice: {audit_['dead_lettered_twice']}; "
         f"good ones dead-lettered: {audit_['good_dead_lettered']}",
-        file=out,
+        ("dead-letter reason", "messages"),
+        list(audit_["by_reason"].items()),
+        note=f"services alive at the end: {result['services_alive']}",
     )
-    for reason, count in audit_["by_reason"].items():
-        print(f"  {reason:<32}{count:>8}", file=out)
-    print(f"services alive at the end: {result['services_alive']}", file=out)

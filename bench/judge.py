@@ -42,6 +42,7 @@ from typing import Any
 
 import msgspec
 
+from coevolve.bench import tables
 from coevolve.services.judge.checks import (
     MIN_INTENT_SCORE,
     CallTrace,
@@ -628,7 +629,7 @@ async def _with_llm(outcomes: Sequence[Outcome], run_dir: Path, max_tokens: int)
 
 
 def run(quick: bool) -> dict[str, Any]:
-    from coevolve.services.judge.handler import JudgeConfig
+    from coevolve.services.judge.config import JudgeConfig
     from coevolve.shared.similarity import embedding_available
 
     config = JudgeConfig()
@@ -710,13 +711,9 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     def pct(value: float | None) -> str:
         return "-" if value is None else f"{value:.0%}"
 
-    console = Console(width=150)
     short = {
         "wrong_function": "wrong fn",
         "wrong_argument": "wrong arg",
@@ -727,39 +724,39 @@ def print_table(report: dict[str, Any]) -> None:
         "opposite_function": "opposite",
         "unused_value": "unused val",
     }
-
+    kinds = tuple(short[k] for k in ALL_CORRUPTIONS)
     for key, title in (
         ("stages", "all candidates"),
         ("stages_on_llm_sample", f"LLM sample ({report['llm_sample_candidates']} candidates)"),
     ):
-        table = Table(title=f"judge stages, {title}, {report['relevance_backend']} relevance")
-        kinds = tuple(short[k] for k in ALL_CORRUPTIONS)
-        columns = ("stage", "pos", "neg", "accept pos", "reject neg", *kinds, "s/cand")
-        for column in columns:
-            table.add_column(column, justify="left" if column == "stage" else "right")
-        for stage, row in report[key].items():
-            table.add_row(
-                stage,
-                str(row["positives"]),
-                str(row["negatives"]),
-                pct(row["accept_rate_positive"]),
-                pct(row["reject_rate_negative"]),
-                *(pct(row["reject_rate_by_corruption"][k]) for k in ALL_CORRUPTIONS),
-                f"{row['seconds_per_candidate']:.3f}",
-            )
-        console.print(table)
-    table = Table(title="each check on its own: share rejected")
-    for column in ("check", "positive", *(short[k] for k in ALL_CORRUPTIONS)):
-        table.add_column(column, justify="left" if column == "check" else "right")
-    for check, row in report["standalone_reject_rate"].items():
-        table.add_row(check, *(pct(row[k]) for k in ("positive", *ALL_CORRUPTIONS)))
-    console.print(table)
-    calls = report["llm_seconds_per_call"]
-    console.print(f"LLM seconds per call (candidates that reached it): {calls}")
+        tables.print_table(
+            f"judge stages, {title}, {report['relevance_backend']} relevance",
+            ("stage", "pos", "neg", "accept pos", "reject neg", *kinds, "s/cand"),
+            [
+                (
+                    stage,
+                    row["positives"],
+                    row["negatives"],
+                    pct(row["accept_rate_positive"]),
+                    pct(row["reject_rate_negative"]),
+                    *(pct(row["reject_rate_by_corruption"][k]) for k in ALL_CORRUPTIONS),
+                    f"{row['seconds_per_candidate']:.3f}",
+                )
+                for stage, row in report[key].items()
+            ],
+        )
     heldout = report["heldout"]
-    console.print(
+    tables.print_table(
+        "each check on its own: share rejected",
+        ("check", "positive", *kinds),
+        [
+            (check, *(pct(row[k]) for k in ("positive", *ALL_CORRUPTIONS)))
+            for check, row in report["standalone_reject_rate"].items()
+        ],
+        note="LLM seconds per call (candidates that reached it): "
+        f"{report['llm_seconds_per_call']}\n"
         f"held out ({heldout['suite']}, intent threshold {heldout['intent_threshold']} fitted "
         f"on the train split): accept {pct(heldout['accept_rate_positive'])} of "
         f"{heldout['positives']} sound turns, reject {pct(heldout['reject_rate_negative'])} "
-        f"of {heldout['negatives']} corrupted"
+        f"of {heldout['negatives']} corrupted",
     )

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from typing import Any
 
+from coevolve.bench import tables
+
 QUICK = [("train", 512, 0.05, "sdpa"), ("train", 512, 0.0, "sdpa")]
 FULL = [
     ("train", 1024, 0.05, "sdpa"),
@@ -84,16 +86,40 @@ def run(quick: bool) -> dict[str, Any]:
         if child.returncode != 0:
             raise RuntimeError(f"setting {setting} failed: {child.stderr[-2000:]}")
         rows.append(json.loads(child.stdout.strip().splitlines()[-1]))
-        print_row(rows[-1])
+        print(f"[learner_rss] {setting} measured", file=sys.stderr, flush=True)
+    print_rows(rows)
     return {"benchmark": "learner_rss", "quick": quick, "cpu_count": os.cpu_count(), "rows": rows}
 
 
-def print_row(row: dict[str, Any]) -> None:
-    print(
-        f"{row['mode']:<6}{row['tokens']:>6} tokens  dropout {row['lora_dropout']:<5}"
-        f"{row['attention']:<6}  loaded {row['loaded_mb']:>5} MB  peak {row['peak_mb']:>6} MB"
-        f"  {row['mb_per_token']:.2f} MB/token  held {row['held_after_step_mb']:>6} MB"
-        f"  after release {row['held_after_release_mb']:>5} MB"
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    tables.print_table(
+        None,
+        (
+            "mode",
+            "tokens",
+            "dropout",
+            "attention",
+            "loaded MB",
+            "peak MB",
+            "MB/token",
+            "held MB",
+            "after release MB",
+        ),
+        [
+            (
+                row["mode"],
+                row["tokens"],
+                row["lora_dropout"],
+                row["attention"],
+                row["loaded_mb"],
+                row["peak_mb"],
+                f"{row['mb_per_token']:.2f}",
+                row["held_after_step_mb"],
+                row["held_after_release_mb"],
+            )
+            for row in rows
+        ],
+        left=(0, 3),
     )
 
 

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from typing import Any
 
+from coevolve.bench import tables
+
 FULL_TOKENS = 4096
 QUICK_TOKENS = 1024
 _PROBE_TIMEOUT_S = 1800.0
@@ -100,16 +102,19 @@ def run(quick: bool, tokens: int | None = None) -> dict[str, Any]:
         "peak_rss_ratio": round(checkpointed["peak_rss_gb"] / stored["peak_rss_gb"], 3),
         "time_ratio": round(checkpointed["seconds"] / max(stored["seconds"], 1e-9), 3),
     }
-    print(f"one SFT forward/backward, {result['tokens']} tokens of a BFCL example, 1 thread")
-    print(f"{'path':<14}{'saved for backward GB':>24}{'peak RSS GB':>14}{'seconds':>10}")
-    for name in ("stored", "checkpointed"):
-        row = result[name]
-        print(
-            f"{name:<14}{row['saved_for_backward_gb']:>24.3f}"
-            f"{row['peak_rss_gb']:>14.2f}{row['seconds']:>10.1f}"
-        )
-    print(
-        f"checkpointed / stored: saved bytes {result['saved_bytes_ratio']}, "
-        f"peak RSS {result['peak_rss_ratio']}, time {result['time_ratio']}"
+    tables.print_table(
+        f"one SFT forward/backward, {result['tokens']} tokens of a BFCL example, 1 thread",
+        ("path", "saved for backward GB", "peak RSS GB", "seconds"),
+        [
+            (
+                name,
+                f"{result[name]['saved_for_backward_gb']:.3f}",
+                f"{result[name]['peak_rss_gb']:.2f}",
+                f"{result[name]['seconds']:.1f}",
+            )
+            for name in ("stored", "checkpointed")
+        ],
+        note=f"checkpointed / stored: saved bytes {result['saved_bytes_ratio']}, "
+        f"peak RSS {result['peak_rss_ratio']}, time {result['time_ratio']}",
     )
     return result

@@ -19,6 +19,7 @@ from typing import Any
 
 import duckdb
 
+from coevolve.bench import tables
 from coevolve.services.pool_store.schema import origin_key_range
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.messages import (
@@ -203,15 +204,14 @@ def print_table(report: dict[str, Any]) -> None:
         ("record_results (group of 8)", report["record_results"]),
         ("record_verdict (accepted, adds a task)", report["record_verdict"]),
     ]
-    print(
+    tables.print_table(
         f"pool: {report['tasks']:,} tasks, built in {report['build_s']} s, "
-        f"file {report['file_mb']} MB; mix {MIX}"
+        f"file {report['file_mb']} MB; mix {MIX}",
+        ("operation", "p50 ms", "p99 ms"),
+        [(name, f"{n['p50_ms']:.2f}", f"{n['p99_ms']:.2f}") for name, n in rows],
+        note=f"add_tasks(1000 tasks): {report['add_1000_tasks_s']} s\n"
+        f"sampling speed-up over the naive draw (p50): {report['speedup_p50']}x",
     )
-    print(f"{'operation':<40} {'p50 ms':>9} {'p99 ms':>9}")
-    for name, numbers in rows:
-        print(f"{name:<40} {numbers['p50_ms']:>9.2f} {numbers['p99_ms']:>9.2f}")
-    print(f"add_tasks(1000 tasks): {report['add_1000_tasks_s']} s")
-    print(f"sampling speed-up over the naive draw (p50): {report['speedup_p50']}x")
 
 
 if __name__ == "__main__":

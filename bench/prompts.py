@@ -13,6 +13,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from coevolve.bench import tables
+
 QUICK_ENTRIES = 40
 
 
@@ -78,18 +80,20 @@ def run(quick: bool) -> dict[str, Any]:
     result["turns_median_ratio"] = round(
         result["turns_median_compact"] / result["turns_median_full"], 3
     )
-    print(
+    tables.print_table(
         f"first-prompt tokens, SmolLM2 tokenizer, multi_turn_base: {len(entries)} entries, "
-        f"{len(turns)} per-turn tasks"
-    )
-    print(f"{'tasks':<10}{'rendering':<11}{'median':>9}{'min':>8}{'max':>8}")
-    for prefix, rendering, stats in rows:
-        print(
-            f"{prefix.rstrip('_'):<10}{rendering:<11}{stats['median']:>9.0f}"
-            f"{stats['min']:>8.0f}{stats['max']:>8.0f}"
-        )
-    print(
-        f"compact / full median: entries {result['median_ratio']}, "
-        f"turns {result['turns_median_ratio']}"
+        f"{len(turns)} per-turn tasks",
+        ("tasks", "rendering", "median", "min", "max"),
+        [
+            (
+                prefix.rstrip("_"),
+                rendering,
+                *(f"{stats[key]:.0f}" for key in ("median", "min", "max")),
+            )
+            for prefix, rendering, stats in rows
+        ],
+        note=f"compact / full median: entries {result['median_ratio']}, "
+        f"turns {result['turns_median_ratio']}",
+        left=(0, 1),
     )
     return result

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coevolve.bench import tables
 from coevolve.services.pool_store.sampling import Sampler, SamplingConfig
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.messages import ORIGINS, Origin, RolloutResults, ScoreSample, Task
@@ -167,15 +168,20 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    print(
+    tables.print_table(
         f"{report['tasks']} tasks ({report['never_solved']:.0%} never solved, "
         f"{report['always_solved']:.0%} always solved), {report['groups']} groups of "
-        f"{report['group_size']}"
+        f"{report['group_size']}",
+        ("sampler", "uniform groups", "2nd half", "retired", "origins drawn"),
+        [
+            (
+                name,
+                f"{row['uniform_share']:.3f}",
+                f"{row['uniform_share_second_half']:.3f}",
+                row["retired"],
+                " ".join(f"{o}={s:.2f}" for o, s in row["origin_shares"].items()),
+            )
+            for name, row in report["sampling"].items()
+        ],
+        left=(0, 4),
     )
-    print(f"{'sampler':<10}{'uniform groups':>16}{'2nd half':>10}{'retired':>9}  origins drawn")
-    for name, row in report["sampling"].items():
-        origins = " ".join(f"{o}={s:.2f}" for o, s in row["origin_shares"].items())
-        print(
-            f"{name:<10}{row['uniform_share']:>16.3f}{row['uniform_share_second_half']:>10.3f}"
-            f"{row['retired']:>9}  {origins}"
-        )

@@ -37,6 +37,7 @@ from typing import Any
 
 import msgspec
 
+from coevolve.bench import tables
 from coevolve.shared.config import DEFAULT_RUN_DIR
 from coevolve.shared.messages import RolloutGroup
 
@@ -81,7 +82,7 @@ def _policy_run_dir() -> Path:
 
 
 def _learner_config() -> Any:
-    from coevolve.services.learner.trainer import LearnerConfig
+    from coevolve.services.learner.config import LearnerConfig
 
     return LearnerConfig(drop_uniform_groups=False)
 
@@ -122,15 +123,19 @@ def lockstep_worker(setup: Setup, results: mp.Queue) -> None:
     )
 
 
-def rollout_worker(
-    setup: Setup,
-    groups: mp.Queue,
-    weights_path: str,
-    ready: Event,
-    start: Event,
-    stop: Event,
-    results: mp.Queue,
-) -> None:
+@dataclass(frozen=True)
+class Link:
+    """What the async rollout and learner processes share: the queue of batches, the
+    weights file, the start and stop events and the queue of reports."""
+
+    groups: mp.Queue
+    weights_path: str
+    start: Event
+    stop: Event
+    results: mp.Queue
+
+
+def rollout_worker(setup: Setup, link: Link, ready: Event) -> None:
     _prepare((ROLLOUT_CORE,))
     from coevolve.bench.short_tasks import build_tasks
     from coevolve.schedules.lockstep import TaskCycle, collect_groups
@@ -139,12 +144,12 @@ def rollout_worker(
     tasks = TaskCycle(build_tasks(setup.train_tasks, setup.seed, "math_train"), setup.seed)
     engine = TransformersEngine(load_policy(run_dir=_policy_run_dir()))
     ready.set()
-    start.wait()
+    link.start.wait()
     produced = swaps = 0
     generate_s = 0.0
     blocked_s = 0.0
-    while not stop.is_set():
-        latest = _read_weights(weights_path)
+    while not link.stop.is_set():
+        latest = _read_weights(link.weights_path)
         if latest is not None and latest[0] > engine.policy_version:
             engine.load_weights(latest[1], latest[0])
             swaps += 1
@@ -156,9 +161,9 @@ def rollout_worker(
         generate_s += time.perf_counter() - begun
         payload = _groups_codec.encode(batch)
         begun = time.perf_counter()
-        while not stop.is_set():
+        while not link.stop.is_set():
             try:
-                groups.put(payload, timeout=0.2)
+                link.groups.put(payload, timeout=0.2)
                 produced += 1
                 break
             except queue.Full:
@@ -166,8 +171,8 @@ def rollout_worker(
         blocked_s += time.perf_counter() - begun
     # batches still queued for a learner that has stopped: drop them at exit instead of
     # waiting forever for the queue's feeder thread to hand them over
-    groups.cancel_join_thread()
-    results.put(
+    link.groups.cancel_join_thread()
+    link.results.put(
         {
             "role": "rollout",
             "batches": produced,
@@ -178,39 +183,31 @@ def rollout_worker(
     )
 
 
-def learner_worker(
-    setup: Setup,
-    groups: mp.Queue,
-    weights_path: str,
-    ready: Event,
-    start: Event,
-    stop: Event,
-    results: mp.Queue,
-) -> None:
+def learner_worker(setup: Setup, link: Link, ready: Event) -> None:
     _prepare((LEARNER_CORE,))
     from coevolve.services.learner.trainer import GrpoLearner
     from coevolve.shared.policy import load_policy
 
     learner = GrpoLearner(load_policy(run_dir=_policy_run_dir()), _learner_config())
     ready.set()
-    start.wait()
+    link.start.wait()
     started = time.perf_counter()
     learn_s = waited_s = 0.0
     dropped = 0
     staleness: list[float] = []
     for _ in range(setup.steps):
         begun = time.perf_counter()
-        batch = msgspec.msgpack.decode(groups.get(), type=list[RolloutGroup])
+        batch = msgspec.msgpack.decode(link.groups.get(), type=list[RolloutGroup])
         waited_s += time.perf_counter() - begun
         begun = time.perf_counter()
         metrics = learner.step(batch)
-        _write_weights(weights_path, learner.version, learner.export_weights())
+        _write_weights(link.weights_path, learner.version, learner.export_weights())
         learn_s += time.perf_counter() - begun
         dropped += metrics.dropped_stale
         staleness.append(metrics.staleness_mean)
     wall = time.perf_counter() - started
-    stop.set()
-    results.put(
+    link.stop.set()
+    link.results.put(
         {
             "role": "learner",
             "wall_s": wall,
@@ -256,11 +253,9 @@ def run_async(setup: Setup) -> dict[str, Any]:
     start, stop = context.Event(), context.Event()
     readies = [context.Event(), context.Event()]
     with tempfile.TemporaryDirectory() as scratch:
-        weights = str(Path(scratch) / "weights.bin")
+        link = Link(groups, str(Path(scratch) / "weights.bin"), start, stop, results)
         workers = [
-            context.Process(
-                target=target, args=(setup, groups, weights, ready, start, stop, results)
-            )
+            context.Process(target=target, args=(setup, link, ready))
             for target, ready in zip((rollout_worker, learner_worker), readies, strict=True)
         ]
         for worker in workers:
@@ -317,16 +312,25 @@ def run(quick: bool, setup: Setup | None = None) -> dict[str, Any]:
         },
         "wall_s": round(time.perf_counter() - started, 1),
     }
-    print(f"{'schedule':<12}{'cores':>6}{'steps':>7}{'wall s':>10}{'steps/h':>10}{'per core':>10}")
-    for name, report, rate in (
-        ("lockstep", lockstep, lockstep_rate),
-        ("async", asynchronous, async_rate),
-    ):
-        print(
-            f"{name:<12}{cores:>6}{report['steps']:>7}{report['wall_s']:>10.1f}"
-            f"{rate:>10.1f}{rate / cores:>10.1f}"
-        )
-    print(f"async / lockstep (same cores, same threads): {result['ratio_async_over_lockstep']}")
+    tables.print_table(
+        None,
+        ("schedule", "cores", "steps", "wall s", "steps/h", "per core"),
+        [
+            (
+                name,
+                cores,
+                report["steps"],
+                f"{report['wall_s']:.1f}",
+                f"{rate:.1f}",
+                f"{rate / cores:.1f}",
+            )
+            for name, report, rate in (
+                ("lockstep", lockstep, lockstep_rate),
+                ("async", asynchronous, async_rate),
+            )
+        ],
+        note=f"async / lockstep (same cores, same threads): {result['ratio_async_over_lockstep']}",
+    )
     return result
 
 

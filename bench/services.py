@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -58,10 +57,12 @@ from typing import Any
 
 import duckdb
 
-from coevolve.bench.dataloop import (
+from coevolve.bench import tables
+from coevolve.bench.dataloop import policy_versions, pool_summary
+from coevolve.processes import (
+    descendants,
     kill_leftovers,
-    policy_versions,
-    pool_summary,
+    kill_survivors,
     share_model_cache,
     spawn_up,
     stop_process_group,
@@ -69,9 +70,9 @@ from coevolve.bench.dataloop import (
 from coevolve.report.run_data import read_scalars
 from coevolve.schedules.lockstep import WARM_START_CHECKPOINT
 from coevolve.shared.config import DEFAULT_RUN_DIR
-from coevolve.shared.credentials import CREDENTIALS_DIR_ENV
 from coevolve.shared.llm.server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV
-from coevolve.shared.nats_server import free_port
+from coevolve.shared.runtime.credentials import CREDENTIALS_DIR_ENV
+from coevolve.shared.runtime.nats_server import free_port
 
 FULL_MINUTES = 15.0
 QUICK_MINUTES = 3.0
@@ -148,49 +149,6 @@ def start_schedule(
 
 
 # ---------------------------------------------------------------------- processes
-
-
-def _stat(pid: int, proc: Path) -> tuple[int, int] | None:
-    """(parent pid, start time in clock ticks) of ``pid``, None when it is gone."""
-    try:
-        text = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()  # the command may hold spaces
-    return int(fields[1]), int(fields[19])
-
-
-def descendants(pid: int, proc: Path = Path("/proc")) -> dict[int, int]:
-    """Every process below ``pid`` (children in sessions of their own too), with its start
-    time, so one killed later is the same process and not a reused pid."""
-    parents: dict[int, list[int]] = {}
-    started: dict[int, int] = {}
-    for entry in proc.glob("[0-9]*"):
-        stat = _stat(int(entry.name), proc)
-        if stat is not None:
-            parents.setdefault(stat[0], []).append(int(entry.name))
-            started[int(entry.name)] = stat[1]
-    found: dict[int, int] = {}
-    pending = list(parents.get(pid, []))
-    while pending:
-        child = pending.pop()
-        if child not in found and child in started:
-            found[child] = started[child]
-            pending.extend(parents.get(child, []))
-    return found
-
-
-def kill_survivors(processes: Mapping[int, int], proc: Path = Path("/proc")) -> list[int]:
-    """SIGKILL those of ``processes`` (pid -> start time) still running as themselves."""
-    killed = []
-    for pid, started in processes.items():
-        stat = _stat(pid, proc)
-        if stat is None or stat[1] != started:
-            continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-    return killed
 
 
 # ---------------------------------------------------------------------- counting
@@ -397,10 +355,6 @@ def _cell(value: object, suffix: str = "") -> str:
 
 def print_table(result: Mapping[str, Any]) -> None:
     cores = result["cores"]
-    print(
-        f"coevolve up, async vs lockstep: {result['minutes_per_phase']:g} min each from spawn, "
-        f"{cores} cores each, embedded defaults"
-    )
     rows = (
         ("learner steps", "learner_steps", ""),
         ("steps / hour", "steps_per_hour", ""),
@@ -416,27 +370,32 @@ def print_table(result: Mapping[str, Any]) -> None:
         ("wall time", "wall_s", " s"),
     )
     phases = result["phases"]
-    names = list(phases)
-    print(f"{'':<32}" + "".join(f"{name:>14}" for name in names))
-    for label, key, suffix in rows:
-        cells = "".join(f"{_cell(phases[name].get(key), suffix):>14}" for name in names)
-        print(f"{label:<32}{cells}")
-    for name in names:
-        phase = phases[name]
+    lines = []
+    for name, phase in phases.items():
         stop = phase["stop"]
         how = "gracefully" if stop["graceful"] else "by SIGKILL"
         early = ", exited early" if stop["exited_early"] else ""
-        print(
+        lines.append(
             f"{name}: stopped {how} in {stop['stop_s']} s (exit {stop['returncode']}{early}); "
             f"load average at start {phase['load_average_at_start'][0]}; log {phase['log']}"
         )
     if result["async_over_lockstep"] is not None:
         r = result["async_over_lockstep"]
-        print(
+        lines.append(
             f"async / lockstep: steps per hour {_cell(r['steps_per_hour'])}, "
             f"accepted per hour {_cell(r['accepted_per_hour'])} (same cores, so per core too)"
         )
-    print(f"result: {result['bench_dir']}/result.json")
+    lines.append(f"result: {result['bench_dir']}/result.json")
+    tables.print_table(
+        f"coevolve up, async vs lockstep: {result['minutes_per_phase']:g} min each from spawn, "
+        f"{cores} cores each, embedded defaults",
+        ("", *phases),
+        [
+            (label, *(_cell(phase.get(key), suffix) for phase in phases.values()))
+            for label, key, suffix in rows
+        ],
+        note="\n".join(lines),
+    )
 
 
 if __name__ == "__main__":

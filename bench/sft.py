@@ -55,10 +55,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coevolve.bench import tables
 from coevolve.shared.config import DEFAULT_RUN_DIR
 
 TRL_VERSION = "1.13.0"
@@ -85,10 +86,10 @@ FULL = Setup(steps=6, examples=12)
 def choose_tasks(policy: Any, count: int, max_len: int, seed: int = 0) -> list[Any]:
     """The first ``count`` per-turn seed tasks (shuffled with ``seed``) whose warm-start
     conversation is one training sequence within ``max_len`` tokens."""
-    from coevolve.services.learner.actor import WarmStartConfig
+    from coevolve.services.learner.config import WarmStartConfig
     from coevolve.services.learner.sft import build_examples
     from coevolve.services.learner.warm_start import warm_start_tasks
-    from coevolve.services.pool_store.actor import seed_tasks_for
+    from coevolve.services.pool_store.handler import seed_tasks_for
 
     pool = seed_tasks_for("bfcl")
     random.Random(seed).shuffle(pool)
@@ -156,10 +157,10 @@ def text_rows(tokenizer: Any, example: Any, per_message: bool) -> list[dict[str,
 # ---------------------------------------------------------------------- memory
 
 
-def _status_kb(field: str) -> int:
+def _status_kb(name: str) -> int:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(f"{field}:"):
+            if line.startswith(f"{name}:"):
                 return int(line.split()[1])
     except OSError:
         pass
@@ -189,22 +190,37 @@ class _Enough(Exception):
     """K steps done: ends ``warm_start`` from its progress callback."""
 
 
+@dataclass
+class Clock:
+    """Wall and CPU time at the start of training and at each step's end, and the losses."""
+
+    started: float = 0.0
+    step_ends: list[float] = field(default_factory=list)
+    started_cpu: float = 0.0
+    step_cpu_ends: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.started, self.started_cpu = time.perf_counter(), time.process_time()
+
+    def step_end(self) -> None:
+        self.step_ends.append(time.perf_counter())
+        self.step_cpu_ends.append(time.process_time())
+
+
 def train_ours(policy: Any, tasks: list[Any], setup: Setup, config: Any) -> dict[str, Any]:
     from coevolve.services.learner.sft import warm_start
 
     per_epoch = math.ceil(setup.examples / config.batch_size)
-    ends: list[float] = []
-    cpu_ends: list[float] = []
-    losses: list[float] = []
+    clock = Clock()
 
     def progress(step: int, _total: int, loss: float) -> None:
-        ends.append(time.perf_counter())
-        cpu_ends.append(time.process_time())
-        losses.append(loss)
+        clock.step_end()
+        clock.losses.append(loss)
         if step >= setup.steps:
             raise _Enough
 
-    started, started_cpu = time.perf_counter(), time.process_time()
+    clock.start()
     with contextlib.suppress(_Enough):
         warm_start(
             policy,
@@ -217,13 +233,7 @@ def train_ours(policy: Any, tasks: list[Any], setup: Setup, config: Any) -> dict
             micro_batch_size=MICRO_BATCH,
             seed=setup.seed,
         )
-    return {
-        "started": started,
-        "step_ends": ends,
-        "started_cpu": started_cpu,
-        "step_cpu_ends": cpu_ends,
-        "losses": losses,
-    }
+    return asdict(clock)
 
 
 def train_trl(
@@ -240,20 +250,17 @@ def train_trl(
     dataset = Dataset.from_list(
         [{"input_ids": e.input_ids, "completion_mask": supervised_mask(e)} for e in rows]
     )
-    ends: list[float] = []
-    cpu_ends: list[float] = []
-    losses: list[float] = []
+    clock = Clock()
 
     class Timer(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            ends.append(time.perf_counter())
-            cpu_ends.append(time.process_time())
+            clock.step_end()
 
         def on_log(
             self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any
         ) -> None:
             if logs and "loss" in logs:
-                losses.append(float(logs["loss"]))
+                clock.losses.append(float(logs["loss"]))
 
     args = SFTConfig(
         output_dir=str(out / "trl-output"),
@@ -305,14 +312,10 @@ def train_trl(
     memory_before = memory_mb()
     reset = reset_peak_rss()
     torch_seed(setup.seed)
-    started, started_cpu = time.perf_counter(), time.process_time()
+    clock.start()
     trainer.train()
     return {
-        "started": started,
-        "step_ends": ends,
-        "started_cpu": started_cpu,
-        "step_cpu_ends": cpu_ends,
-        "losses": losses,
+        **asdict(clock),
         "checks": checks,
         "memory_before_training": memory_before,
         "peak_reset": reset,
@@ -360,7 +363,7 @@ def worker(trainer: str, setup: Setup, out: Path) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from coevolve.services.learner.actor import LearnerServiceConfig
+    from coevolve.services.learner.config import LearnerServiceConfig
     from coevolve.services.learner.sft import build_examples, truncate
     from coevolve.shared.policy import load_policy
 
@@ -556,11 +559,6 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"{trainer} failed: {error}")
     if "trainers" not in result:
         return
-    print(
-        f"SFT warm start, {setup['steps']} steps on {setup['examples']} per-turn BFCL examples, "
-        f"1 torch thread, {result['dtype']}, LoRA r{result['lora']['rank']}; "
-        f"TRL {result['trl_version']}"
-    )
     trainers = result["trainers"]
     rows = (
         ("s / step (steps 2..K)", "s_per_step"),
@@ -572,31 +570,36 @@ def print_table(result: dict[str, Any]) -> None:
         ("first loss", "first_loss"),
         ("last loss", "last_loss"),
     )
-    print(f"{'':<34}" + "".join(f"{name:>12}" for name in trainers))
-    for label, key in rows:
-        cells = "".join(f"{'-' if t[key] is None else t[key]:>12}" for t in trainers.values())
-        print(f"{label:<34}{cells}")
-    tokens = result["loss_tokens_per_example"]
-    for name, counts in tokens.items():
-        print(f"loss tokens per example, {name}: {counts}")
-    print(f"tokens per example: {result['tokens_per_example']}")
-    print(
+    lines = [
+        f"loss tokens per example, {name}: {counts}"
+        for name, counts in result["loss_tokens_per_example"].items()
+    ]
+    lines.append(f"tokens per example: {result['tokens_per_example']}")
+    lines.append(
         f"loss tokens equal: {result['loss_tokens_equal']}; TRL kept our token ids: "
         f"{result['trl_same_input_ids']}; TRL gradient checkpointing "
         f"{result['trl_gradient_checkpointing']}, loss {result['trl_loss_type']}"
     )
-    for name, check in result["trl_text_prompt_completion"].items():
-        print(
-            f"text prompt-completion, {name}: {check['rows']} rows, "
-            f"{check['tokens_per_epoch']} tokens an epoch, "
-            f"TRL's tokens a prefix of ours: {check['tokens_are_a_prefix_of_ours']}"
-        )
+    lines += [
+        f"text prompt-completion, {name}: {check['rows']} rows, "
+        f"{check['tokens_per_epoch']} tokens an epoch, "
+        f"TRL's tokens a prefix of ours: {check['tokens_are_a_prefix_of_ours']}"
+        for name, check in result["trl_text_prompt_completion"].items()
+    ]
     ratio = result["trl_over_ours"]
-    print(
+    lines.append(
         f"TRL / ours: s per step {ratio['s_per_step']}, CPU s per step "
         f"{ratio['cpu_s_per_step']}, peak RSS {ratio['peak_rss']}"
     )
-    print(f"result: {result['bench_dir']}/result.json")
+    lines.append(f"result: {result['bench_dir']}/result.json")
+    tables.print_table(
+        f"SFT warm start, {setup['steps']} steps on {setup['examples']} per-turn BFCL examples, "
+        f"1 torch thread, {result['dtype']}, LoRA r{result['lora']['rank']}; "
+        f"TRL {result['trl_version']}",
+        ("", *trainers),
+        [(label, *(t[key] for t in trainers.values())) for label, key in rows],
+        note="\n".join(lines),
+    )
 
 
 if __name__ == "__main__":

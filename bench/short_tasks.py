@@ -44,38 +44,27 @@ def _numbers(rng: random.Random) -> dict[str, object]:
     return {"numbers": [rng.randint(1, 500) for _ in range(rng.randint(3, 5))]}
 
 
-TEMPLATES: tuple[Template, ...] = (
-    Template(
-        "add",
-        ("What is {a} plus {b}?", "Add {a} and {b}.", "Compute the sum of {a} and {b}."),
-        _pair,
+PHRASINGS: dict[str, tuple[str, ...]] = {
+    "add": ("What is {a} plus {b}?", "Add {a} and {b}.", "Compute the sum of {a} and {b}."),
+    "subtract": ("What is {a} minus {b}?", "Subtract {b} from {a}.", "Take {b} away from {a}."),
+    "multiply": (
+        "What is {a} times {b}?",
+        "Multiply {a} by {b}.",
+        "Compute the product of {a} and {b}.",
     ),
-    Template(
-        "subtract",
-        ("What is {a} minus {b}?", "Subtract {b} from {a}.", "Take {b} away from {a}."),
-        _pair,
-    ),
-    Template(
-        "multiply",
-        ("What is {a} times {b}?", "Multiply {a} by {b}.", "Compute the product of {a} and {b}."),
-        _pair,
-    ),
-    Template(
-        "divide",
-        ("What is {a} divided by {b}?", "Divide {a} by {b}.", "How much is {a} over {b}?"),
-        _divisible,
-    ),
-    Template(
-        "max_value",
-        ("Which is the largest of {numbers}?", "Find the maximum of {numbers}."),
-        _numbers,
-    ),
-    Template(
-        "min_value",
-        ("Which is the smallest of {numbers}?", "Find the minimum of {numbers}."),
-        _numbers,
-    ),
-)
+    "divide": ("What is {a} divided by {b}?", "Divide {a} by {b}.", "How much is {a} over {b}?"),
+    "max_value": ("Which is the largest of {numbers}?", "Find the maximum of {numbers}."),
+    "min_value": ("Which is the smallest of {numbers}?", "Find the minimum of {numbers}."),
+}
+ARGUMENTS: dict[str, Callable[[random.Random], dict[str, object]]] = {
+    "add": _pair,
+    "subtract": _pair,
+    "multiply": _pair,
+    "divide": _divisible,
+    "max_value": _numbers,
+    "min_value": _numbers,
+}
+TEMPLATES = tuple(Template(name, PHRASINGS[name], ARGUMENTS[name]) for name in OFFERED)
 
 
 def _render(text: str, arguments: dict[str, object]) -> str:

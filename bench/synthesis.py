@@ -38,18 +38,20 @@ from typing import Any
 
 import msgspec
 
+from coevolve.bench import tables
 from coevolve.bench.local_llm import served_roles
 from coevolve.schedules.synthesis import PoolFile
+from coevolve.services.abstractor.config import AbstractorConfig
 from coevolve.services.abstractor.handler import (
     Abstraction,
-    AbstractorConfig,
     AbstractorDeps,
     abstract,
     similarity_cache_dir,
 )
 from coevolve.services.judge.checks import call_text
-from coevolve.services.judge.handler import JudgeConfig, Judged, JudgeDeps, judge_candidate
-from coevolve.services.pool_store.actor import seed_tasks_for
+from coevolve.services.judge.config import JudgeConfig
+from coevolve.services.judge.handler import Judged, JudgeDeps, judge_candidate
+from coevolve.services.pool_store.handler import seed_tasks_for
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.config import DEFAULT_RUN_DIR
 from coevolve.shared.llm import LLMServerError, LLMUnavailable, Role, RoleLLM, ServerSettings
@@ -329,38 +331,32 @@ def run(
 
 
 def print_table(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=150)
-    cpu = report["cpu"]
-    table = Table(
-        title=f"synthesis of {report['inputs']['explorations']} recorded explorations, "
-        f"{cpu['model']}, {report['threads']} server thread(s)"
-    )
-    columns = ("model", "explorations", "candidates", "passed checks", "round trip")
-    for column in (*columns, "accepted", "s/cand", "seconds"):
-        table.add_column(column, justify="left" if column == "model" else "right")
-    for model, row in report["models"].items():
-        if "candidates" not in row:
-            table.add_row(model, *["-"] * 7)
-            continue
-        per = row["s_per_candidate"]
-        table.add_row(
-            model,
-            *(str(row[key]) for key in ("explorations", "candidates", "passed_checks")),
-            str(row["round_trip_pass"]),
-            str(row["accepted"]),
-            "-" if per is None else f"{per:.1f}",
-            f"{row['seconds']:.0f}",
-        )
-    console.print(table)
+    counts = {  # column: key of a model's row
+        "explorations": "explorations",
+        "candidates": "candidates",
+        "passed checks": "passed_checks",
+        "round trip": "round_trip_pass",
+        "accepted": "accepted",
+    }
+    columns = ("model", *counts, "s/cand", "seconds")
+    rows: list[tuple[object, ...]] = []
+    lines: list[str] = []
     for model, row in report["models"].items():
         if "error" in row:
-            console.print(f"{model}: {row['error']}", markup=False)
+            lines.append(f"{model}: {row['error']}")
         if "candidates" not in row:
+            rows.append((model, *[None] * (len(columns) - 1)))
             continue
-        lines = [
+        per = row["s_per_candidate"]
+        rows.append(
+            (
+                model,
+                *(row[key] for key in counts.values()),
+                None if per is None else f"{per:.1f}",
+                f"{row['seconds']:.0f}",
+            )
+        )
+        lines += [
             f"{model}: abstractor dropped {row['abstractor_rejections']}",
             f"{model}: judge rejected, by check {row['judge_rejections']}",
             *(
@@ -368,5 +364,10 @@ def print_table(report: dict[str, Any]) -> None:
                 for task in row["accepted_tasks"]
             ),
         ]
-        for line in lines:
-            console.print(line, markup=False, highlight=False)
+    tables.print_table(
+        f"synthesis of {report['inputs']['explorations']} recorded explorations, "
+        f"{report['cpu']['model']}, {report['threads']} server thread(s)",
+        columns,
+        rows,
+        note="\n".join(lines),
+    )

@@ -8,10 +8,10 @@ from nats.js.api import ObjectStoreConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.object_store import ObjectStore
 
-from coevolve.shared.bus import Bus
 from coevolve.shared.messages import PolicyVersion, decode, derived_id
 from coevolve.shared.policy.weights import weights_digest
-from coevolve.shared.subjects import POLICY_BUCKET, POLICY_UPDATES
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.subjects import POLICY_BUCKET, POLICY_UPDATES
 
 TRANSFER_TIMEOUT_S = 120.0
 
@@ -71,7 +71,7 @@ async def fetch_policy(bus: Bus, update: PolicyVersion) -> bytes:
 
 async def latest_policy(bus: Bus) -> PolicyVersion | None:
     """The newest announced version, or None before the first one."""
-    from coevolve.shared.subjects import stream_for
+    from coevolve.shared.runtime.subjects import stream_for
 
     try:
         with anyio.fail_after(10):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from coevolve.shared.bus import Bus
 from coevolve.shared.messages import (
     AddTasks,
     AddTasksReply,
@@ -23,8 +22,9 @@ from coevolve.shared.messages import (
     decode,
     encode,
 )
-from coevolve.shared.subjects import POOL_ADD, POOL_RPC
-from coevolve.shared.telemetry import inject
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.subjects import POOL_ADD, POOL_RPC
+from coevolve.shared.runtime.telemetry import inject
 
 R = TypeVar("R", bound=Message)
 

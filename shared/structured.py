@@ -17,11 +17,11 @@ import re
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
-from coevolve.shared.llm.client import ChatMessages, LLMOutputError, LLMResponse
+from coevolve.shared.llm.client import Chat, ChatMessages, LLMOutputError
 
 T = TypeVar("T")
 
@@ -123,19 +123,8 @@ def _name(kind: object) -> str:
     return getattr(kind, "__name__", repr(kind))
 
 
-class StructuredChat(Protocol):
-    async def chat(
-        self,
-        messages: ChatMessages,
-        *,
-        schema: dict[str, Any] | None = None,
-        max_tokens: int,
-        temperature: float,
-    ) -> LLMResponse: ...
-
-
 async def ask_structured(
-    llm: StructuredChat,
+    llm: Chat,
     messages: ChatMessages,
     kind: type[T],
     *,

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from coevolve.shared.config import Settings, load_settings
-from coevolve.shared.credentials import (
+from coevolve.shared.runtime.credentials import (
     CREDENTIALS_DIR_ENV,
     USER_ENV,
     generate_credentials,
     load_credentials,
 )
-from coevolve.shared.nats_server import NatsServer
-from coevolve.shared.permissions import ADMIN, USERS
+from coevolve.shared.runtime.nats_server import NatsServer
+from coevolve.shared.runtime.permissions import ADMIN, USERS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # one torch thread per process: tests start several model processes on two cores
@@ -28,7 +28,7 @@ os.environ.setdefault("COEVOLVE_DTYPE", "float32")
 
 @pytest.fixture
 def nats_credentials(tmp_path: Path) -> Path:
-    """One credentials file per bus user (shared/permissions.py), as `coevolve up` makes."""
+    """One credentials file per bus user (shared/runtime/permissions.py), as `coevolve up` makes."""
     folder = tmp_path / "secrets" / "nats"
     generate_credentials(folder)
     return folder

@@ -82,8 +82,8 @@ def test_the_cluster_nodes_config_is_accepted_by_nats_server(tmp_path: Path) -> 
     import shutil
     import subprocess
 
-    from coevolve.shared.credentials import auth_config, new_credentials
-    from coevolve.shared.nats_server import find_binary
+    from coevolve.shared.runtime.credentials import auth_config, new_credentials
+    from coevolve.shared.runtime.nats_server import find_binary
 
     conf = tmp_path / "nats-cluster.conf"
     shutil.copy(ROOT / "deploy" / "nats-cluster.conf", conf)

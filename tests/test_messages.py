@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from coevolve.shared import messages as m
-from coevolve.shared.subjects import SIGNALS_ALL, STREAMS, signal_subject, stream_for
+from coevolve.shared.runtime.subjects import SIGNALS_ALL, STREAMS, signal_subject, stream_for
 
 
 def test_every_message_round_trips_and_is_tagged() -> None:

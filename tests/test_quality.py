@@ -108,6 +108,87 @@ def test_no_service_imports_another_and_shared_imports_no_service() -> None:
     assert crossing == []
 
 
+SERVICE_SHAPE = ("config.py", "handler.py", "actor.py")
+
+
+def service_folders() -> list[Path]:
+    return sorted(p.parent for p in (ROOT / "services").glob("*/__init__.py"))
+
+
+def test_every_service_has_its_config_handler_and_actor() -> None:
+    missing = [
+        f"{folder.relative_to(ROOT)}/{name}"
+        for folder in service_folders()
+        for name in SERVICE_SHAPE
+        if not (folder / name).is_file()
+    ]
+    assert len(service_folders()) >= 7 and missing == []
+
+
+def actor_imports(files: list[tuple[Path, str]]) -> list[str]:
+    """``file imports module`` for every import of a service's actor module."""
+    found = []
+    for file, package in files:
+        for module in imported_modules(file, package):
+            parts = module.split(".")
+            if parts[:2] == ["coevolve", "services"] and parts[3:] == ["actor"]:
+                shown = file.relative_to(ROOT) if file.is_relative_to(ROOT) else file.name
+                found.append(f"{shown} imports {module}")
+    return found
+
+
+def test_only_the_process_that_runs_a_service_imports_its_actor() -> None:
+    """Schedules, benches, handlers and the CLI use configs and handlers: an actor is
+    imported only by ``coevolve serve`` (by name) and by its own package's build."""
+    files = [
+        (file, package)
+        for folder in ("coevolve", "bench", "shared", "services")
+        for file, package in modules_of(folder)
+        if not (folder == "services" and file.name == "actor.py")
+    ]
+    assert len(files) > 100
+    assert actor_imports(files) == []
+
+
+# what the runtime may take from the rest of shared/: the settings and the messages it moves
+RUNTIME_DEPENDENCIES = {"coevolve.shared.config", "coevolve.shared.messages"}
+
+
+def test_the_runtime_imports_no_domain_code() -> None:
+    found = [
+        f"{file.relative_to(ROOT)} imports {module}"
+        for file, package in modules_of("shared")
+        if package.startswith("coevolve.shared.runtime")
+        for module in imported_modules(file, package)
+        if module.startswith("coevolve.")
+        and not module.startswith("coevolve.shared.runtime")
+        and not any(module == d or module.startswith(d + ".") for d in RUNTIME_DEPENDENCIES)
+    ]
+    assert found == []
+
+
+def test_product_code_imports_no_benchmark() -> None:
+    """``coevolve bench`` loads a benchmark by name; nothing else of the product needs one."""
+    found = [
+        f"{file.relative_to(ROOT)} imports {module}"
+        for folder in ("coevolve", "services", "shared")
+        for file, package in modules_of(folder)
+        for module in imported_modules(file, package)
+        if module == "coevolve.bench" or module.startswith("coevolve.bench.")
+    ]
+    assert found == []
+
+
+def test_the_actor_import_check_finds_an_import(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from coevolve.services.rollout.config import RolloutConfig\n"
+        "def f():\n    from ..learner.actor import LearnerActor\n"
+    )
+    found = actor_imports([(module, "coevolve.services.rollout")])
+    assert found == ["m.py imports coevolve.services.learner.actor"]
+
+
 def test_the_import_check_sees_relative_and_absolute_imports(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text(

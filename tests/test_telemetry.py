@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 from coevolve.shared.config import load_settings
-from coevolve.shared.telemetry import extract, inject, make_tracer_provider, read_spans
+from coevolve.shared.runtime.telemetry import extract, inject, make_tracer_provider, read_spans
 
 
 def test_context_round_trips_through_headers(tmp_path: Path) -> None:

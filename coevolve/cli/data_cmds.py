@@ -25,11 +25,11 @@ import typer
 
 from coevolve.cli.options import ConfigOption, RunDirOption, settings_from
 from coevolve.cli.up import recorded_nats_url
-from coevolve.shared.bus import Bus, BusError
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import ORIGINS, SIGNAL_KINDS, DecodeError, Signal, Task, decode
 from coevolve.shared.pool_client import PoolClient
-from coevolve.shared.subjects import SIGNALS_ALL, signal_subject
+from coevolve.shared.runtime.bus import Bus, BusError
+from coevolve.shared.runtime.subjects import SIGNALS_ALL, signal_subject
 
 T = TypeVar("T")
 
@@ -178,7 +178,7 @@ def _from_pool_or_file(
         return anyio.run(_ask_pool, settings, via_pool)
     except (BusError, TimeoutError, nats.errors.NoRespondersError, nats.errors.TimeoutError):
         pass
-    from coevolve.services.pool_store.actor import PoolStoreConfig
+    from coevolve.services.pool_store.config import PoolStoreConfig
     from coevolve.services.pool_store.store import PoolStore
 
     db_file = settings.run_dir / settings.section("pool_store", PoolStoreConfig).db_file

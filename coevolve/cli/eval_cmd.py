@@ -470,7 +470,7 @@ def eval_command(
 def world_classes(option: str | None, settings: Settings) -> list[str] | None:
     """The API classes of ``--classes`` (None: every class), by default the run's world."""
     if option is None:
-        from coevolve.services.pool_store.actor import PoolStoreConfig
+        from coevolve.services.pool_store.config import PoolStoreConfig
 
         return settings.section("pool_store", PoolStoreConfig).seed_classes
     if option.strip().lower() == "all":

@@ -18,7 +18,6 @@ import nats.errors
 from anyio.abc import TaskStatus
 from nats.aio.subscription import Subscription
 
-from coevolve.shared.bus import Bus, BusError
 from coevolve.shared.config import BusSettings
 from coevolve.shared.messages import (
     GRPO_STEP_PHASE,
@@ -31,7 +30,8 @@ from coevolve.shared.messages import (
     Verdict,
     decode,
 )
-from coevolve.shared.subjects import (
+from coevolve.shared.runtime.bus import Bus, BusError
+from coevolve.shared.runtime.subjects import (
     DEAD_LETTERS,
     HEARTBEATS,
     POLICY_UPDATES,

@@ -19,12 +19,12 @@ import typer
 
 from coevolve.cli.data_cmds import connect_settings
 from coevolve.cli.options import ConfigOption, RunDirOption
-from coevolve.services.pool_store.actor import PoolStoreConfig
-from coevolve.shared.bus import Bus, BusError
+from coevolve.services.pool_store.config import PoolStoreConfig
 from coevolve.shared.envs.bfcl.tasks import in_world, seed_tasks
 from coevolve.shared.messages import ExplorationRequest, Task
-from coevolve.shared.permissions import OPERATOR
-from coevolve.shared.subjects import EXPLORATION_REQUESTS
+from coevolve.shared.runtime.bus import Bus, BusError
+from coevolve.shared.runtime.permissions import OPERATOR
+from coevolve.shared.runtime.subjects import EXPLORATION_REQUESTS
 
 
 def choose_tasks(

@@ -9,9 +9,9 @@ from typing import Annotated
 import typer
 
 from coevolve.cli.options import ConfigOption, RunDirOption, settings_from
-from coevolve.shared.actor import Actor, run_actor
 from coevolve.shared.config import Settings
-from coevolve.shared.subjects import SERVICES
+from coevolve.shared.runtime.actor import Actor, run_actor
+from coevolve.shared.runtime.subjects import SERVICES
 
 
 def build_actor(name: str, settings: Settings) -> Actor:

@@ -14,9 +14,9 @@ from nats.js.errors import NotFoundError
 from coevolve.cli.events import progress_text
 from coevolve.cli.options import ConfigOption, JsonOption, RunDirOption, settings_from
 from coevolve.cli.up import recorded_nats_url, supervised_services
-from coevolve.shared.bus import UNAVAILABLE, Bus, BusError
 from coevolve.shared.messages import DecodeError, Heartbeat, decode
-from coevolve.shared.subjects import CONSUMERS, HEARTBEAT_BUCKET, SERVICES, STREAMS
+from coevolve.shared.runtime.bus import UNAVAILABLE, Bus, BusError
+from coevolve.shared.runtime.subjects import CONSUMERS, HEARTBEAT_BUCKET, SERVICES, STREAMS
 
 
 async def collect(bus: Bus, stale_after_s: float) -> dict[str, Any]:

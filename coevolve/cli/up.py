@@ -17,18 +17,18 @@ import typer
 from coevolve.cli.events import EventPrinter, EventTracker, EventWatcherThread
 from coevolve.cli.options import ConfigOption, RunDirOption, settings_from
 from coevolve.schedules.synthesis import DEFAULT_MAX_SIGNALS
-from coevolve.shared.bus import BusError, declare_streams
 from coevolve.shared.config import NATS_CREDENTIALS_DIR, REPLICAS_ENV, Settings
-from coevolve.shared.credentials import (
+from coevolve.shared.llm.server import LLMServerError, start_for_run
+from coevolve.shared.runtime.bus import BusError, declare_streams
+from coevolve.shared.runtime.credentials import (
     CREDENTIALS_DIR_ENV,
     new_credentials,
     service_environment,
     write_credentials,
 )
-from coevolve.shared.llm.server import LLMServerError, start_for_run
-from coevolve.shared.nats_server import NatsCluster, NatsServer, NatsServerError
-from coevolve.shared.subjects import SERVICES
-from coevolve.shared.supervisor import ChildSpec, Supervisor, read_state
+from coevolve.shared.runtime.nats_server import NatsCluster, NatsServer, NatsServerError
+from coevolve.shared.runtime.subjects import SERVICES
+from coevolve.shared.runtime.supervisor import ChildSpec, Supervisor, read_state
 
 UP_FILE = "up.json"
 # the supervisor's view of every service (state, exits, held back and why): `status` reads it
@@ -255,7 +255,8 @@ def run_lockstep_schedule(
     """The lockstep loop on the run's pool (seeded when empty), the data loop's LLM roles
     and service sections taken from ``settings`` as the async services take them."""
     from coevolve.cli.lockstep_cmd import run_lockstep
-    from coevolve.services.pool_store.actor import PoolStoreConfig, seed_tasks_for
+    from coevolve.services.pool_store.config import PoolStoreConfig
+    from coevolve.services.pool_store.handler import seed_tasks_for
     from coevolve.services.pool_store.store import PoolStore
 
     run = settings.run_dir

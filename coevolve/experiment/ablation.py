@@ -40,22 +40,22 @@ import anyio
 import msgspec
 import yaml
 
-from coevolve.bench.dataloop import (
+from coevolve.cli.explore_cmd import choose_tasks, publish_requests
+from coevolve.experiment import ARMS
+from coevolve.processes import (
     kill_leftovers,
     share_model_cache,
     spawn_up,
     stop_process_group,
     wait_for_nats_url,
 )
-from coevolve.cli.explore_cmd import choose_tasks, publish_requests
-from coevolve.experiment import ARMS
 from coevolve.report.run_data import load_run, policy_files
 from coevolve.report.run_report import summarize_run
-from coevolve.shared.bus import Bus
-from coevolve.shared.credentials import run_bus_settings
 from coevolve.shared.messages import DecodeError, Exploration, TaskAdded, decode
-from coevolve.shared.nats_server import free_port
-from coevolve.shared.subjects import EXPLORATIONS, TASK_ADDED
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.credentials import run_bus_settings
+from coevolve.shared.runtime.nats_server import free_port
+from coevolve.shared.runtime.subjects import EXPLORATIONS, TASK_ADDED
 
 # coevolve first: random is paced on its curve
 RUN_ORDER = ("coevolve", "random", "none")
@@ -95,7 +95,7 @@ class ExperimentSpec:
 
     def world(self) -> list[str] | None:
         """The API classes the runs train in (``pool_store.seed_classes``; None: all)."""
-        from coevolve.services.pool_store.actor import PoolStoreConfig
+        from coevolve.services.pool_store.config import PoolStoreConfig
 
         section = self.base_settings().get("services", {}).get("pool_store", {})
         return msgspec.convert(section, PoolStoreConfig).seed_classes

@@ -22,14 +22,14 @@ import os
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from coevolve.services.learner.actor import LearnerServiceConfig, WarmStartConfig
-from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig, StepMetrics
+from coevolve.services.learner.config import LearnerConfig, LearnerServiceConfig, WarmStartConfig
+from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
 from coevolve.services.learner.warm_start import (
     DEMONSTRATIONS_SEED,
     OVERSAMPLE,
@@ -37,9 +37,9 @@ from coevolve.services.learner.warm_start import (
     run_warm_start,
     warm_start_tasks,
 )
-from coevolve.services.pool_store.actor import PoolStoreConfig
+from coevolve.services.pool_store.config import PoolStoreConfig
 from coevolve.services.pool_store.store import PoolStore
-from coevolve.services.rollout.actor import RolloutConfig
+from coevolve.services.rollout.config import RolloutConfig
 from coevolve.shared.config import Settings
 from coevolve.shared.envs import make_environment
 from coevolve.shared.episodes import run_groups
@@ -52,6 +52,8 @@ Synthesizer = Callable[[list[RolloutGroup]], list[Task]]
 # the learner right after its warm start, kept so a restarted lockstep run does not train
 # it again (the service keeps it in its own checkpoint)
 WARM_START_CHECKPOINT = Path("lockstep") / "warm_start.pt"
+# a refill round samples with its own seed, not the step's first draw again
+REFILL_SEED_STRIDE = 7919
 # the fields of LockstepConfig that the ``rollout`` section sets
 ROLLOUT_FIELDS = ("max_new_tokens", "max_steps", "temperature", "top_p", "partial_credit")
 
@@ -99,6 +101,29 @@ def success_rate(
     return sum(t.reward for t in episodes) / max(1, len(episodes)), episodes
 
 
+def informative_groups(
+    source: Callable[[int], list[Task]],
+    sample: Callable[[list[Task], int], list[RolloutGroup]],
+    wanted: int,
+    refill_rounds: int,
+) -> tuple[list[RolloutGroup], list[RolloutGroup]]:
+    """A step's groups, and every group sampled for it.
+
+    ``sample(tasks, round)`` rolls out one group per task. Up to ``refill_rounds`` times,
+    groups whose rewards all tie are replaced by groups of fresh tasks from ``source``;
+    where too few informative groups came, the step gets all it sampled (the learner
+    skips the ties)."""
+    sampled: list[RolloutGroup] = []
+    informative: list[RolloutGroup] = []
+    for refill in range(1 + refill_rounds):
+        fresh = sample(source(wanted - len(informative)), refill)
+        sampled.extend(fresh)
+        informative.extend(g for g in fresh if len(set(g.rewards())) > 1)
+        if len(informative) >= wanted:
+            return informative, sampled
+    return sampled, sampled
+
+
 class TaskCycle:
     """Tasks in shuffled rounds: every task once before any twice; new tasks join."""
 
@@ -134,6 +159,13 @@ class LockstepConfig:
     stop: tuple[str, ...] = ()  # see RolloutConfig.stop
     synthesize_every: int = 0  # 0: never
     seed: int = 0
+    # rounds of fresh tasks drawn to replace groups whose rewards are all equal (no
+    # advantage, nothing to learn): DAPO's dynamic sampling; 0: train on what came
+    refill_rounds: int = 0
+
+    def __post_init__(self) -> None:
+        if self.refill_rounds < 0:
+            raise ValueError(f"refill_rounds must be 0 or more, got {self.refill_rounds}")
 
     @classmethod
     def from_settings(
@@ -164,6 +196,7 @@ class IterationReport:
     reward_mean: float
     new_tasks: int
     metrics: StepMetrics
+    groups_sampled: int = 0
 
     @property
     def wall_s(self) -> float:
@@ -201,9 +234,20 @@ class LockstepLoop:
         started = time.perf_counter()
         # the learner's version (after a warm start, 1): the groups are on-policy
         self.engine.policy_version = self.learner.version
-        tasks = self.source(config.tasks_per_step)
-        groups = collect_groups(
-            self.engine, tasks, config.group_size, params, config.max_steps, config.partial_credit
+
+        def sample(tasks: list[Task], refill: int) -> list[RolloutGroup]:
+            seed = None if params.seed is None else params.seed + refill * REFILL_SEED_STRIDE
+            return collect_groups(
+                self.engine,
+                tasks,
+                config.group_size,
+                replace(params, seed=seed),
+                config.max_steps,
+                config.partial_credit,
+            )
+
+        groups, sampled = informative_groups(
+            self.source, sample, config.tasks_per_step, config.refill_rounds
         )
         rolled = time.perf_counter()
         metrics = self.learner.step(groups)
@@ -221,7 +265,7 @@ class LockstepLoop:
             if new_tasks and self.on_new_tasks is not None:
                 self.on_new_tasks(new_tasks)
         done = time.perf_counter()
-        rewards = [r for g in groups for r in g.rewards()]
+        rewards = [r for g in sampled for r in g.rewards()]
         return IterationReport(
             step=self.iterations,
             rollout_s=rolled - started,
@@ -230,6 +274,7 @@ class LockstepLoop:
             reward_mean=sum(rewards) / max(1, len(rewards)),
             new_tasks=len(new_tasks),
             metrics=metrics,
+            groups_sampled=len(sampled),
         )
 
     def run(

@@ -28,17 +28,15 @@ from dataclasses import dataclass, field
 import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from coevolve.services.abstractor.handler import (
-    AbstractorConfig,
-    AbstractorDeps,
-    abstract,
-    similarity_cache_dir,
-)
-from coevolve.services.explorer.handler import ExplorerConfig, ExplorerDeps, explore_signal
-from coevolve.services.judge.handler import JudgeConfig, JudgeDeps, judge_candidate
+from coevolve.services.abstractor.config import AbstractorConfig
+from coevolve.services.abstractor.handler import AbstractorDeps, abstract, similarity_cache_dir
+from coevolve.services.explorer.config import ExplorerConfig
+from coevolve.services.explorer.handler import ExplorerDeps, explore_signal
+from coevolve.services.judge.config import JudgeConfig
+from coevolve.services.judge.handler import JudgeDeps, judge_candidate
 from coevolve.services.pool_store.store import PoolStore
-from coevolve.services.signal_monitor.actor import SignalMonitorConfig
-from coevolve.services.signal_monitor.detectors import SignalMonitor
+from coevolve.services.signal_monitor.config import SignalMonitorConfig
+from coevolve.services.signal_monitor.handler import SignalMonitor
 from coevolve.shared.config import Settings
 from coevolve.shared.llm import LLMUnavailable, RoleClients
 from coevolve.shared.messages import PoolStats, RolloutGroup, Signal, Task, Verdict

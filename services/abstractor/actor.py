@@ -29,47 +29,42 @@ and reports the counts.
 from __future__ import annotations
 
 import logging
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from coevolve.services.abstractor.config import AbstractorConfig
 from coevolve.services.abstractor.handler import (
-    RECENT_TEXTS,
-    AbstractorConfig,
     AbstractorDeps,
     PoolQueries,
     abstract,
     query_texts,
     similarity_cache_dir,
 )
-from coevolve.shared.actor import Actor, Consumer, Delivery
 from coevolve.shared.config import Settings
 from coevolve.shared.llm import RoleClients
+from coevolve.shared.llm.role_actor import RoleActor
 from coevolve.shared.messages import Exploration
 from coevolve.shared.pool_client import PoolClient
+from coevolve.shared.runtime.actor import Actor, Consumer, Delivery
+from coevolve.shared.runtime.subjects import ABSTRACTOR_CONSUMER, CANDIDATES
 from coevolve.shared.structured import RejectionCounter, report_rejection
-from coevolve.shared.subjects import ABSTRACTOR_CONSUMER, CANDIDATES
 
 __all__ = ["AbstractorActor", "PoolQueries", "build", "query_texts"]
 
 log = logging.getLogger(__name__)
 
 
-class AbstractorActor(Actor):
+class AbstractorActor(RoleActor):
     name = "abstractor"
+    roles = ("abstractor",)
 
     def __init__(self, settings: Settings, llm: RoleClients | None = None) -> None:
-        super().__init__(settings)
+        super().__init__(settings, llm)
         self.config = settings.section(self.name, AbstractorConfig)
-        self._own_llm = llm is None
-        self.llm = llm or RoleClients.from_section(
-            settings.services.get("llm"), settings.run_dir, roles=("abstractor",)
-        )
         self.cache_dir = similarity_cache_dir(self.config, settings.run_dir)
         self.outputs = RejectionCounter()
         self.dropped: Counter[str] = Counter()
-        # ids of recent candidates published (bounded: the service runs for days)
-        self.published: deque[str] = deque(maxlen=RECENT_TEXTS * 20)
         self.candidates = 0
         self._deps: AbstractorDeps | None = None
 
@@ -82,10 +77,6 @@ class AbstractorActor(Actor):
             outputs=self.outputs,
             tracer=self.tracer,
         )
-
-    async def teardown(self) -> None:
-        if self._own_llm:
-            await self.llm.aclose()
 
     def consumers(self) -> Sequence[Consumer[Any]]:
         return (
@@ -113,7 +104,6 @@ class AbstractorActor(Actor):
                 texts = [text for c in unpublished for text in query_texts(c.task)]
                 self._deps.queries.forget(texts)  # not awaited: it runs when cancelled too
                 raise
-            self.published.append(candidate.id)
             self.candidates += 1
             await self.metric("candidates", self.candidates)
         log.info(

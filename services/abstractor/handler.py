@@ -14,14 +14,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import anyio
-import msgspec
 from opentelemetry.trace import NoOpTracer, Tracer
 
 from coevolve.services.abstractor.call_units import CallUnit, call_units
 from coevolve.services.abstractor.completion import complete_requests
+from coevolve.services.abstractor.config import AbstractorConfig, SimilarityBackend
 from coevolve.services.abstractor.prompts import (
     RequestDraft,
     request_messages,
@@ -38,28 +38,8 @@ from coevolve.shared.structured import Rejection, RejectionCounter, ask_structur
 
 log = logging.getLogger(__name__)
 
-SimilarityBackend = Literal["auto", "embedding", "ngram"]
 
 RECENT_TEXTS = 500
-
-
-class AbstractorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    # candidates per exploration: one per round with calls that replay (call_units.py)
-    max_tasks: int = 2
-    max_tokens: int = 300
-    # a request written as code (or too short) is asked for again this many times, with
-    # the reason; then the unit is dropped as malformed_request
-    rewrites: int = 1
-    # add the argument values a request leaves out as a "Details:" clause (completion.py)
-    complete_values: bool = True
-    dedup_threshold: float = 0.7
-    dedup_backend: SimilarityBackend = "ngram"
-    dedup_refresh_s: float = 120.0
-    dedup_pool_limit: int = 2000
-    leak_guard: bool = True
-    leak_backend: SimilarityBackend = "auto"
-    similarity_cache_dir: str | None = None
-    concurrency: int = 1
 
 
 def _long_enough(text: str) -> bool:

@@ -21,55 +21,45 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
 import msgspec
 
+from coevolve.services.explorer.config import ExplorerConfig
 from coevolve.services.explorer.handler import (
     Explored,
-    ExplorerConfig,
     ExplorerDeps,
     explore_request,
     explore_signal,
 )
-from coevolve.shared.actor import Actor, Consumer, Delivery
 from coevolve.shared.config import Settings
 from coevolve.shared.llm import RoleClients
+from coevolve.shared.llm.role_actor import RoleActor
 from coevolve.shared.messages import Exploration, ExplorationRequest, Signal
-from coevolve.shared.structured import RejectionCounter, report_rejection
-from coevolve.shared.subjects import (
+from coevolve.shared.runtime.actor import Actor, Consumer, Delivery
+from coevolve.shared.runtime.subjects import (
     EXPLORATIONS,
     EXPLORER_REQUESTS_CONSUMER,
     EXPLORER_SIGNALS_CONSUMER,
 )
+from coevolve.shared.structured import RejectionCounter, report_rejection
 
 log = logging.getLogger(__name__)
 
-RECENT_IDS = 10_000
 
-
-class ExplorerActor(Actor):
+class ExplorerActor(RoleActor):
     name = "explorer"
+    roles = ("summarizer", "explorer")
 
     def __init__(self, settings: Settings, llm: RoleClients | None = None) -> None:
-        super().__init__(settings)
+        super().__init__(settings, llm)
         self.config = settings.section(self.name, ExplorerConfig)
-        self._own_llm = llm is None
-        self.llm = llm or RoleClients.from_section(
-            settings.services.get("llm"), settings.run_dir, roles=("summarizer", "explorer")
-        )
         self.summaries = RejectionCounter()
         self.actions = RejectionCounter()
         self.outcomes: Counter[str] = Counter()
-        # ids of recent explorations published (bounded: the service runs for days)
-        self.handled: deque[str] = deque(maxlen=RECENT_IDS)
-
-    async def teardown(self) -> None:
-        if self._own_llm:
-            await self.llm.aclose()
 
     def consumers(self) -> Sequence[Consumer[Any]]:
         return (
@@ -115,7 +105,6 @@ class ExplorerActor(Actor):
             await self._count(explored.outcome)
             return
         await self.publish(EXPLORATIONS, exploration)
-        self.handled.append(exploration.id)
         if self.config.record:
             await anyio.to_thread.run_sync(self._record, exploration)
         stats = explored.stats

@@ -11,9 +11,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
-import msgspec
 from opentelemetry.trace import NoOpTracer, Tracer
 
+from coevolve.services.explorer.config import ExplorerConfig
 from coevolve.services.explorer.exploration import ExplorationLimits, ExplorationStats, explore
 from coevolve.services.explorer.prompts import (
     CONTEXT_SCHEMA,
@@ -43,20 +43,6 @@ log = logging.getLogger(__name__)
 # explored: an exploration to publish; empty: no usable action; dropped_without_context:
 # the summary was unusable and ``on_context_rejection`` is ``drop``
 ExploreOutcome = Literal["explored", "empty", "dropped_without_context"]
-
-
-class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    rounds: int = 1
-    max_steps: int = 3
-    max_request_rounds: int = 8
-    summary_max_tokens: int = 400
-    action_max_tokens: int = 96
-    on_context_rejection: Literal["explore", "drop"] = "explore"
-    history_messages: int = 12
-    concurrency: int = 1
-    # each published exploration as one JSON line in RUN_DIR/<record>-<pid>.jsonl: what
-    # synthesis was given, to run through abstractor and judge again offline (null: none)
-    record: str | None = "explorer/explorations"
 
 
 @dataclass

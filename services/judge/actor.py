@@ -16,41 +16,32 @@ returns and reports the counts.
 from __future__ import annotations
 
 import logging
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from coevolve.services.judge.handler import JudgeConfig, JudgeDeps, judge_candidate
-from coevolve.shared.actor import Actor, Consumer, Delivery
+from coevolve.services.judge.config import JudgeConfig
+from coevolve.services.judge.handler import JudgeDeps, judge_candidate
 from coevolve.shared.config import Settings
 from coevolve.shared.llm import RoleClients
+from coevolve.shared.llm.role_actor import RoleActor
 from coevolve.shared.messages import TaskCandidate
+from coevolve.shared.runtime.actor import Actor, Consumer, Delivery
+from coevolve.shared.runtime.subjects import JUDGE_CONSUMER, VERDICTS
 from coevolve.shared.structured import RejectionCounter, report_rejection
-from coevolve.shared.subjects import JUDGE_CONSUMER, VERDICTS
 
 log = logging.getLogger(__name__)
 
-RECENT_IDS = 10_000
 
-
-class JudgeActor(Actor):
+class JudgeActor(RoleActor):
     name = "judge"
+    roles = ("judge",)
 
     def __init__(self, settings: Settings, llm: RoleClients | None = None) -> None:
-        super().__init__(settings)
+        super().__init__(settings, llm)
         self.config = settings.section(self.name, JudgeConfig)
-        self._own_llm = llm is None
-        self.llm = llm or RoleClients.from_section(
-            settings.services.get("llm"), settings.run_dir, roles=("judge",)
-        )
         self.judgments = RejectionCounter()
         self.outcomes: Counter[str] = Counter()
-        # ids of recent candidates judged (bounded: the service runs for days)
-        self.handled: deque[str] = deque(maxlen=RECENT_IDS)
-
-    async def teardown(self) -> None:
-        if self._own_llm:
-            await self.llm.aclose()
 
     def consumers(self) -> Sequence[Consumer[Any]]:
         return (
@@ -64,7 +55,6 @@ class JudgeActor(Actor):
             about = f"candidate {candidate.id}"
             await report_rejection(self.metric, "judge", self.judgments, judged.rejection, about)
         await self.publish(VERDICTS, judged.verdict)
-        self.handled.append(candidate.id)
         self.outcomes[judged.outcome] += 1
         reasons = "; ".join(judged.verdict.reasons)[:200]
         log.info("candidate %s: %s (%s)", candidate.id, judged.outcome, reasons)

@@ -13,41 +13,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Literal
 
 import anyio
 import msgspec
 from opentelemetry.trace import NoOpTracer, Tracer
 
 from coevolve.services.judge.checks import semantic_checks
+from coevolve.services.judge.config import JudgeConfig
 from coevolve.services.judge.prompts import JUDGE_SCHEMA, Judgment, decide, judge_messages
 from coevolve.services.judge.replay import ReplayCheck, replay_candidate
 from coevolve.services.judge.roundtrip import round_trip
 from coevolve.shared.envs import Environment, make_environment
 from coevolve.shared.llm import RoleLLM
 from coevolve.shared.messages import Task, TaskCandidate, Verdict, derived_id
+from coevolve.shared.runtime.telemetry import current_trace_id
 from coevolve.shared.structured import Rejection, RejectionCounter, ask_structured
-from coevolve.shared.telemetry import current_trace_id
-
-
-class JudgeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    max_tokens: int = 200
-    concurrency: int = 1
-    # deterministic checks after the replay (checks.py): no redundant state-changing call
-    minimality: bool = True
-    # the request names the calls' key values, uses what it quotes, and is about the
-    # functions called (similarity: all-MiniLM-L6-v2, or n-grams without it)
-    relevance: bool = True
-    relevance_backend: Literal["auto", "embedding", "ngram"] = "auto"
-    # an LLM solver given only the requests must reach the same result (roundtrip.py):
-    # one LLM call per turn; off, as with the default 0.5B model it rejects most sound
-    # tasks (docs/judge.md)
-    round_trip: bool = False
-    round_trip_max_tokens: int = 300
-    # the judge role's rating last. Off by default: with the default 0.5B model it rejected
-    # all 7 sound turns that reached it (docs/judge.md), so a candidate that passes every
-    # check above is accepted; turn it on with a stronger judge endpoint
-    llm_judge: bool = False
 
 
 @dataclass

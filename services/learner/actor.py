@@ -21,24 +21,31 @@ carries the weights' digest: a restarted learner never announces a version numbe
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import anyio
 import msgspec
 
+from coevolve.services.learner.config import LearnerServiceConfig
+from coevolve.services.learner.handler import (
+    keep_tasks,
+    save_checkpoint,
+    saved_tasks,
+    train_step,
+    trained_ids,
+    version_to_announce,
+    write_atomically,
+)
 from coevolve.services.learner.ranks import PolicySpec, Ranks, build_learner
-from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig, StepMetrics
-from coevolve.shared.actor import Actor, Consumer, Delivery, ServiceFailed
+from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import GRPO_STEP_PHASE, RolloutGroup, Task
-from coevolve.shared.subjects import LEARNER_GROUPS_CONSUMER
+from coevolve.shared.runtime.actor import Actor, Consumer, Delivery, ServiceFailed
+from coevolve.shared.runtime.subjects import LEARNER_GROUPS_CONSUMER
 
 log = logging.getLogger(__name__)
 
@@ -49,46 +56,6 @@ DEMONSTRATION_TASKS = "checkpoints/demonstrations.tasks.json"
 REMEMBERED_GROUPS = 4096
 NO_TASKS_RETRY_S = (2.0, 30.0)  # first and longest wait before asking the pool again
 RANK_WATCH_S = 1.0  # how often rank 0 looks at the other learner ranks
-
-
-class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    # defaults sized to end within minutes on 2 CPU cores: per-turn BFCL tasks with the
-    # compact tool list are ~1.1k tokens (median), whole entries several times that
-    enabled: bool = True
-    tasks: int = 12
-    # which seed tasks to learn the tool-call format on: single turns, whole entries, any
-    grain: Literal["turn", "entry", "any"] = "turn"
-    epochs: int = 2
-    lr: float = 5e-4
-    batch_size: int = 4
-    max_len: int = 4096
-    # leave out tasks with an assistant message longer than this many tokens: keep it at
-    # rollout.max_new_tokens, so the warm start teaches nothing the policy cannot generate
-    max_target_tokens: int | None = 128
-    # torch threads for the SFT; None: every core (rollout waits for the warm-started
-    # policy, so the learner has the machine to itself until then)
-    threads: int | None = None
-
-
-class LearnerServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    model: str | None = None
-    device: str | None = None
-    finetune: Literal["lora", "full"] = "lora"
-    grpo: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
-    # train on fewer than groups_per_step groups once the first has waited this long
-    max_wait_s: float = 30.0
-    warm_start: WarmStartConfig = msgspec.field(default_factory=WarmStartConfig)
-    # learner processes in data parallel (gloo on CPU, nccl on CUDA): each takes a share of
-    # a step's groups; this service is rank 0 and starts the others (``ranks``)
-    world_size: int = 1
-    # seed tasks whose replayed ground truth GRPO's demonstration replay draws from
-    # (``grpo.demo_coef``; only with the warm start, which needs the same kind of tasks);
-    # chosen once per run and kept in the run directory
-    demo_tasks: int = 64
-
-    def __post_init__(self) -> None:
-        if self.world_size < 1:
-            raise ValueError("learner.world_size must be at least 1")
 
 
 @dataclass
@@ -138,8 +105,7 @@ class LearnerActor(Actor):
             await anyio.to_thread.run_sync(lambda: ranks.join_group(device), abandon_on_cancel=True)
         if self.checkpoint.exists():
             await anyio.to_thread.run_sync(self.learner.restore_checkpoint, self.checkpoint)
-            if self.trained_file.exists():
-                self._trained.extend(json.loads(self.trained_file.read_text()))
+            self._trained.extend(trained_ids(self.checkpoint))
             log.info(
                 "resumed at step %d, version %d", self.learner.step_count, self.learner.version
             )
@@ -174,14 +140,12 @@ class LearnerActor(Actor):
             await anyio.sleep(RANK_WATCH_S)
 
     def _step(self, groups: list[RolloutGroup]) -> StepMetrics:
-        learner = self.learner
-        assert learner is not None
-        if self.ranks is None:
-            return learner.step(groups)
+        assert self.learner is not None
         try:
-            return self.ranks.step(learner, groups)
-        except Exception as exc:  # a collective failed: the ranks are out of step for good
-            self._rank_failure = repr(exc)
+            return train_step(self.learner, groups, self.ranks)
+        except Exception as exc:
+            if self.ranks is not None:  # a collective failed: the ranks are out of step for good
+                self._rank_failure = repr(exc)
             raise
 
     async def _warm_start(self) -> None:
@@ -244,12 +208,13 @@ class LearnerActor(Actor):
         """``count`` seed tasks with ground truth drawn from the pool with ``seed``, kept in
         ``saved_name`` so a restarted learner gets the same. Until the pool has some this
         reports a failed ``phase`` and retries (it never goes on without them)."""
-        from coevolve.shared.backoff import Backoff
         from coevolve.shared.pool_client import PoolClient
+        from coevolve.shared.runtime.backoff import Backoff
 
         saved = self.settings.path(saved_name)
-        if saved.exists():
-            return msgspec.json.decode(saved.read_bytes(), type=list[Task])
+        kept = saved_tasks(saved)
+        if kept is not None:
+            return kept
         pool = PoolClient(self.bus)
         backoff = Backoff(*NO_TASKS_RETRY_S)
         while True:
@@ -259,10 +224,7 @@ class LearnerActor(Actor):
             except Exception as exc:  # pool-store not up yet
                 tasks, reason = [], f"pool-store did not answer: {exc!r}"
             if tasks:
-                saved.parent.mkdir(parents=True, exist_ok=True)
-                tmp = saved.with_suffix(".tmp")
-                tmp.write_bytes(msgspec.json.encode(tasks))
-                os.replace(tmp, saved)
+                keep_tasks(saved, tasks)
                 return tasks
             wait = backoff.next_delay()
             log.warning("%s failed: %s; retrying in %.0f s", phase, reason, wait)
@@ -283,24 +245,24 @@ class LearnerActor(Actor):
         learner = self.learner
         assert learner is not None
         announced = await latest_policy(self.bus)
-        if learner.version == 0:
-            if announced is None:
-                await self._publish_weights()  # no warm start: rollout starts from v0
+
+        def digest() -> str:
+            return weights_digest(learner.export_weights())
+
+        version = await anyio.to_thread.run_sync(
+            version_to_announce, learner.version, announced, digest
+        )
+        if version is None:
             return
-        if announced is not None and announced.version >= learner.version:
-            blob = await anyio.to_thread.run_sync(learner.export_weights)
-            if announced.version == learner.version and announced.sha256 == weights_digest(blob):
-                return  # this very checkpoint was announced before the restart
-            # the bus knows this version number with other weights (an older checkpoint was
-            # restored): move past it instead of announcing a number twice
+        if version != learner.version:
             log.warning(
                 "checkpoint at version %d but v%d was announced with other weights: "
                 "publishing as v%d",
                 learner.version,
-                announced.version,
-                announced.version + 1,
+                version - 1,
+                version,
             )
-            learner.version = announced.version + 1
+            learner.version = version
             await anyio.to_thread.run_sync(self._save_checkpoint)
         await self._publish_weights()
 
@@ -311,10 +273,7 @@ class LearnerActor(Actor):
         learner = self.learner
         assert learner is not None
         blob = await anyio.to_thread.run_sync(learner.export_weights)
-        file = self.settings.path("policies", f"v{learner.version}.safetensors")
-        tmp = file.with_suffix(".tmp")
-        tmp.write_bytes(blob)
-        os.replace(tmp, file)
+        write_atomically(self.settings.path("policies", f"v{learner.version}.safetensors"), blob)
         await publish_policy(
             self.bus,
             blob,
@@ -324,17 +283,9 @@ class LearnerActor(Actor):
             kind=self.config.finetune,
         )
 
-    @property
-    def trained_file(self) -> Path:
-        return self.checkpoint.with_suffix(".groups.json")
-
     def _save_checkpoint(self) -> None:
-        """The checkpoint, then the ids of the groups it includes (both atomic renames)."""
         assert self.learner is not None
-        self.learner.save_checkpoint(self.checkpoint)
-        tmp = self.trained_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(list(self._trained)))
-        os.replace(tmp, self.trained_file)
+        save_checkpoint(self.learner, self.checkpoint, self._trained)
 
     # ------------------------------------------------------------------ training
 
@@ -385,10 +336,6 @@ class LearnerActor(Actor):
                 self.clear_progress()
                 for waiting in batch:
                     waiting.done.set()
-
-
-def checkpoint_path(run_dir: Path) -> Path:
-    return run_dir / CHECKPOINT
 
 
 def build(settings: Settings) -> Actor:

@@ -24,11 +24,6 @@ from typing import Any
 import torch
 from torch import nn
 
-# Tokens of one micro-batch run with stored activations (measured: autograd keeps 2.6 MB per
-# token for the default model, so ~5.3 GB here): a per-turn BFCL example with the compact
-# tool list (median ~1.1k tokens) and a shared-prompt micro-batch of them stay under it.
-DEFAULT_ACTIVATION_TOKENS = 2048
-
 
 def release_freed_memory() -> None:
     """Hand memory freed after a step back to the OS (glibc keeps it otherwise).

@@ -22,16 +22,17 @@ from typing import Any
 import msgspec
 import torch
 
+from coevolve.services.learner.config import LearnerConfig
 from coevolve.services.learner.distributed import (
     broadcast_object,
     broadcast_parameters,
     close_ranks,
     init_ranks,
 )
-from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig, StepMetrics
-from coevolve.shared.child_process import terminate_with_parent
+from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
 from coevolve.shared.messages import RolloutGroup
-from coevolve.shared.nats_server import free_port
+from coevolve.shared.runtime.child_process import terminate_with_parent
+from coevolve.shared.runtime.nats_server import free_port
 
 log = logging.getLogger(__name__)
 

@@ -36,12 +36,9 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from coevolve.services.learner.checkpoint import load_checkpoint, save_checkpoint
+from coevolve.services.learner.config import DEFAULT_ACTIVATION_TOKENS
 from coevolve.services.learner.grpo import SharedPrefix, shared_prompt_length
-from coevolve.services.learner.memory import (
-    DEFAULT_ACTIVATION_TOKENS,
-    activation_checkpointing,
-    over_budget,
-)
+from coevolve.services.learner.memory import activation_checkpointing, over_budget
 from coevolve.shared.demonstrations import (
     IGNORE_INDEX,
     ReplayError,

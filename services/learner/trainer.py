@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from torch.utils.tensorboard import SummaryWriter
 
 from coevolve.services.learner.checkpoint import load_checkpoint, save_checkpoint
+from coevolve.services.learner.config import LearnerConfig
 from coevolve.services.learner.distributed import GradientSum, gathered, share, world
 from coevolve.services.learner.grpo import (
     GrpoStats,
@@ -51,7 +52,6 @@ from coevolve.services.learner.grpo import (
     shared_prompt_length,
 )
 from coevolve.services.learner.memory import (
-    DEFAULT_ACTIVATION_TOKENS,
     activation_checkpointing,
     over_budget,
     release_freed_memory,
@@ -66,91 +66,25 @@ from coevolve.shared.policy.logprobs import sequence_logprobs
 log = logging.getLogger(__name__)
 
 
-class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Learner settings (the ``services.learner`` section of the run configuration)."""
-
-    # a fresh adapter on top of the warm start: at 5e-5 a run's 1-4 steps moved KL below
-    # 2e-4 and no greedy decision; 3e-4 is where bench/short_tasks.py's GRPO did learn
-    lr: float = 3e-4
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28
-    # 0 skips the reference forward pass (~22% of a step), which at 0.001 bought a KL term
-    # of ~2e-7; the trust region is the clip
-    kl_beta: float = 0.0
-    max_grad_norm: float = 1.0
-    micro_batch_size: int = 2
-    max_staleness: int = 4
-    # decoupled PPO: each token's weight π_prox/π_behaviour is truncated at this (None: no cap)
-    behaviour_weight_cap: float | None = 5.0
-    # optimizer updates per step: ppo_epochs passes over the batch, each split in
-    # mini_batches parts of whole groups (1 and 1: one update, no extra forward pass)
-    ppo_epochs: int = 1
-    mini_batches: int = 1
-    advantage_eps: float = 1e-6
-    # a group whose rewards are all equal has zero advantage: skip its compute (DAPO)
-    drop_uniform_groups: bool = True
-    # sequences longer than this are cut (their later tokens are not trained); None: no cut
-    max_tokens: int | None = None
-    # run a group's common prompt once and score the trajectories as its continuations
-    share_prompt: bool = True
-    # a group with more tokens than this runs one trajectory at a time with activation
-    # checkpointing (bounded memory, no prompt sharing); None: never
-    activation_tokens: int | None = DEFAULT_ACTIVATION_TOKENS
-    min_shared_prompt: int = 16
-    # how many groups the learner service gathers for one step
-    groups_per_step: int = 4
-    # demonstration replay (as PPO-ptx mixes in its pretraining loss): every update also
-    # lowers the cross-entropy of ``demo_examples`` ground-truth examples of seed tasks,
-    # weighted by ``demo_coef``, so GRPO sharpens the policy without drifting from the
-    # wording of real calls (0 or no demonstrations set: off)
-    demo_coef: float = 0.1
-    demo_examples: int = 4
-
-    def __post_init__(self) -> None:
-        if self.ppo_epochs < 1 or self.mini_batches < 1:
-            raise ValueError("ppo_epochs and mini_batches must be at least 1")
-        if self.behaviour_weight_cap is not None and self.behaviour_weight_cap <= 0:
-            raise ValueError("behaviour_weight_cap must be > 0 (or null for no cap)")
-        if self.demo_coef < 0 or self.demo_examples < 0:
-            raise ValueError("demo_coef and demo_examples must be >= 0")
-
-    @property
-    def updates_per_step(self) -> int:
-        return self.ppo_epochs * self.mini_batches
-
-
 @dataclass(frozen=True)
 class StepMetrics:
-    """What one ``step`` did.
-
-    ``trained`` is False when nothing was left to train on (or the update was skipped for
-    a non-finite gradient); ``version`` is the policy version after the step.
-    ``dropped_stale``: groups beyond the staleness bound; ``uniform_groups``: groups with
-    equal rewards (no signal, skipped); ``malformed``: trajectories refused as broken;
-    ``refused_truncated``: trajectories refused because they were sampled from a truncated
-    distribution (``top_p < 1``, ``top_k``, greedy) the learner does not score.
-    ``updates``: optimizer updates applied. ``loss``..``entropy`` and the behaviour-weight
-    statistics are means over the trained (generated) tokens of every update (see
-    ``GrpoStats``; ``behaviour_weight_max`` is a max); ``trained_tokens`` counts those
-    tokens once, ``tokens`` every token run through the policy (a shared prompt once per
-    pass, the proximal pass included), and ``tokens_per_s`` is ``tokens`` over the step's
-    wall time; ``grad_norm`` is the mean over the updates, before clipping.
-    ``demo_loss``: the mean cross-entropy per token of the replayed demonstrations (0 when
-    none were replayed; ``LearnerConfig.demo_coef``).
-    """
+    """What one ``step`` did. Means are over the trained (generated) tokens of every
+    update (see ``GrpoStats``)."""
 
     step: int
-    version: int
+    version: int  # the policy version after the step
+    # False when nothing was left to train on, or the update was skipped for a non-finite
+    # gradient
     trained: bool
     groups: int
     trajectories: int
-    dropped_stale: int
-    uniform_groups: int
-    malformed: int
+    dropped_stale: int  # groups beyond the staleness bound
+    uniform_groups: int  # groups with equal rewards: no signal, skipped
+    malformed: int  # trajectories refused as broken
+    # trajectories sampled from a truncated distribution (top_p < 1, top_k, greedy), which
+    # the learner does not score
     refused_truncated: int
-    updates: int
+    updates: int  # optimizer updates applied
     reward_mean: float
     reward_std: float
     staleness_mean: float
@@ -161,14 +95,18 @@ class StepMetrics:
     clip_fraction: float
     ratio_mean: float
     behaviour_weight_mean: float
-    behaviour_weight_max: float
+    behaviour_weight_max: float  # a max, not a mean
     behaviour_capped: float
     entropy: float
-    grad_norm: float
-    trained_tokens: int
+    grad_norm: float  # mean over the updates, before clipping
+    trained_tokens: int  # the trained tokens, each once
+    # every token run through the policy: a shared prompt once per pass, the proximal pass
+    # included
     tokens: int
-    tokens_per_s: float
+    tokens_per_s: float  # tokens over the step's wall time
     duration_s: float
+    # mean cross-entropy per token of the replayed demonstrations (0: none replayed; see
+    # LearnerConfig.demo_coef)
     demo_loss: float = 0.0
 
     def scalars(self) -> dict[str, float]:

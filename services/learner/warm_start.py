@@ -25,7 +25,7 @@ from coevolve.shared.messages import Task
 from coevolve.shared.policy import LoadedPolicy
 
 if TYPE_CHECKING:
-    from coevolve.services.learner.actor import WarmStartConfig
+    from coevolve.services.learner.config import WarmStartConfig
 
 # the pool mixes grains: sample this many times ``tasks`` and keep the wanted grain
 OVERSAMPLE = 4

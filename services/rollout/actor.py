@@ -12,68 +12,27 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
-import msgspec
 import nats.errors
 from nats.js.errors import NotFoundError
 
-from coevolve.shared.actor import Actor, Consumer, Delivery
-from coevolve.shared.config import EngineKind, Settings
+from coevolve.services.rollout.config import RolloutConfig
+from coevolve.services.rollout.handler import roll_out
+from coevolve.shared.config import Settings
 from coevolve.shared.messages import (
     PolicyVersion,
-    RolloutGroup,
     RolloutJob,
-    RolloutResults,
-    ScoreSample,
-    Task,
     decode,
-    derived_id,
 )
-from coevolve.shared.subjects import (
+from coevolve.shared.runtime.actor import Actor, Consumer, Delivery
+from coevolve.shared.runtime.subjects import (
     LEARNER_GROUPS_CONSUMER,
     POLICY_UPDATES,
     ROLLOUT_GROUPS,
     ROLLOUT_JOBS_CONSUMER,
     ROLLOUT_RESULTS,
 )
-from coevolve.shared.toolcalls import CLOSE_TAG
 
 log = logging.getLogger(__name__)
-
-
-class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    model: str | None = None
-    # llama_cpp: the CPU engine (a float GGUF base, each policy version as a LoRA adapter);
-    # transformers: torch + peft in process; vllm: GPUs
-    engine: EngineKind = "llama_cpp"
-    device: str | None = None
-    # CPU threads of the llama_cpp engine (None: torch's, i.e. OMP_NUM_THREADS)
-    threads: int | None = None
-    # two BFCL calls in one message take ~100 tokens; a cut call scores 0
-    max_new_tokens: int = 128
-    # an unsolved episode's reward: this times its share of matched ground-truth calls
-    # (0: BFCL's 0/1 only). A policy that solves nothing yet still gets a gradient; kept
-    # under the signal threshold (0.5), so a reward above it still means solved
-    partial_credit: float = 0.4
-    temperature: float = 1.0
-    top_p: float = 1.0
-    # a message ends once one of these is in its text: the agent makes one call a message,
-    # and nothing after a call's closing tag acts before the tool answers
-    stop: list[str] = msgspec.field(default_factory=lambda: [CLOSE_TAG])
-    # assistant messages an episode may take per user turn: one per call and the closing
-    # reply (the warm start's format), so a per-turn task gets 4 (94% of BFCL's base turns
-    # have at most 3 calls) and a 4-turn entry 16 ...
-    max_steps_per_turn: int = 4
-    # ... and at most this many in all (None: no cap beyond the per-turn budget)
-    max_steps: int | None = None
-    max_unconsumed_groups: int = 16
-    backpressure_poll_s: float = 0.5
-    # take no job before the learner's first announced policy (its warm start): the base
-    # model calls no tool, so its groups all score 0 and only take CPU from the warm start
-    wait_for_policy: bool = True
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.partial_credit < 1.0:
-            raise ValueError(f"rollout.partial_credit must be in [0, 1), got {self.partial_credit}")
 
 
 class RolloutActor(Actor):
@@ -157,10 +116,6 @@ class RolloutActor(Actor):
         await anyio.to_thread.run_sync(self.engine.load_weights, blob, update.version)
         log.info("hot-swapped to policy version %d", update.version)
 
-    def step_budget(self, task: Task) -> int:
-        budget = self.config.max_steps_per_turn * max(1, len(task.user_turns))
-        return min(budget, self.config.max_steps or budget)
-
     async def _wait_for_policy(self) -> None:
         if not self.config.wait_for_policy or self._announced is not None:
             return
@@ -184,58 +139,15 @@ class RolloutActor(Actor):
             await anyio.sleep(self.config.backpressure_poll_s)
 
     async def on_job(self, job: RolloutJob, _: Delivery) -> None:
-        from coevolve.shared.envs import make_environment
-        from coevolve.shared.episodes import run_group
-        from coevolve.shared.policy import SamplingParams
-
         await self._wait_for_policy()
         await self._wait_for_learner()
         await self._swap_if_newer()
-        params = SamplingParams(
-            max_new_tokens=self.config.max_new_tokens,
-            temperature=self.config.temperature,
-            top_p=self.config.top_p,
-            stop=tuple(self.config.stop),
+        engine, config = self.engine, self.config
+        rolled = await anyio.to_thread.run_sync(
+            lambda: roll_out(engine, job, config), abandon_on_cancel=True
         )
-        environment = job.task.environment
-        trajectories = await anyio.to_thread.run_sync(
-            lambda: run_group(
-                self.engine,
-                lambda: make_environment(environment),
-                job.task,
-                job.group_size,
-                params,
-                max_steps=self.step_budget(job.task),
-                id_prefix=job.id,
-                partial_credit=self.config.partial_credit,
-            ),
-            abandon_on_cancel=True,
-        )
-        version = self.engine.policy_version
-        group = RolloutGroup(
-            id=derived_id("group", job.id),
-            task_id=job.task.id,
-            origin=job.task.origin,
-            policy_version=version,
-            trajectories=trajectories,
-            job_id=job.id,
-        )
-        await self.publish(ROLLOUT_GROUPS, group)
-        samples = [
-            ScoreSample(
-                task_id=job.task.id,
-                policy_version=version,
-                score=t.reward,
-                length=sum(t.loss_mask),
-                generate_s=t.timings.generate_s,
-                environment_s=t.timings.environment_s,
-            )
-            for t in trajectories
-        ]
-        results = RolloutResults(
-            id=derived_id("results", job.id), group_id=group.id, samples=samples
-        )
-        await self.publish(ROLLOUT_RESULTS, results)
+        await self.publish(ROLLOUT_GROUPS, rolled.group)
+        await self.publish(ROLLOUT_RESULTS, rolled.results)
 
 
 def build(settings: Settings) -> Actor:

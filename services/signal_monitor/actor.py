@@ -11,48 +11,22 @@ republishes the same signal ids, which the bus drops as duplicates.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
-import msgspec
 
-from coevolve.services.signal_monitor.detectors import MonitorConfig, SignalMonitor
+from coevolve.services.signal_monitor.config import SignalMonitorConfig
+from coevolve.services.signal_monitor.handler import SignalMonitor, TaskCache
 from coevolve.services.signal_monitor.state import StateStore
-from coevolve.shared.actor import Actor, Consumer, Delivery, Rejected
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import RolloutGroup, Task
 from coevolve.shared.pool_client import PoolClient
-from coevolve.shared.subjects import MONITOR_GROUPS_CONSUMER, signal_subject
+from coevolve.shared.runtime.actor import Actor, Consumer, Delivery, Rejected
+from coevolve.shared.runtime.subjects import MONITOR_GROUPS_CONSUMER, signal_subject
 
 log = logging.getLogger(__name__)
-
-
-class SignalMonitorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    state_file: str = "signal_monitor/state.json"
-    task_cache_size: int = 4096
-    detectors: MonitorConfig = msgspec.field(default_factory=MonitorConfig)
-
-
-class TaskCache:
-    """The most recently used tasks by id (tasks never change once in the pool)."""
-
-    def __init__(self, capacity: int) -> None:
-        self._tasks: OrderedDict[str, Task] = OrderedDict()
-        self._capacity = max(1, capacity)
-
-    def get(self, task_id: str) -> Task | None:
-        task = self._tasks.get(task_id)
-        if task is not None:
-            self._tasks.move_to_end(task_id)
-        return task
-
-    def put(self, task: Task) -> None:
-        self._tasks[task.id] = task
-        self._tasks.move_to_end(task.id)
-        while len(self._tasks) > self._capacity:
-            self._tasks.popitem(last=False)
 
 
 class SignalMonitorActor(Actor):

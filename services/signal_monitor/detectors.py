@@ -21,50 +21,24 @@ crash before its state was saved) republishes the same ids, which the bus de-dup
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
+from coevolve.services.signal_monitor.config import MonitorConfig
 from coevolve.services.signal_monitor.state import (
     MonitorState,
     add_entropy,
-    admit_signal,
     count_patterns,
     pair_pattern,
     push_score,
     quantile,
-    remember_group,
 )
 from coevolve.shared.messages import (
-    SIGNAL_KINDS,
     RolloutGroup,
-    Signal,
     SignalKind,
-    Task,
     Trajectory,
-    derived_id,
 )
-
-
-class MonitorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    kinds: tuple[SignalKind, ...] = SIGNAL_KINDS
-    threshold: float = 0.5
-    window: int = 10
-    rare_theta: float = 0.05
-    # about 4 minutes of rollout on a 2-core CPU (200 took 9: the first signal came at 17 min)
-    rare_min_actions: int = 100
-    uncertainty_quantile: float = 0.9
-    uncertainty_min_samples: int = 50
-    reservoir_size: int = 2048
-    reservoir_seed: int = 0
-    cooldown_s: float = 300.0
-    bucket_capacity: float = 3.0
-    bucket_refill_per_s: float = 1.0 / 600.0
-    remember_groups: int = 4096
-    strip_tokens: bool = True
 
 
 @dataclass(frozen=True)
@@ -240,67 +214,3 @@ def detect(group: RolloutGroup, state: MonitorState, config: MonitorConfig) -> l
 
 
 # --------------------------------------------------------------------------- the monitor
-
-
-class SignalMonitor:
-    """Turns rollout groups into rate-limited signals, keeping ``state`` up to date.
-
-    The caller persists ``state`` (see :class:`~.state.StateStore`) after publishing the
-    returned signals and before acknowledging the group.
-    """
-
-    def __init__(self, config: MonitorConfig | None = None, state: MonitorState | None = None):
-        self.config = config or MonitorConfig()
-        self.state = state or MonitorState()
-        self._recent = set(self.state.recent_groups)
-
-    def seen(self, group_id: str) -> bool:
-        return group_id in self._recent
-
-    def process(self, group: RolloutGroup, task: Task, now: float | None = None) -> list[Signal]:
-        """The signals for ``group`` of ``task``; [] for a group processed before."""
-        if group.task_id != task.id:
-            raise ValueError(f"group {group.id} is for task {group.task_id}, not {task.id}")
-        if self.seen(group.id):
-            return []
-        now = time.time() if now is None else now
-        config = self.config
-        signals: list[Signal] = []
-        for finding in detect(group, self.state, config):
-            reason = admit_signal(
-                self.state,
-                task.id,
-                finding.kind,
-                now,
-                cooldown_s=config.cooldown_s,
-                bucket_capacity=config.bucket_capacity,
-                bucket_refill_per_s=config.bucket_refill_per_s,
-            )
-            if reason is None:
-                signals.append(self._signal(finding, group, task, now))
-        remember_group(self.state, group.id, config.remember_groups)
-        self._recent.add(group.id)
-        if len(self._recent) > len(self.state.recent_groups):
-            self._recent = set(self.state.recent_groups)
-        return signals
-
-    def _signal(self, finding: Finding, group: RolloutGroup, task: Task, now: float) -> Signal:
-        trajectory = finding.trajectory
-        if self.config.strip_tokens:
-            trajectory = msgspec.structs.replace(
-                trajectory, token_ids=[], logprobs=[], loss_mask=[]
-            )
-        return Signal(
-            id=derived_id("signal", group.id, finding.kind),
-            kind=finding.kind,
-            task=task,
-            trajectory=trajectory,
-            group_id=group.id,
-            policy_version=group.policy_version,
-            evidence={
-                **finding.evidence,
-                "group_reward_mean": group_score(group),
-                "trajectory_reward": finding.trajectory.reward,
-            },
-            created_at=now,
-        )

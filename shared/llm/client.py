@@ -48,9 +48,8 @@ class LLMOutputError(LLMError):
         self.status = status
 
 
-@runtime_checkable
-class LLMClient(Protocol):
-    name: str
+class Chat(Protocol):
+    """What asks a model: the one ``chat`` signature of every client and role."""
 
     async def chat(
         self,
@@ -60,6 +59,13 @@ class LLMClient(Protocol):
         max_tokens: int,
         temperature: float,
     ) -> LLMResponse: ...
+
+
+@runtime_checkable
+class LLMClient(Chat, Protocol):
+    """A client of one endpoint: it asks, has a name for logs and holds connections."""
+
+    name: str
 
     async def aclose(self) -> None: ...
 

@@ -34,6 +34,7 @@ from coevolve.shared.llm.client import (
     LLMUnavailable,
     parse_json_or_none,
 )
+from coevolve.shared.runtime.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +99,6 @@ class TokenBucket:
                     self._tokens -= 1.0
                     return now - started
                 await asyncio.sleep((1.0 - self._tokens) / self.rate)
-
-
-def backoff_delay(attempt: int, base_s: float, max_s: float, rng: random.Random) -> float:
-    """Full-jitter exponential back-off: uniform in [0, min(max, base * 2**attempt)]."""
-    return rng.uniform(0.0, min(max_s, base_s * (2.0**attempt)))
 
 
 def retry_after_s(headers: httpx.Headers, now: float | None = None) -> float | None:
@@ -225,6 +221,9 @@ class OpenAIBackend:
         settings = self.settings
         started = time.monotonic()
         attempt = 0
+        backoff = Backoff(
+            settings.backoff_base_s, settings.backoff_max_s, jitter=True, rng=self._rng
+        )
         while True:
             self.stats.rate_limited_s += await self._bucket.acquire()
             self.stats.requests += 1
@@ -257,9 +256,7 @@ class OpenAIBackend:
                     )
                     raise LLMOutputError(f"HTTP {status} from endpoint: {snippet}", kind, status)
                 failure, wait_hint = f"HTTP {status}: {snippet}", retry_after_s(headers)
-            delay = backoff_delay(
-                attempt, settings.backoff_base_s, settings.backoff_max_s, self._rng
-            )
+            delay = backoff.next_delay()
             if wait_hint is not None:
                 delay = max(delay, min(wait_hint, settings.backoff_max_s))
             elapsed = time.monotonic() - started

@@ -31,9 +31,10 @@ from typing import IO
 import httpx
 import msgspec
 
-from coevolve.shared.child_process import die_with_parent
 from coevolve.shared.llm.model_file import DEFAULT_MODEL, ROLE_MODELS, ModelFileError, model_path
-from coevolve.shared.nats_server import free_port, port_open
+from coevolve.shared.runtime.backoff import Backoff
+from coevolve.shared.runtime.child_process import die_with_parent
+from coevolve.shared.runtime.nats_server import free_port, port_open
 
 log = logging.getLogger(__name__)
 
@@ -253,21 +254,21 @@ class LlamaServer:
         return f"log {self.log_file}:\n" + "\n".join(tail)
 
     def _watch(self) -> None:
-        backoff_s = 1.0
+        backoff = Backoff(1.0, 30.0)
         started = time.monotonic()
         while not self._stopping.wait(0.5):
             process = self.process
             if process is None or process.poll() is None:
                 if time.monotonic() - started > 60.0:
-                    backoff_s = 1.0
+                    backoff.reset()
                 continue
+            wait_s = backoff.next_delay()
             self._on_event(
-                f"LLM server exited with {process.returncode}; restarting in {backoff_s:.0f} s "
+                f"LLM server exited with {process.returncode}; restarting in {wait_s:.0f} s "
                 f"(log: {self.log_file})"
             )
-            if self._stopping.wait(backoff_s):
+            if self._stopping.wait(wait_s):
                 return
-            backoff_s = min(backoff_s * 2, 30.0)
             self.restarts += 1
             self._spawn()
             started = time.monotonic()

@@ -179,7 +179,22 @@ class _Batch:
     entropies: list[list[float]] = field(default_factory=list)
 
 
-class TransformersEngine:
+class _PolicyEngine:
+    """What an engine that samples a loaded policy knows of it."""
+
+    policy: LoadedPolicy
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.policy.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        config = base_model_of(self.policy.model).config
+        return int(getattr(config, "max_position_embeddings", 0) or 2048)
+
+
+class TransformersEngine(_PolicyEngine):
     """In-process engine over a loaded policy: batched, left-padded, KV-cached sampling.
 
     Prompts of one call usually share a long prefix (system prompt with the tool schemas,
@@ -208,15 +223,6 @@ class TransformersEngine:
         self._pad_id = int(pad if pad is not None else next(iter(self._stop_ids)))
         self._prefix: _PrefixCache | None = None
         self.stats = EngineStats()
-
-    @property
-    def tokenizer(self) -> PreTrainedTokenizerBase:
-        return self.policy.tokenizer
-
-    @property
-    def max_context(self) -> int:
-        config = base_model_of(self.policy.model).config
-        return int(getattr(config, "max_position_embeddings", 0) or 2048)
 
     @property
     def stop_ids(self) -> set[int]:
@@ -405,7 +411,7 @@ class TransformersEngine:
         return token, logprob, entropy
 
 
-class VllmEngine:
+class VllmEngine(_PolicyEngine):
     """vLLM engine (GPU) behind the same interface; vllm is imported only when built.
 
     LoRA versions are hot-swapped without reloading the model: the version's adapter stack
@@ -451,15 +457,6 @@ class VllmEngine:
             max_logprobs=max(entropy_top_k, 1),
             logprobs_mode="processed_logprobs",
         )
-
-    @property
-    def tokenizer(self) -> PreTrainedTokenizerBase:
-        return self.policy.tokenizer
-
-    @property
-    def max_context(self) -> int:
-        config = base_model_of(self.policy.model).config
-        return int(getattr(config, "max_position_embeddings", 0) or 2048)
 
     def load_weights(self, blob: bytes, version: int) -> None:
         import_weights(self.policy.model, blob)

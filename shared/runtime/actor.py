@@ -43,8 +43,6 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
-from coevolve.shared.backoff import Backoff
-from coevolve.shared.bus import MSG_ID_HEADER, Bus, leaderless_hint
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import (
     DeadLetter,
@@ -57,15 +55,17 @@ from coevolve.shared.messages import (
     encode,
     new_id,
 )
-from coevolve.shared.subjects import (
+from coevolve.shared.runtime.backoff import Backoff
+from coevolve.shared.runtime.bus import MSG_ID_HEADER, Bus, leaderless_hint
+from coevolve.shared.runtime.subjects import (
     HEARTBEAT_BUCKET,
     ConsumerSpec,
     dead_letter_subject,
     heartbeat_subject,
     metrics_subject,
 )
-from coevolve.shared.supervisor import mark_ready
-from coevolve.shared.telemetry import extract, make_tracer_provider
+from coevolve.shared.runtime.supervisor import mark_ready
+from coevolve.shared.runtime.telemetry import extract, make_tracer_provider
 
 log = logging.getLogger(__name__)
 

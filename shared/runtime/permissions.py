@@ -4,7 +4,7 @@ The table is data (``ROLES``), derived from the actor table in ``subjects.py``: 
 service publishes what it produces, fetches and acks only its own durable consumers,
 asks or answers only its own request subjects. ``nats_permissions`` turns a role into
 the allow-lists of a nats-server ``authorization`` block (``authorization_config``, which
-``shared/nats_server.py`` and the compose secrets use), and ``markdown_table`` renders
+``shared/runtime/nats_server.py`` and the compose secrets use), and ``markdown_table`` renders
 the table docs/security.md shows (a test checks that they agree).
 
 Once a user has allow-lists, anything not on them is refused: no role but ``admin`` may
@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from coevolve.shared.subjects import (
+from coevolve.shared.runtime.subjects import (
     ABSTRACTOR_CONSUMER,
     CANDIDATES,
     CONSUMERS,

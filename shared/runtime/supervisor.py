@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from coevolve.shared.child_process import die_with_parent
+from coevolve.shared.runtime.backoff import Backoff
+from coevolve.shared.runtime.child_process import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class Child:
     restarts: int = 0
     started_at: float = 0.0
     next_start_at: float = 0.0
-    backoff_s: float = 1.0
+    backoff: Backoff = field(default_factory=lambda: Backoff(1.0, 30.0))
     ready: bool = False
     crashes: deque[float] = field(default_factory=deque)
     last_exit_code: int | None = None
@@ -95,9 +96,9 @@ class Supervisor:
     ) -> None:
         if max_crashes < 1 or crash_window_s <= 0:
             raise ValueError("max_crashes must be >= 1 and crash_window_s > 0")
-        self.children = [Child(spec, backoff_s=min_backoff_s) for spec in specs]
-        self.min_backoff_s = min_backoff_s
-        self.max_backoff_s = max_backoff_s
+        self.children = [
+            Child(spec, backoff=Backoff(min_backoff_s, max_backoff_s)) for spec in specs
+        ]
         self.max_crashes = max_crashes
         self.crash_window_s = crash_window_s
         self.stop_timeout_s = stop_timeout_s
@@ -148,7 +149,7 @@ class Supervisor:
                     "pid": c.process.pid if c.process is not None else None,
                     "restarts": c.restarts,
                     "crashes_in_window": len(c.crashes),
-                    "backoff_s": c.backoff_s,
+                    "backoff_s": c.backoff.upcoming_s,
                     "last_exit_code": c.last_exit_code,
                     "held_back_reason": c.held_back_reason,
                     "log": str(c.spec.log_path),
@@ -201,7 +202,7 @@ class Supervisor:
             ready_file = child.spec.ready_file
             if not child.ready and ready_file is not None and ready_file.exists():
                 child.ready = True
-                child.backoff_s = self.min_backoff_s
+                child.backoff.reset()
                 return True
             return False
         if process is not None:
@@ -228,13 +229,13 @@ class Supervisor:
             child.next_start_at = 0.0
             self.on_event(f"{name} held back: {child.held_back_reason} (log: {log_path})")
             return
-        child.next_start_at = now + child.backoff_s
+        wait_s = child.backoff.next_delay()
+        child.next_start_at = now + wait_s
         self.on_event(
-            f"{name} exited with {code}; restarting in {child.backoff_s:.3g} s "
+            f"{name} exited with {code}; restarting in {wait_s:.3g} s "
             f"({len(child.crashes)}/{self.max_crashes} exits within "
             f"{self.crash_window_s:.0f} s; log: {log_path})"
         )
-        child.backoff_s = min(child.backoff_s * 2, self.max_backoff_s)
 
     def stop(self) -> None:
         running = [c for c in self.children if c.process is not None and c.process.poll() is None]

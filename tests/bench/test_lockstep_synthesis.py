@@ -2,14 +2,13 @@
 one process, verdicts recorded in a real DuckDB pool.
 
 The LLM is the data-loop tests' stand-in remote endpoint (real HTTP on loopback,
-``dataloop_fake_llm``); environments, pool and, for the loop, the policy are real.
+``tests.support.fake_llm``); environments, pool and, for the loop, the policy are real.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -18,11 +17,6 @@ from typing import Any
 import msgspec
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataloop"))
-
-from dataloop_fake_llm import RoleFakeLLM, offered_functions
-from dataloop_harness import WellFormedBrain, filesystem_seed_tasks, mixed_group
 
 from coevolve.bench.short_tasks import build_tasks
 from coevolve.cli.lockstep_cmd import run_lockstep
@@ -33,15 +27,17 @@ from coevolve.schedules.lockstep import (
     warm_start_once,
 )
 from coevolve.schedules.synthesis import LockstepSynthesis
-from coevolve.services.learner.actor import WarmStartConfig
-from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig
+from coevolve.services.learner.config import LearnerConfig, WarmStartConfig
+from coevolve.services.learner.trainer import GrpoLearner
 from coevolve.services.pool_store.store import PoolStore
-from coevolve.services.signal_monitor.detectors import SignalMonitor
+from coevolve.services.signal_monitor.handler import SignalMonitor
 from coevolve.services.signal_monitor.state import MonitorState
 from coevolve.shared.config import Settings, load_settings
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.messages import RolloutGroup, Task, derived_id
 from coevolve.shared.policy import LoadedPolicy, load_policy
+from tests.dataloop.dataloop_harness import WellFormedBrain, filesystem_seed_tasks, mixed_group
+from tests.support.fake_llm import RoleFakeLLM, offered_functions
 
 CACHE_DIR = Path(
     os.environ.get("COEVOLVE_TEST_CACHE", Path(__file__).resolve().parents[2] / "runs/test-cache")

@@ -22,13 +22,12 @@ from coevolve.bench.services import (
     clean_environment,
     count_learner_steps,
     count_verdicts,
-    descendants,
-    kill_survivors,
     lockstep_argv,
     phase_figures,
     ratios,
     warm_start_done_s,
 )
+from coevolve.processes import descendants, kill_survivors
 from coevolve.schedules.lockstep import WARM_START_CHECKPOINT
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.messages import Lineage, Task, ToolCall, Verdict

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,16 +15,11 @@ from typing import Any
 import msgspec
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataloop"))
-
-from dataloop_fake_llm import RoleFakeLLM, prompt_text
-from dataloop_harness import WellFormedBrain, logged_exploration
-
 from coevolve.bench import synthesis
 from coevolve.bench.local_llm import local_role
 from coevolve.cli.bench import BENCHMARKS
-from coevolve.services.abstractor.handler import AbstractorConfig
-from coevolve.services.judge.handler import JudgeConfig
+from coevolve.services.abstractor.config import AbstractorConfig
+from coevolve.services.judge.config import JudgeConfig
 from coevolve.shared.llm import (
     LlamaServer,
     LLMServerError,
@@ -37,6 +31,8 @@ from coevolve.shared.llm import (
 )
 from coevolve.shared.llm.model_file import DEFAULT_MODEL, ROLE_MODELS
 from coevolve.shared.messages import Exploration, ToolCall
+from tests.dataloop.dataloop_harness import WellFormedBrain, logged_exploration
+from tests.support.fake_llm import RoleFakeLLM, prompt_text
 
 # n-gram similarity everywhere: no embedding model is loaded
 NGRAM = synthesis.Setup(

@@ -7,16 +7,15 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import anyio
-from dataloop_fake_llm import Answer, offered_functions, prompt_text
+from nats.aio.msg import Msg
 
-from coevolve.shared.actor import Actor, ActorRunner
-from coevolve.shared.bus import Bus
 from coevolve.shared.envs.bfcl.tasks import eval_queries, seed_tasks
 from coevolve.shared.messages import (
     ChatMessage,
@@ -25,13 +24,19 @@ from coevolve.shared.messages import (
     InteractionStep,
     RolloutGroup,
     Task,
+    TaskCandidate,
     ToolCall,
     Trajectory,
+    Verdict,
+    decode,
     derived_id,
 )
-from coevolve.shared.pool_client import PoolClient
+from coevolve.shared.runtime.actor import Actor, ActorRunner
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.subjects import CANDIDATES, EXPLORATIONS, VERDICTS
 from coevolve.shared.similarity import LeakGuard
 from coevolve.shared.toolcalls import format_tool_call
+from tests.support.fake_llm import Answer, offered_functions, prompt_text
 
 CRITERIA_TRUE = {
     "api_matching": True,
@@ -219,30 +224,24 @@ async def running(actors: Sequence[Actor]) -> AsyncIterator[list[ActorRunner]]:
                 runner.request_stop()
 
 
-async def wait_until(
-    condition: Callable[[], Any], timeout: float, what: str, poll_s: float = 0.2
-) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        outcome = condition()
-        if hasattr(outcome, "__await__"):
-            outcome = await outcome
-        if outcome:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await anyio.sleep(poll_s)
+@dataclass
+class Published:
+    """The ids of the explorations, candidates and verdicts (their candidates' ids) the
+    services publish, as a listener on the bus sees them."""
 
+    explorations: list[str] = field(default_factory=list)
+    candidates: list[str] = field(default_factory=list)
+    judged: list[str] = field(default_factory=list)
 
-async def wait_for_pool(bus: Bus, timeout: float = 60.0) -> PoolClient:
-    client = PoolClient(bus, timeout_s=5.0)
+    async def listen(self, bus: Bus) -> Published:
+        for subject in (EXPLORATIONS, CANDIDATES, VERDICTS):
+            await bus.nc.subscribe(subject, cb=self._record)
+        return self
 
-    async def seeded() -> bool:
-        try:
-            stats = await client.stats()
-        except Exception:
-            return False
-        return sum(stats.tasks_by_origin.values()) > 0
-
-    await wait_until(seeded, timeout, "pool-store to answer with a seeded pool")
-    return client
+    async def _record(self, msg: Msg) -> None:
+        if msg.subject == EXPLORATIONS:
+            self.explorations.append(decode(msg.data, Exploration).id)
+        elif msg.subject == CANDIDATES:
+            self.candidates.append(decode(msg.data, TaskCandidate).id)
+        else:
+            self.judged.append(decode(msg.data, Verdict).candidate_id)

@@ -5,22 +5,16 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import anyio
-import anyio.from_thread
 import msgspec
 import pytest
 import typer
-from dataloop_harness import filesystem_seed_tasks, mixed_group
 from typer.testing import CliRunner
 
 from coevolve.cli.data_cmds import signals, tasks_app
-from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.services.pool_store.store import PoolStore
-from coevolve.shared.actor import ActorRunner
-from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import (
     ExplorationContext,
@@ -30,8 +24,10 @@ from coevolve.shared.messages import (
     ToolCall,
     Verdict,
 )
-from coevolve.shared.pool_client import PoolClient
-from coevolve.shared.subjects import signal_subject
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.subjects import signal_subject
+from tests.dataloop.dataloop_harness import filesystem_seed_tasks, mixed_group
+from tests.support.pool_store import pool_store_in_portal
 
 
 def cli() -> typer.Typer:
@@ -131,37 +127,17 @@ def test_tasks_from_the_duckdb_file_when_no_pool_store_answers(
 
 def test_tasks_through_a_running_pool_store(settings: Settings, pool_file: Path) -> None:
     settings.services["pool_store"] = {"feed_jobs": False}
-    runner = ActorRunner(PoolStoreActor(settings))
-    with anyio.from_thread.start_blocking_portal() as portal:
-        portal.start_task_soon(lambda: runner.run(handle_signals=False))
-
-        async def answering() -> None:
-            bus = await Bus.connect(settings.bus, "probe")
-            try:
-                with anyio.fail_after(30):
-                    while True:
-                        try:
-                            await PoolClient(bus, timeout_s=2).stats()
-                            return
-                        except Exception:
-                            await anyio.sleep(0.1)
-            finally:
-                await bus.close()
-
-        portal.call(answering)
-        try:
-            code, out, err = invoke(settings, "tasks", "lineage", "synth-1", "--json")
-            assert code == 0, err
-            assert "no pool-store answering" not in err
-            assert json.loads(out)["verdict"]["id"] == "verdict-1"
-            code, out, err = invoke(settings, "tasks", "list", "--json")
-            assert code == 0, err
-            listing = json.loads(out)
-            assert listing["source"] == "pool-store sample"
-            parent = filesystem_seed_tasks(1)[0]
-            assert sorted(t["id"] for t in listing["tasks"]) == sorted(["synth-1", parent.id])
-        finally:
-            portal.call(runner.request_stop)
+    with pool_store_in_portal(settings):
+        code, out, err = invoke(settings, "tasks", "lineage", "synth-1", "--json")
+        assert code == 0, err
+        assert "no pool-store answering" not in err
+        assert json.loads(out)["verdict"]["id"] == "verdict-1"
+        code, out, err = invoke(settings, "tasks", "list", "--json")
+        assert code == 0, err
+        listing = json.loads(out)
+        assert listing["source"] == "pool-store sample"
+        parent = filesystem_seed_tasks(1)[0]
+        assert sorted(t["id"] for t in listing["tasks"]) == sorted(["synth-1", parent.id])
 
 
 def test_signals_prints_what_is_published_while_it_listens(settings: Settings) -> None:
@@ -177,24 +153,30 @@ def test_signals_prints_what_is_published_while_it_listens(settings: Settings) -
         evidence={"successes": 2, "failures": 2},
     )
     other = msgspec.structs.replace(signal, id="sig-rare", kind="rare")
+    cli_done = threading.Event()
 
-    def publish_soon() -> None:
-        async def go() -> None:
-            bus = await Bus.connect(settings.bus, "publisher")
+    async def publish_until_the_cli_is_done() -> None:
+        """Core publishes reach only current subscribers, and the CLI subscribes once its
+        connection is up: publish until it has listened its time and returned."""
+        bus = await Bus.connect(settings.bus, "publisher")
+        try:
             await bus.ensure_streams()
-            for _ in range(30):  # until the CLI has subscribed
+            while not cli_done.is_set():
                 await bus.publish_core(signal_subject("boundary"), signal)
                 await bus.publish_core(signal_subject("rare"), other)
                 await anyio.sleep(0.1)
+        finally:
             await bus.close()
 
-        time.sleep(0.5)
-        anyio.run(go)
-
-    publisher = threading.Thread(target=publish_soon)
+    publisher = threading.Thread(target=anyio.run, args=(publish_until_the_cli_is_done,))
     publisher.start()
-    code, out, err = invoke(settings, "signals", "--kind", "boundary", "--seconds", "2.5", "--json")
-    publisher.join()
+    try:
+        code, out, err = invoke(
+            settings, "signals", "--kind", "boundary", "--seconds", "2.5", "--json"
+        )
+    finally:
+        cli_done.set()
+        publisher.join()
     assert code == 0, err
     records = [json.loads(line) for line in out.splitlines()]
     assert records and all(r["kind"] == "boundary" for r in records)

@@ -2,7 +2,7 @@
 boundary signal, a context, an exploration, candidates and verdicts, and an accepted task
 lands in DuckDB with its whole lineage, all in one trace.
 
-The LLM is a well-formed remote endpoint (real HTTP on loopback, ``dataloop_fake_llm``);
+The LLM is a well-formed remote endpoint (real HTTP on loopback, ``tests.support.fake_llm``);
 the same chain with the local model is ``test_dataloop_local_model.py`` (slow).
 """
 
@@ -13,16 +13,6 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from dataloop_fake_llm import RoleFakeLLM
-from dataloop_harness import (
-    POOL_WITH_ENTRIES,
-    WellFormedBrain,
-    filesystem_seed_tasks,
-    mixed_group,
-    running,
-    wait_for_pool,
-    wait_until,
-)
 
 from coevolve.services.abstractor.actor import AbstractorActor
 from coevolve.services.explorer.actor import ExplorerActor
@@ -30,11 +20,22 @@ from coevolve.services.judge.actor import JudgeActor
 from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.services.signal_monitor.actor import SignalMonitorActor
-from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import Exploration, ExplorationRequest, decode, derived_id
-from coevolve.shared.subjects import EXPLORATION_REQUESTS, EXPLORATIONS, ROLLOUT_GROUPS
-from coevolve.shared.telemetry import read_spans
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.subjects import EXPLORATION_REQUESTS, EXPLORATIONS, ROLLOUT_GROUPS
+from coevolve.shared.runtime.telemetry import read_spans
+from tests.dataloop.dataloop_harness import (
+    POOL_WITH_ENTRIES,
+    Published,
+    WellFormedBrain,
+    filesystem_seed_tasks,
+    mixed_group,
+    running,
+)
+from tests.support.fake_llm import RoleFakeLLM
+from tests.support.pool_store import pool_answering
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -57,9 +58,10 @@ async def test_rollout_group_to_accepted_task_with_lineage_in_one_trace(
     actors = [PoolStoreActor(settings), monitor, explorer, abstractor, judge]
     bus = await Bus.connect(settings.bus, "test")
     group = mixed_group(task)
+    published = await Published().listen(bus)
     try:
         async with running(actors):
-            pool = await wait_for_pool(bus)
+            pool = await pool_answering(bus, seeded=True)
             started = time.monotonic()
             await bus.publish(ROLLOUT_GROUPS, group)
 
@@ -79,14 +81,14 @@ async def test_rollout_group_to_accepted_task_with_lineage_in_one_trace(
     [record] = (settings.run_dir / "explorer").glob("explorations-*.jsonl")
     lines = record.read_bytes().splitlines()
     [recorded] = [msgspec.json.decode(line, type=Exploration) for line in lines]
-    assert recorded.id == explorer.handled[0] and recorded.signal_id == signal_id
+    assert recorded.id == published.explorations[0] and recorded.signal_id == signal_id
     assert monitor.published == {"boundary": 1}
-    assert list(explorer.handled) == [derived_id("exploration", signal_id)]
+    assert published.explorations == [derived_id("exploration", signal_id)]
     assert explorer.summaries.accepted == 1 and explorer.actions.accepted == 2
     assert fake.calls == {"summarizer": 1, "explorer": 2, "abstractor": 1, "judge": 1}
     # the exploration made a folder, then listed it: the unit is the mkdir alone
     assert not abstractor.dropped
-    assert len(abstractor.published) == 1
+    assert published.candidates == published.judged and len(published.candidates) == 1
     assert judge.outcomes == {"accepted": 1}
     assert stats.accepted_candidates == 1 and stats.rejected_candidates == 0
     assert stats.tasks_by_origin["synthesized"] == 1
@@ -98,9 +100,9 @@ async def test_rollout_group_to_accepted_task_with_lineage_in_one_trace(
     assert lineage.signal_id == signal_id and lineage.signal_kind == "boundary"
     assert lineage.parent_task_id == task.id
     assert lineage.context is not None and lineage.context.focus_pattern
-    assert lineage.exploration_id == explorer.handled[0]
+    assert lineage.exploration_id == published.explorations[0]
     assert lineage.exploration_mode == "guided" and lineage.exploration_steps == 2
-    assert lineage.candidate_id in abstractor.published
+    assert lineage.candidate_id in published.candidates
     assert lineage.verdict_id == derived_id("verdict", lineage.candidate_id)
     assert lineage.signal_evidence["successes"] == 2
     assert accepted.initial_state == task.initial_state

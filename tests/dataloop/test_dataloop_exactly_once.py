@@ -9,16 +9,6 @@ from collections import Counter
 
 import anyio
 import pytest
-from dataloop_fake_llm import RoleFakeLLM
-from dataloop_harness import (
-    POOL_WITH_ENTRIES,
-    WellFormedBrain,
-    filesystem_seed_tasks,
-    mixed_group,
-    running,
-    wait_for_pool,
-    wait_until,
-)
 
 from coevolve.services.abstractor.actor import AbstractorActor
 from coevolve.services.explorer.actor import ExplorerActor
@@ -26,10 +16,24 @@ from coevolve.services.judge.actor import JudgeActor
 from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.services.signal_monitor.actor import SignalMonitorActor
-from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
-from coevolve.shared.messages import derived_id, encode
-from coevolve.shared.subjects import ROLLOUT_GROUPS
+from coevolve.shared.messages import (
+    derived_id,
+    encode,
+)
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.subjects import ROLLOUT_GROUPS
+from tests.dataloop.dataloop_harness import (
+    POOL_WITH_ENTRIES,
+    Published,
+    WellFormedBrain,
+    filesystem_seed_tasks,
+    mixed_group,
+    running,
+)
+from tests.support.fake_llm import RoleFakeLLM
+from tests.support.pool_store import pool_answering
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -57,9 +61,10 @@ async def test_three_explorers_two_judges_process_each_message_once(settings: Se
     actors = [PoolStoreActor(settings), monitor, *explorers, abstractor, *judges]
     bus = await Bus.connect(settings.bus, "test")
     groups = [mixed_group(task) for task in tasks]
+    published = await Published().listen(bus)
     try:
         async with running(actors):
-            pool = await wait_for_pool(bus)
+            pool = await pool_answering(bus, seeded=True)
             started = time.monotonic()
             for group in groups:
                 await bus.publish(ROLLOUT_GROUPS, group)
@@ -84,21 +89,22 @@ async def test_three_explorers_two_judges_process_each_message_once(settings: Se
         fake.stop()
         await bus.close()
 
-    explored = [e for explorer in explorers for e in explorer.handled]
-    judged = [c for judge in judges for c in judge.handled]
-    per_explorer = [len(explorer.handled) for explorer in explorers]
-    per_judge = [len(judge.handled) for judge in judges]
+    per_explorer = [explorer.outcomes["published"] for explorer in explorers]
+    per_judge = [sum(judge.outcomes.values()) for judge in judges]
     print(
-        f"{GROUPS} groups -> {len(judged)} verdicts in {elapsed:.2f} s; "
+        f"{GROUPS} groups -> {len(published.judged)} verdicts in {elapsed:.2f} s; "
         f"explorations per explorer {per_explorer}, verdicts per judge {per_judge}"
     )
     signal_ids = {derived_id("signal", g.id, "boundary") for g in groups}
     assert monitor.published == {"boundary": GROUPS}
-    assert sorted(explored) == sorted(derived_id("exploration", s) for s in signal_ids)
+    assert sorted(published.explorations) == sorted(
+        derived_id("exploration", s) for s in signal_ids
+    )
     assert sum(1 for n in per_explorer if n) >= 2  # the work was shared
-    assert len(abstractor.published) == GROUPS
-    assert sorted(judged) == sorted(abstractor.published)
-    assert all(per_judge)
+    assert sum(per_explorer) == GROUPS
+    assert len(published.candidates) == GROUPS and abstractor.candidates == GROUPS
+    assert sorted(published.judged) == sorted(published.candidates)
+    assert all(per_judge) and sum(per_judge) == GROUPS
     assert stats.accepted_candidates == GROUPS and stats.rejected_candidates == 0
     assert fake.calls["summarizer"] == GROUPS and fake.calls["abstractor"] == GROUPS
 
@@ -106,7 +112,7 @@ async def test_three_explorers_two_judges_process_each_message_once(settings: Se
         rows = store._query("SELECT candidate_id, accepted, signal_id FROM verdicts")
         synthesized = store.list_tasks(origin="synthesized", limit=100)
     assert len(rows) == GROUPS
-    assert Counter(candidate for candidate, _, _ in rows) == Counter(abstractor.published)
+    assert Counter(candidate for candidate, _, _ in rows) == Counter(published.candidates)
     assert {signal for _, _, signal in rows} == signal_ids
     assert len(synthesized) == GROUPS
     assert {t.lineage.signal_id for t in synthesized} == signal_ids

@@ -16,14 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from dataloop_harness import (
-    POOL_WITH_ENTRIES,
-    filesystem_seed_tasks,
-    mixed_group,
-    running,
-    wait_for_pool,
-    wait_until,
-)
 
 from coevolve.services.abstractor.actor import AbstractorActor
 from coevolve.services.explorer.actor import ExplorerActor
@@ -31,11 +23,19 @@ from coevolve.services.judge.actor import JudgeActor
 from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.services.signal_monitor.actor import SignalMonitorActor
-from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
 from coevolve.shared.llm import RoleClients, role_settings
-from coevolve.shared.subjects import ROLLOUT_GROUPS
-from coevolve.shared.telemetry import read_spans
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.subjects import ROLLOUT_GROUPS
+from coevolve.shared.runtime.telemetry import read_spans
+from tests.dataloop.dataloop_harness import (
+    POOL_WITH_ENTRIES,
+    filesystem_seed_tasks,
+    mixed_group,
+    running,
+)
+from tests.support.pool_store import pool_answering
+from tests.support.wait import wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(4 * 3600)]
 
@@ -72,7 +72,7 @@ async def test_local_model_turns_a_boundary_signal_into_an_accepted_task(
     tasks = filesystem_seed_tasks(SIGNALS)
     try:
         async with running(actors):
-            pool = await wait_for_pool(bus)
+            pool = await pool_answering(bus, seeded=True)
             started = time.monotonic()
             for task in tasks:
                 await bus.publish(ROLLOUT_GROUPS, mixed_group(task))
@@ -83,7 +83,7 @@ async def test_local_model_turns_a_boundary_signal_into_an_accepted_task(
                 return (
                     sum(explorer.outcomes.values()) == SIGNALS
                     and abstracted == explored
-                    and len(judge.handled) == len(abstractor.published)
+                    and sum(judge.outcomes.values()) == abstractor.candidates
                 )
 
             async def accepted_or_exhausted() -> bool:
@@ -99,7 +99,7 @@ async def test_local_model_turns_a_boundary_signal_into_an_accepted_task(
                     f"{dict(explorer.outcomes)}, summaries {explorer.summaries.snapshot()}, "
                     f"actions {explorer.actions.snapshot()}, abstractions "
                     f"{abstractor.outputs.snapshot()}, dropped {dict(abstractor.dropped)}, "
-                    f"candidates {len(abstractor.published)}, verdicts {dict(judge.outcomes)}, "
+                    f"candidates {abstractor.candidates}, verdicts {dict(judge.outcomes)}, "
                     f"judgments {judge.judgments.snapshot()}"
                 )
     finally:

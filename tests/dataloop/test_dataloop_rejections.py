@@ -8,26 +8,27 @@ import json
 from typing import Any, ClassVar
 
 import pytest
-from dataloop_fake_llm import Answer, RoleFakeLLM
-from dataloop_harness import (
-    POOL_WITH_ENTRIES,
-    WellFormedBrain,
-    filesystem_seed_tasks,
-    mixed_group,
-    running,
-    wait_for_pool,
-    wait_until,
-)
 
 from coevolve.services.abstractor.actor import AbstractorActor
 from coevolve.services.explorer.actor import ExplorerActor
 from coevolve.services.judge.actor import JudgeActor
 from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.services.pool_store.store import PoolStore
-from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import Signal, Task, derived_id
-from coevolve.shared.subjects import signal_subject
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.subjects import signal_subject
+from tests.dataloop.dataloop_harness import (
+    POOL_WITH_ENTRIES,
+    Published,
+    WellFormedBrain,
+    filesystem_seed_tasks,
+    mixed_group,
+    running,
+)
+from tests.support.fake_llm import Answer, RoleFakeLLM
+from tests.support.pool_store import pool_answering
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -92,7 +93,7 @@ async def test_malformed_outputs_are_counted_rejections_and_services_go_on(
     bus = await Bus.connect(settings.bus, "test")
     try:
         async with running(actors) as runners:
-            pool = await wait_for_pool(bus)
+            pool = await pool_answering(bus, seeded=True)
             for task in tasks:
                 await bus.publish(signal_subject("boundary"), boundary_signal(task))
 
@@ -141,17 +142,18 @@ async def test_unreachable_llm_hands_the_signal_back_until_it_answers(
     bus = await Bus.connect(settings.bus, "test")
     await bus.ensure_streams()
     signal = boundary_signal(task)
+    published = await Published().listen(bus)
     try:
         async with running([explorer]) as [runner]:
             await bus.publish(signal_subject("boundary"), signal)
             await wait_until(lambda: runner.stats.failed >= 1, 20, "a failed attempt")
-            assert not explorer.handled
+            assert not published.explorations
             fake.start()
-            await wait_until(lambda: explorer.handled, 30, "the exploration after recovery")
+            await wait_until(lambda: published.explorations, 30, "the exploration after recovery")
     finally:
         fake.stop()
         await bus.close()
-    assert list(explorer.handled) == [derived_id("exploration", signal.id)]
+    assert published.explorations == [derived_id("exploration", signal.id)]
     assert runner.stats.dead_lettered == 0 and runner.stats.processed == 1
     # the summary succeeded after the endpoint came back, not replaced by a fallback
     assert explorer.summaries.accepted == 1 and not explorer.summaries.rejected

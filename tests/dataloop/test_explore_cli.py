@@ -11,12 +11,12 @@ from nats.js.errors import NotFoundError
 from typer.testing import CliRunner
 
 from coevolve.cli.explore_cmd import explore
-from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
 from coevolve.shared.envs.bfcl.tasks import load_tasks, seed_tasks, split_tasks
 from coevolve.shared.messages import ExplorationRequest, decode
-from coevolve.shared.nats_server import NatsServer
-from coevolve.shared.subjects import EXPLORATION_REQUESTS
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.nats_server import NatsServer
+from coevolve.shared.runtime.subjects import EXPLORATION_REQUESTS
 
 
 def cli() -> typer.Typer:

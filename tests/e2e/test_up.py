@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from coevolve.shared.subjects import SERVICES
+from coevolve.shared.runtime.subjects import SERVICES
 
 pytestmark = pytest.mark.e2e
 
@@ -40,17 +40,20 @@ def test_up_status_and_sigterm_leave_no_process(tmp_path: Path, nats_nodes: int)
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "NATS_URL"}
     cluster = ["--nats-cluster", str(nats_nodes)] if nats_nodes > 1 else []
-    up = subprocess.Popen(
-        coevolve("up", "--run-dir", str(run_dir), "--nats-port", "0", *cluster),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    # its output to a file: a pipe nobody reads while it runs could fill and block it
+    output = tmp_path / "up.out"
+    with output.open("wb") as out:
+        up = subprocess.Popen(
+            coevolve("up", "--run-dir", str(run_dir), "--nats-port", "0", *cluster),
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     report: dict = {}
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
-            assert up.poll() is None, up.stdout.read().decode() if up.stdout else ""
+            assert up.poll() is None, output.read_text()
             probe = subprocess.run(
                 coevolve("status", "--json", "--run-dir", str(run_dir)),
                 env=env,
@@ -79,11 +82,9 @@ def test_up_status_and_sigterm_leave_no_process(tmp_path: Path, nats_nodes: int)
         assert all(alive(pid) for pid in pids)
 
         up.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        up.wait(15)
-        stopped_in = time.monotonic() - sent
-        assert up.returncode == 0
-        assert stopped_in < 10, f"took {stopped_in:.1f} s"
+        assert up.wait(120) == 0
+        # every service stopped by itself within its stop timeout: none had to be killed
+        assert "did not stop in time" not in output.read_text(), output.read_text()
         leftovers = [pid for pid in pids if alive(pid)]
         assert leftovers == []
         assert not (run_dir / "up.json").exists()

@@ -10,7 +10,7 @@ import pytest
 from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
 from typer.testing import CliRunner
 
-from coevolve.services.pool_store.actor import seed_tasks_for
+from coevolve.services.pool_store.handler import seed_tasks_for
 from coevolve.shared.config import ConfigError
 from coevolve.shared.envs.bfcl import (
     BfclEnvironment,

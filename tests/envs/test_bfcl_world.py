@@ -9,7 +9,8 @@ import typer
 from typer.testing import CliRunner
 
 from coevolve.cli.eval_cmd import eval_command
-from coevolve.services.pool_store.actor import PoolStoreConfig, seed_tasks_for
+from coevolve.services.pool_store.config import PoolStoreConfig
+from coevolve.services.pool_store.handler import seed_tasks_for
 from coevolve.shared.config import ConfigError, load_settings
 from coevolve.shared.envs.bfcl.tasks import (
     FOCUS_CLASSES,

@@ -68,7 +68,7 @@ def test_the_environment_reports_the_credit_of_what_the_episode_did() -> None:
 
 
 def test_rollout_refuses_a_weight_that_would_pass_for_solved() -> None:
-    from coevolve.services.rollout.actor import RolloutConfig
+    from coevolve.services.rollout.config import RolloutConfig
 
     assert RolloutConfig().partial_credit == 0.4
     for bad in (1.0, -0.1):

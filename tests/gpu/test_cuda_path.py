@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig
+from coevolve.services.learner.config import LearnerConfig
+from coevolve.services.learner.trainer import GrpoLearner
 from coevolve.shared.demonstrations import IGNORE_INDEX, SftExample
 from coevolve.shared.messages import ChatMessage, RolloutGroup, Trajectory
 from coevolve.shared.policy import (

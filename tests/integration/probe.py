@@ -18,10 +18,10 @@ from typing import Any
 
 import anyio
 
-from coevolve.shared.actor import Actor, Consumer, Delivery, run_actor
 from coevolve.shared.config import load_settings
 from coevolve.shared.messages import TaskCandidate
-from coevolve.shared.subjects import CANDIDATES, ConsumerSpec
+from coevolve.shared.runtime.actor import Actor, Consumer, Delivery, run_actor
+from coevolve.shared.runtime.subjects import CANDIDATES, ConsumerSpec
 
 PROBE_CONSUMER = ConsumerSpec("COEVOLVE_CANDIDATES", "probe", CANDIDATES, ack_wait_s=2.0)
 

@@ -13,10 +13,9 @@ import torch
 from nats.aio.msg import Msg
 
 from coevolve.services.learner.actor import LearnerActor
+from coevolve.services.learner.handler import trained_ids_file
 from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.services.rollout.actor import RolloutActor
-from coevolve.shared.actor import ActorRunner
-from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
@@ -28,7 +27,9 @@ from coevolve.shared.messages import (
     decode,
 )
 from coevolve.shared.pool_client import PoolClient
-from coevolve.shared.subjects import POLICY_UPDATES, ROLLOUT_GROUPS, heartbeat_subject
+from coevolve.shared.runtime.actor import ActorRunner
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.subjects import POLICY_UPDATES, ROLLOUT_GROUPS, heartbeat_subject
 
 pytestmark = pytest.mark.anyio
 
@@ -139,7 +140,7 @@ async def test_learner_publishes_weights_that_rollout_loads_identically(
         recomputed = torch.log_softmax(logits, -1).gather(1, chosen).squeeze(1)
         assert float((recomputed - torch.tensor(sampled.logprobs)).abs().mean()) < 0.02
         with anyio.fail_after(30):
-            while not learner_actor.trained_file.exists():
+            while not trained_ids_file(learner_actor.checkpoint).exists():
                 await anyio.sleep(0.1)
         runner.request_stop()
 

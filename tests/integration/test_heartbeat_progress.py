@@ -10,10 +10,10 @@ import msgspec
 import pytest
 
 from coevolve.cli.status import collect, service_lines
-from coevolve.shared.actor import Actor, ActorRunner
-from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import Heartbeat, decode
+from coevolve.shared.runtime.actor import Actor, ActorRunner
+from coevolve.shared.runtime.bus import Bus
 
 pytestmark = pytest.mark.anyio
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from coevolve.services.learner.actor import LearnerActor
-from coevolve.shared.actor import Delivery, ServiceFailed
-from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import ChatMessage, RolloutGroup, Trajectory
 from coevolve.shared.policy import SamplingParams, TransformersEngine, load_policy
 from coevolve.shared.policy_sync import latest_policy
-from coevolve.shared.subjects import POLICY_UPDATES, stream_for
+from coevolve.shared.runtime.actor import Delivery, ServiceFailed
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.subjects import POLICY_UPDATES, stream_for
 
 pytestmark = pytest.mark.anyio
 

@@ -14,11 +14,11 @@ import torch
 from coevolve.cli.status import collect
 from coevolve.services.learner.actor import LearnerActor
 from coevolve.services.pool_store.actor import PoolStoreActor
-from coevolve.shared.actor import ActorRunner
-from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import Task
 from coevolve.shared.policy_sync import latest_policy
+from coevolve.shared.runtime.actor import ActorRunner
+from coevolve.shared.runtime.bus import Bus
 
 pytestmark = pytest.mark.anyio
 

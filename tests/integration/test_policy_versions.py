@@ -10,11 +10,11 @@ import pytest
 
 from coevolve.services.learner.actor import LearnerActor
 from coevolve.services.rollout.actor import RolloutActor
-from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
 from coevolve.shared.policy import export_weights, load_policy, weights_digest
 from coevolve.shared.policy_sync import latest_policy, publish_policy
-from coevolve.shared.subjects import POLICY_UPDATES, stream_for
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.subjects import POLICY_UPDATES, stream_for
 
 pytestmark = pytest.mark.anyio
 

@@ -6,7 +6,6 @@ import asyncio
 
 import msgspec
 import pytest
-from fake_openai import FakeOpenAI, completion
 
 from coevolve.shared.llm import (
     OpenAIBackend,
@@ -18,6 +17,7 @@ from coevolve.shared.llm import (
 from coevolve.shared.llm.roles import OwnServerBackend, make_backend, parse_llm_section
 from coevolve.shared.llm.server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV
 from coevolve.shared.structured import Rejection, json_schema_of_parameter, parse_structured
+from tests.support.fake_llm import FakeOpenAI, completion
 
 YAML = """
 llm:

@@ -101,5 +101,4 @@ def test_cold_conversion_matches_cached_load(tmp_path: Path, policy: LoadedPolic
     warm_s = time.perf_counter() - started
     assert not cold.from_cache and warm.from_cache
     assert torch.equal(logits_of(cold), logits_of(warm))
-    assert warm_s < cold_s
     print(f"GGUF load + conversion {cold_s:.1f}s, cached load {warm_s:.1f}s")

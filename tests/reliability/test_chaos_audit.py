@@ -24,7 +24,7 @@ from coevolve.shared.messages import (
     ScoreSample,
     Task,
 )
-from coevolve.shared.subjects import SERVICES
+from coevolve.shared.runtime.subjects import SERVICES
 
 
 def test_every_fault_happens_once_in_the_middle_of_the_run() -> None:

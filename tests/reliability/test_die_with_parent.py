@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from coevolve.shared.child_process import die_with_parent
+from coevolve.shared.runtime.child_process import die_with_parent
 
 PARENT = """
 import subprocess, sys, time
-from coevolve.shared.child_process import die_with_parent
+from coevolve.shared.runtime.child_process import die_with_parent
 child = subprocess.Popen(
     [sys.executable, "-c", "import time; time.sleep(120)"],
     start_new_session=True,

@@ -11,8 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 
 import duckdb
@@ -20,12 +19,13 @@ import nats.errors
 import yaml
 
 from coevolve.services.pool_store.store import PoolStore
-from coevolve.shared.bus import Bus
 from coevolve.shared.config import BusSettings
 from coevolve.shared.messages import Lineage, Task, TaskAdded, Verdict, decode
-from coevolve.shared.nats_server import NatsServer
 from coevolve.shared.pool_client import PoolClient
-from coevolve.shared.subjects import POOL_VERDICTS_CONSUMER, VERDICTS
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.nats_server import NatsServer
+from coevolve.shared.runtime.subjects import POOL_VERDICTS_CONSUMER, VERDICTS
+from tests.support.wait import wait_until
 
 VERDICTS_SENT = 200
 ACK_WAIT_S = 2.0
@@ -67,13 +67,6 @@ def start_pool_store(run_dir: Path, config: Path, url: str) -> subprocess.Popen[
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-
-
-async def until(condition: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def recorded(pool: PoolClient) -> int:
@@ -153,7 +146,7 @@ async def burst_kill_and_restart(
     bus = await Bus.connect(BusSettings(url=url), "kill9-test")
     pool = PoolClient(bus, timeout_s=2.0)
     try:
-        await until(lambda: _ge(recorded(pool), 0), 60, "pool-store")
+        await wait_until(lambda: _ge(recorded(pool), 0), 60, "pool-store", poll_s=0.05)
         acked: list[str] = []
 
         async def publish_all() -> None:
@@ -163,7 +156,9 @@ async def burst_kill_and_restart(
                 acked.extend(v.id for v in batch)  # the broker stored them all
 
         publisher = asyncio.create_task(publish_all())
-        await until(lambda: _ge(recorded(pool), VERDICTS_SENT // 5), 60, "a fifth of the burst")
+        await wait_until(
+            lambda: _ge(recorded(pool), VERDICTS_SENT // 5), 60, "a fifth of the burst", poll_s=0.05
+        )
         recorded_at_kill = await recorded(pool)
         processes[0].send_signal(signal.SIGKILL)
         processes[0].wait()
@@ -179,7 +174,7 @@ async def burst_kill_and_restart(
             )
             return info.num_pending == 0 and info.num_ack_pending == 0
 
-        await until(all_in, 90, "every acknowledged verdict recorded")
+        await wait_until(all_in, 90, "every acknowledged verdict recorded", poll_s=0.05)
         await asyncio.sleep(ACK_WAIT_S + 0.5)  # a redelivery would show up as a duplicate now
         assert await recorded(pool) == len(acked)
         restarted.send_signal(signal.SIGTERM)

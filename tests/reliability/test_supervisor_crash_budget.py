@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 
 from coevolve.cli import app
 from coevolve.cli.up import SUPERVISOR_FILE, supervised_services
-from coevolve.shared.nats_server import NatsServer
-from coevolve.shared.supervisor import ChildSpec, Supervisor, read_state
+from coevolve.shared.runtime.nats_server import NatsServer
+from coevolve.shared.runtime.supervisor import ChildSpec, Supervisor, read_state
+from tests.support.wait import wait_until_sync
 
 # exits at once with code 3: a crash loop
 CRASH_AT_ONCE = "import sys; sys.exit(3)"
@@ -74,13 +75,6 @@ def supervising(supervisor: Supervisor) -> Iterator[Supervisor]:
         assert not thread.is_alive()
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -103,9 +97,19 @@ def test_crash_loop_is_held_back_and_reported_while_a_healthy_child_runs_on(
         on_event=events,
     )
     with supervising(supervisor):
-        wait_for(lambda: "looper" in supervisor.held_back())
+        wait_until_sync(lambda: "looper" in supervisor.held_back(), 60, "looper held back")
         steady_pid = supervisor.pids()["steady"]
-        time.sleep(1.0)  # more than the back-off: a restart would have happened by now
+
+        def recorded() -> bool:
+            state = read_state(state_path)
+            children = state["children"] if state else {}
+            return (
+                children.get("looper", {}).get("state") == "held_back"
+                and children.get("steady", {}).get("state") == "running"
+            )
+
+        wait_until_sync(recorded, 60, "the state file to say looper held back, steady running")
+        time.sleep(1.0)  # room for a wrongful restart: five of the 0.2 s back-off it would get
         assert len(events.starts("looper")) == 3
         assert "looper" not in supervisor.pids()
         reason = supervisor.held_back()["looper"]
@@ -138,7 +142,11 @@ def test_a_child_that_dies_during_start_up_keeps_backing_off(tmp_path: Path) -> 
         on_event=events,
     )
     with supervising(supervisor):
-        wait_for(lambda: len(events.starts("slow")) >= 5, timeout_s=30)
+        wait_until_sync(
+            lambda: len(events.starts("slow")) >= 5 and len(backoffs(events, "ready")) >= 4,
+            120,
+            "five starts of slow and four restarts of ready",
+        )
     assert backoffs(events, "slow")[:4] == [0.1, 0.2, 0.4, 0.8]
     ready = backoffs(events, "ready")
     assert len(ready) >= 4 and set(ready) == {0.1}
@@ -166,8 +174,8 @@ def test_status_names_the_held_back_service_and_why(
     )
     monkeypatch.setenv("NATS_URL", nats_server.url)
     with supervising(supervisor):
-        wait_for(lambda: "learner" in supervisor.held_back())
-        wait_for(lambda: "judge" in supervised_services(run_dir))
+        wait_until_sync(lambda: "learner" in supervisor.held_back(), 60, "learner held back")
+        wait_until_sync(lambda: "judge" in supervised_services(run_dir), 60, "judge supervised")
         as_json = CliRunner().invoke(app, ["status", "--json", "--run-dir", str(run_dir)])
         as_text = CliRunner().invoke(app, ["status", "--run-dir", str(run_dir)])
     assert as_json.exit_code == 0, as_json.output

@@ -8,11 +8,12 @@ from pathlib import Path
 import anyio
 
 from coevolve.experiment.ablation import ArmLive, ExperimentSpec, Pacer, control_arm
-from coevolve.shared.bus import Bus
 from coevolve.shared.config import BusSettings
 from coevolve.shared.messages import ExplorationRequest, TaskAdded, decode, encode
-from coevolve.shared.nats_server import NatsServer
-from coevolve.shared.subjects import EXPLORATION_REQUESTS, TASK_ADDED
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.nats_server import NatsServer
+from coevolve.shared.runtime.subjects import EXPLORATION_REQUESTS, TASK_ADDED
+from tests.support.wait import wait_until
 
 
 async def drive(url: str, run: Path, spec: ExperimentSpec, pacer: Pacer) -> tuple[ArmLive, int]:
@@ -33,11 +34,11 @@ async def drive(url: str, run: Path, spec: ExperimentSpec, pacer: Pacer) -> tupl
         async with anyio.create_task_group() as tg:
             tg.start_soon(collect)
             tg.start_soon(control)
-            await anyio.sleep(1.0)
+            # its first paced requests come after it subscribed to the task events
+            await wait_until(lambda: requests, 60, "the arm's first requests", poll_s=0.05)
             for origin in ("seed", "synthesized"):
                 await bus.nc.publish(TASK_ADDED, encode(TaskAdded(task_id="t", origin=origin)))
-            while not result:
-                await anyio.sleep(0.1)
+            await wait_until(lambda: result, 120, "the arm to finish", poll_s=0.1)
             tg.cancel_scope.cancel()
     finally:
         await bus.close()

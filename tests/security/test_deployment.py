@@ -11,16 +11,16 @@ from pathlib import Path
 import yaml
 
 from coevolve.shared.config import BusSettings
-from coevolve.shared.credentials import (
+from coevolve.shared.runtime.credentials import (
     AUTH_CONFIG_FILE,
     ensure_llm_api_key,
     load_credentials,
     main,
     service_environment,
 )
-from coevolve.shared.nats_server import find_binary
-from coevolve.shared.permissions import USERS, markdown_table
-from coevolve.shared.subjects import SERVICES
+from coevolve.shared.runtime.nats_server import find_binary
+from coevolve.shared.runtime.permissions import USERS, markdown_table
+from coevolve.shared.runtime.subjects import SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
 

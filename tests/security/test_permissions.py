@@ -1,7 +1,7 @@
 """Least privilege on the bus, against the real nats-server with authentication on.
 
 The expectations here are written out by hand from the actor table (docs/security.md),
-not derived from ``shared/permissions.py``: a permission that grows or shrinks there
+not derived from ``shared/runtime/permissions.py``: a permission that grows or shrinks there
 without the design changing fails this matrix.
 """
 
@@ -16,13 +16,13 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 
-from coevolve.shared.bus import Bus, BusError, connect_options
 from coevolve.shared.config import BusSettings, Settings
 from coevolve.shared.messages import PolicyVersion, RolloutGroup, Task, Verdict, decode
-from coevolve.shared.nats_server import NatsServer
-from coevolve.shared.permissions import ADMIN, USERS
 from coevolve.shared.policy_sync import latest_policy, publish_policy
-from coevolve.shared.subjects import (
+from coevolve.shared.runtime.bus import Bus, BusError, connect_options
+from coevolve.shared.runtime.nats_server import NatsServer
+from coevolve.shared.runtime.permissions import ADMIN, USERS
+from coevolve.shared.runtime.subjects import (
     CONSUMERS,
     HEARTBEAT_BUCKET,
     LEARNER_GROUPS_CONSUMER,
@@ -162,7 +162,8 @@ async def test_every_user_may_publish_and_subscribe_exactly_as_designed(
     assert not wrong, "\n".join(wrong)
 
 
-def server_log_lines(server: NatsServer, needle: str, timeout_s: float = 3.0) -> list[str]:
+def server_log_lines(server: NatsServer, needle: str, timeout_s: float = 30.0) -> list[str]:
+    """The server's log lines with ``needle``, once there are some or ``timeout_s`` passed."""
     assert server.log_file is not None
     deadline = time.monotonic() + timeout_s
     while True:
@@ -194,7 +195,7 @@ async def test_rollout_can_neither_publish_a_policy_version_nor_a_verdict(
         good = await publish_policy(
             learner, b"learned", version=1, step=1, base_model="m", kind="lora"
         )
-        with caplog.at_level(logging.ERROR, logger="coevolve.shared.bus"):
+        with caplog.at_level(logging.ERROR, logger="coevolve.shared.runtime.bus"):
             with pytest.raises(nats.errors.TimeoutError):  # a refused publish: no reply
                 await publish_policy(
                     rollout, b"forged", version=9, step=9, base_model="m", kind="lora"
@@ -306,11 +307,12 @@ async def test_a_connection_without_valid_credentials_is_refused(
     nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv("COEVOLVE_NATS_CREDS_DIR")
-    anonymous = BusSettings(url=nats_server.url, connect_timeout_s=5.0)
+    anonymous = BusSettings(url=nats_server.url, connect_timeout_s=60.0)
     started = anyio.current_time()
     with pytest.raises(BusError, match="refused"):
         await Bus.connect(anonymous, "anonymous")
-    assert anyio.current_time() - started < 3.0  # refused at once, not retried until timeout
+    # refused at once: not retried until its connect timeout
+    assert anyio.current_time() - started < anonymous.connect_timeout_s
     forged = tmp_path / "forged.json"
     forged.write_text('{"user": "rollout", "password": "guessed"}')
     with pytest.raises(BusError, match="refused"):

@@ -8,11 +8,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from coevolve.shared.bus import Bus, BusError
 from coevolve.shared.config import NATS_CREDENTIALS_DIR, BusSettings
-from coevolve.shared.credentials import new_credentials, run_bus_settings, write_credentials
-from coevolve.shared.nats_server import NatsServer
-from coevolve.shared.subjects import PREFIX
+from coevolve.shared.runtime.bus import Bus, BusError
+from coevolve.shared.runtime.credentials import new_credentials, run_bus_settings, write_credentials
+from coevolve.shared.runtime.nats_server import NatsServer
+from coevolve.shared.runtime.subjects import PREFIX
 
 pytestmark = pytest.mark.anyio
 

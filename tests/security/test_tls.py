@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from coevolve.shared.bus import Bus, BusError
 from coevolve.shared.config import BusSettings, BusTls, load_settings
-from coevolve.shared.credentials import generate_credentials
 from coevolve.shared.messages import TaskAdded, decode
-from coevolve.shared.nats_server import NatsServer, ServerTls
+from coevolve.shared.runtime.bus import Bus, BusError
+from coevolve.shared.runtime.credentials import generate_credentials
+from coevolve.shared.runtime.nats_server import NatsServer, ServerTls
 from tests.security.certs import CertificateAuthority
 
 pytestmark = pytest.mark.anyio

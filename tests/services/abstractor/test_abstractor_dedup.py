@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
-from dataloop_harness import filesystem_seed_tasks
 
 from coevolve.services.abstractor.actor import PoolQueries, query_texts
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.messages import Task
+from tests.dataloop.dataloop_harness import filesystem_seed_tasks
 
 
 def pool_queries(tmp_path: Path) -> PoolQueries:

@@ -7,15 +7,20 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from dataloop_fake_llm import RoleFakeLLM
-from dataloop_harness import WellFormedBrain, filesystem_seed_tasks, logged_exploration
 
 from coevolve.schedules.synthesis import PoolFile
-from coevolve.services.abstractor.handler import AbstractorConfig, AbstractorDeps, abstract
+from coevolve.services.abstractor.config import AbstractorConfig
+from coevolve.services.abstractor.handler import AbstractorDeps, abstract
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.llm import RoleClients
 from coevolve.shared.messages import Exploration, ToolCall
+from tests.dataloop.dataloop_harness import (
+    WellFormedBrain,
+    filesystem_seed_tasks,
+    logged_exploration,
+)
+from tests.support.fake_llm import RoleFakeLLM
 
 pytestmark = pytest.mark.anyio
 

@@ -3,11 +3,10 @@ BFCL file system (multi_turn_base_2: one folder, ``documents``)."""
 
 from __future__ import annotations
 
-from dataloop_harness import logged_exploration
-
 from coevolve.services.abstractor.call_units import call_units, without_repeats
 from coevolve.shared.envs import Environment, make_environment
 from coevolve.shared.messages import Exploration, ToolCall
+from tests.dataloop.dataloop_harness import logged_exploration
 
 LS = ToolCall(name="ls", arguments={})
 PWD = ToolCall(name="pwd", arguments={})

@@ -7,7 +7,8 @@ import asyncio
 import msgspec
 
 from coevolve.services.judge.checks import CheckResult
-from coevolve.services.judge.handler import JudgeConfig, Judged, JudgeDeps, judge_candidate
+from coevolve.services.judge.config import JudgeConfig
+from coevolve.services.judge.handler import Judged, JudgeDeps, judge_candidate
 from coevolve.services.judge.roundtrip import round_trip
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import suite_tasks

@@ -9,7 +9,8 @@ import anyio
 import msgspec
 
 from coevolve.services.judge.checks import SEMANTIC_CRITERIA
-from coevolve.services.judge.handler import JudgeConfig, JudgeDeps, judge_candidate
+from coevolve.services.judge.config import JudgeConfig
+from coevolve.services.judge.handler import JudgeDeps, judge_candidate
 from coevolve.shared.envs.bfcl.tasks import suite_tasks
 from coevolve.shared.llm import LLMResponse, RoleLLM, RoleSettings
 from coevolve.shared.messages import Task, TaskCandidate, ToolCall

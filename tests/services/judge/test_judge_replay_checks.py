@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import msgspec
-from dataloop_harness import filesystem_seed_tasks
 
 from coevolve.services.judge.replay import ReplayCheck, is_result, replay_candidate
 from coevolve.shared.envs import make_environment
 from coevolve.shared.messages import Task, ToolCall
+from tests.dataloop.dataloop_harness import filesystem_seed_tasks
 
 
 def candidate(turns: list[str], calls: list[list[ToolCall]]) -> Task:

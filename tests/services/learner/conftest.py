@@ -24,7 +24,7 @@ from coevolve.shared.policy import (
 )
 
 CACHE_DIR = Path(
-    os.environ.get("COEVOLVE_TEST_CACHE", Path(__file__).resolve().parents[2] / "runs/test-cache")
+    os.environ.get("COEVOLVE_TEST_CACHE", Path(__file__).resolve().parents[3] / "runs/test-cache")
 )
 
 PolicyFactory = Callable[[], LoadedPolicy]

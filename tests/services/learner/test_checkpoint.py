@@ -13,7 +13,8 @@ from torch import nn
 
 from coevolve.services.learner import checkpoint
 from coevolve.services.learner.checkpoint import load_checkpoint, save_checkpoint
-from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig
+from coevolve.services.learner.config import LearnerConfig
+from coevolve.services.learner.trainer import GrpoLearner
 
 from .conftest import GroupFactory, PolicyFactory
 

@@ -7,7 +7,8 @@ import random
 import pytest
 import torch
 
-from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig
+from coevolve.services.learner.config import LearnerConfig
+from coevolve.services.learner.trainer import GrpoLearner
 from coevolve.shared.demonstrations import IGNORE_INDEX, SftExample
 from coevolve.shared.policy import LoadedPolicy
 from coevolve.shared.policy.logprobs import sequence_logprobs

@@ -10,8 +10,9 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from coevolve.services.learner.config import LearnerConfig
 from coevolve.services.learner.memory import saved_for_backward
-from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig, Sample, pad_batch
+from coevolve.services.learner.trainer import GrpoLearner, Sample, pad_batch
 from coevolve.shared.messages import RolloutGroup
 from coevolve.shared.policy import LoadedPolicy, import_weights
 from coevolve.shared.policy.logprobs import sequence_logprobs

@@ -17,7 +17,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig
+from coevolve.services.learner.config import LearnerConfig
+from coevolve.services.learner.trainer import GrpoLearner
 from coevolve.shared.messages import RolloutGroup
 from coevolve.shared.policy import LoadedPolicy
 from coevolve.shared.policy.logprobs import sequence_logprobs

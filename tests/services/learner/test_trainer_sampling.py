@@ -12,8 +12,9 @@ import msgspec
 import pytest
 import torch
 
+from coevolve.services.learner.config import LearnerConfig
 from coevolve.services.learner.grpo import SharedPrefix
-from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig, pad_batch
+from coevolve.services.learner.trainer import GrpoLearner, pad_batch
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.episodes import run_group

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from coevolve.services.learner.actor import WarmStartConfig
+from coevolve.services.learner.config import WarmStartConfig
 from coevolve.services.learner.sft import build_examples
-from coevolve.services.rollout.actor import RolloutConfig
+from coevolve.services.rollout.config import RolloutConfig
 from coevolve.shared.demonstrations import (
     CLOSING_TEXT,
     replayed_conversation,

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from coevolve.services.learner.config import LearnerConfig
 from coevolve.services.learner.sft import warm_start
-from coevolve.services.learner.trainer import GrpoLearner, LearnerConfig
+from coevolve.services.learner.trainer import GrpoLearner
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.messages import Task
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from coevolve.services.learner.actor import WarmStartConfig
+from coevolve.services.learner.config import WarmStartConfig
 from coevolve.services.learner.warm_start import warm_start_tasks
 from coevolve.shared.envs.bfcl.tasks import seed_tasks, turn_tasks
 

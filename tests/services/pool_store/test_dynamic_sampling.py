@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from coevolve.bench.sampling import pool_tasks, run_sampler, true_probabilities
-from coevolve.services.pool_store.actor import PoolStoreConfig
+from coevolve.services.pool_store.config import PoolStoreConfig
 from coevolve.services.pool_store.sampling import SamplingConfig
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.config import ConfigError, Settings

@@ -10,12 +10,13 @@ import pytest
 
 from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.services.pool_store.store import PoolStore
-from coevolve.shared.actor import ActorRunner
-from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import RolloutResults, ScoreSample, Task
-from coevolve.shared.pool_client import PoolClient
-from coevolve.shared.subjects import ROLLOUT_RESULTS
+from coevolve.shared.runtime.actor import ActorRunner
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.subjects import ROLLOUT_RESULTS
+from tests.support.pool_store import pool_answering
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -44,14 +45,7 @@ async def test_service_prefers_mixed_tasks_and_retires_solved_ones(settings: Set
     drawn: Counter[str] = Counter()
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: runner.run(handle_signals=False))
-        client = PoolClient(bus)
-        with anyio.fail_after(20):
-            while True:  # wait for the responder
-                try:
-                    await client.stats()
-                    break
-                except Exception:
-                    await anyio.sleep(0.1)
+        client = await pool_answering(bus)
         await client.add_tasks(tasks)
         for item in tasks:
             samples = [
@@ -59,9 +53,11 @@ async def test_service_prefers_mixed_tasks_and_retires_solved_ones(settings: Set
                 for score in SCORES[item.id.split("-")[0]]
             ]
             await bus.publish(ROLLOUT_RESULTS, RolloutResults(group_id=item.id, samples=samples))
-        with anyio.fail_after(20):
-            while (await client.stats()).results < len(tasks) * 8:
-                await anyio.sleep(0.1)
+
+        async def all_recorded() -> bool:
+            return (await client.stats()).results >= len(tasks) * 8
+
+        await wait_until(all_recorded, 60, "every result recorded", poll_s=0.1)
         for seed in range(40):
             drawn.update(t.id.split("-")[0] for t in await client.sample(4, seed=seed))
         runner.request_stop()

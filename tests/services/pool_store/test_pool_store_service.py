@@ -9,8 +9,6 @@ import pytest
 
 from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.services.pool_store.store import PoolStore
-from coevolve.shared.actor import ActorRunner
-from coevolve.shared.bus import Bus
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import (
     Lineage,
@@ -23,8 +21,11 @@ from coevolve.shared.messages import (
     decode,
     encode,
 )
-from coevolve.shared.pool_client import PoolClient, PoolError
-from coevolve.shared.subjects import POOL_RPC, ROLLOUT_RESULTS, TASK_ADDED, VERDICTS
+from coevolve.shared.pool_client import PoolError
+from coevolve.shared.runtime.actor import ActorRunner
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.subjects import POOL_RPC, ROLLOUT_RESULTS, TASK_ADDED, VERDICTS
+from tests.support.pool_store import pool_answering
 
 pytestmark = pytest.mark.anyio
 
@@ -56,14 +57,7 @@ async def test_pool_store_service_api_and_idempotent_consumers(settings: Setting
     await bus.ensure_streams()
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: runner.run(handle_signals=False))
-        client = PoolClient(bus)
-        with anyio.fail_after(20):
-            while True:  # wait for the responder
-                try:
-                    await client.stats()
-                    break
-                except Exception:
-                    await anyio.sleep(0.1)
+        client = await pool_answering(bus)
 
         reply = await client.add_tasks([make_task(i) for i in range(10)])
         assert len(reply.added) == 10 and reply.duplicates == []
@@ -125,25 +119,13 @@ async def test_pool_store_service_api_and_idempotent_consumers(settings: Setting
         assert store.get_task("t100") is not None
 
 
-async def answering(bus: Bus) -> PoolClient:
-    """A pool client, once pool-store (just started) answers."""
-    client = PoolClient(bus)
-    with anyio.fail_after(30):
-        while True:
-            try:
-                await client.stats()
-                return client
-            except Exception:
-                await anyio.sleep(0.1)
-
-
 async def test_pool_client_raises_on_bad_requests(settings: Settings) -> None:
     settings = pool_settings(settings)
     runner = ActorRunner(PoolStoreActor(settings))
     bus = await Bus.connect(settings.bus, "test")
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: runner.run(handle_signals=False))
-        client = await answering(bus)
+        client = await pool_answering(bus)
         with pytest.raises(PoolError, match="batch size"):
             await client.sample(0)
         runner.request_stop()
@@ -167,7 +149,7 @@ async def test_tasks_are_added_only_on_the_write_subject(settings: Settings) -> 
     bus = await Bus.connect(settings.bus, "test")
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: runner.run(handle_signals=False))
-        client = await answering(bus)
+        client = await pool_answering(bus)
         refused = await bus.nc.request(POOL_RPC, encode(AddTasks(tasks=[make_task(1)])), timeout=10)
         answer = decode(refused.data, PoolReply)  # type: ignore[arg-type]
         assert isinstance(answer, ErrorReply) and "coevolve.pool.add" in answer.error

@@ -19,7 +19,7 @@ from coevolve.shared.messages import (
 )
 
 TaskFactory = Callable[..., Task]
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "pool-store.md"
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "pool-store.md"
 
 CONTEXT = ExplorationContext(
     summary="the agent deleted the wrong file",

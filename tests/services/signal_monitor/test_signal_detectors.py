@@ -5,11 +5,9 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 import pytest
-from signal_groups import TASK, group, trajectory
 
+from coevolve.services.signal_monitor.config import MonitorConfig
 from coevolve.services.signal_monitor.detectors import (
-    MonitorConfig,
-    SignalMonitor,
     detect,
     detect_boundary,
     detect_forgetting,
@@ -17,10 +15,12 @@ from coevolve.services.signal_monitor.detectors import (
     detect_uncertainty,
     trajectory_actions,
 )
+from coevolve.services.signal_monitor.handler import SignalMonitor
 from coevolve.services.signal_monitor.state import MonitorState, count_patterns, quantile
 from coevolve.shared.envs.bfcl.environment import BfclEnvironment
 from coevolve.shared.envs.bfcl.tasks import load_turn_tasks
 from coevolve.shared.messages import RolloutGroup, Signal, Trajectory, decode, encode
+from tests.services.signal_monitor.signal_groups import TASK, group, trajectory
 
 CONFIG = MonitorConfig()
 

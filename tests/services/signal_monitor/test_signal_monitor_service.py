@@ -3,23 +3,22 @@ restart, tasks fetched from pool-store."""
 
 from __future__ import annotations
 
-import anyio
 import pytest
-from dataloop_harness import (
+
+from coevolve.services.pool_store.actor import PoolStoreActor
+from coevolve.services.signal_monitor.actor import SignalMonitorActor
+from coevolve.shared.config import Settings
+from coevolve.shared.messages import Signal, decode, derived_id, encode
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.subjects import ROLLOUT_GROUPS, SIGNALS_ALL
+from tests.dataloop.dataloop_harness import (
     POOL_WITH_ENTRIES,
     filesystem_seed_tasks,
     mixed_group,
     running,
-    wait_for_pool,
-    wait_until,
 )
-
-from coevolve.services.pool_store.actor import PoolStoreActor
-from coevolve.services.signal_monitor.actor import SignalMonitorActor
-from coevolve.shared.bus import Bus
-from coevolve.shared.config import Settings
-from coevolve.shared.messages import Signal, decode, derived_id, encode
-from coevolve.shared.subjects import ROLLOUT_GROUPS, SIGNALS_ALL
+from tests.support.pool_store import pool_answering
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -35,11 +34,11 @@ async def test_signals_published_and_state_survives_a_restart(settings: Settings
     group = mixed_group(first)
     try:
         async with running([PoolStoreActor(settings)]):
-            await wait_for_pool(bus)
+            await pool_answering(bus, seeded=True)
             monitor = SignalMonitorActor(settings)
             async with running([monitor]) as [runner]:
                 await bus.publish(ROLLOUT_GROUPS, group)
-                await wait_until(lambda: monitor.published, 20, "a signal")
+                await wait_until(lambda: monitor.published, 60, "a signal")
             message = await live.next_msg(timeout=5)
             signal = decode(message.data, Signal)
             assert message.subject == "coevolve.signals.boundary"
@@ -59,7 +58,7 @@ async def test_signals_published_and_state_survives_a_restart(settings: Settings
                 forgotten = mixed_group(first, rewards=(0.0, 0.0, 0.0, 0.0))
                 await bus.publish(ROLLOUT_GROUPS, forgotten)
                 await bus.publish(ROLLOUT_GROUPS, mixed_group(second))
-                await wait_until(lambda: runner.stats.processed >= 3, 20, "three groups")
+                await wait_until(lambda: runner.stats.processed >= 3, 60, "three groups")
             assert restarted.monitor.state.groups_processed == 3
             assert restarted.published == {"forgetting": 1, "boundary": 1}
             assert restarted.monitor.state.score_windows[first.id] == [0.5, 0.0]
@@ -82,7 +81,7 @@ async def test_a_group_waits_for_pool_store(settings: Settings) -> None:
             assert not monitor.published
             async with running([PoolStoreActor(settings)]):
                 await wait_until(lambda: monitor.published, 60, "the signal")
-                await anyio.sleep(0.1)
+                await wait_until(lambda: runner.stats.processed >= 1, 60, "the group processed")
         assert monitor.published == {"boundary": 1} and runner.stats.processed == 1
     finally:
         await bus.close()

@@ -7,10 +7,11 @@ import os
 from pathlib import Path
 
 import msgspec
-from signal_groups import OTHER_TASK, TASK, group
 
-from coevolve.services.signal_monitor.detectors import MonitorConfig, SignalMonitor
+from coevolve.services.signal_monitor.config import MonitorConfig
+from coevolve.services.signal_monitor.handler import SignalMonitor
 from coevolve.services.signal_monitor.state import MonitorState, StateStore
+from tests.services.signal_monitor.signal_groups import OTHER_TASK, TASK, group
 
 BOUNDARY_ONLY = MonitorConfig(kinds=("boundary",), cooldown_s=60.0, bucket_capacity=2.0)
 

@@ -1,0 +1,155 @@
+"""``coevolve up`` as a child process, and the process trees it leaves (through psutil,
+so no ``/proc`` is read by hand): what the experiment's arms and the benchmarks use to
+start a run, stop it whole and make sure nothing of it is left running."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from coevolve.cli.up import recorded_nats_url
+
+UP_START_TIMEOUT_S = 120.0
+STOP_GRACE_S = 60.0
+
+
+def spawn_up(
+    options: Sequence[str], env: Mapping[str, str], log_path: Path
+) -> subprocess.Popen[bytes]:
+    """``coevolve up OPTIONS`` in its own process group (so it can be stopped whole), one
+    torch thread per service and no hub access, its output appended to ``log_path``."""
+    argv = [sys.executable, "-m", "coevolve", "up", *options]
+    environment = {**env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=environment,
+            start_new_session=True,
+        )
+
+
+def wait_for_nats_url(
+    run_dir: Path, process: subprocess.Popen[bytes], timeout_s: float = UP_START_TIMEOUT_S
+) -> str:
+    """The NATS URL ``up`` records once its server listens; fails if ``up`` exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        url = recorded_nats_url(run_dir)
+        if url is not None:
+            return url
+        if process.poll() is not None:
+            raise RuntimeError(f"coevolve up exited with {process.returncode} before NATS was up")
+        time.sleep(0.2)
+    raise TimeoutError(f"coevolve up recorded no NATS URL in {run_dir} within {timeout_s} s")
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    graceful: bool
+    returncode: int | None
+    seconds: float
+
+
+def stop_process_group(
+    process: subprocess.Popen[bytes],
+    grace_s: float = STOP_GRACE_S,
+    sig: signal.Signals = signal.SIGINT,
+) -> Shutdown:
+    """Send ``sig`` to the process group led by ``process``; SIGKILL the group after ``grace_s``.
+
+    ``process`` must have been started with ``start_new_session=True``. The group is
+    SIGKILLed at the end even after a graceful exit: it may hold grandchildren.
+    """
+    started = time.monotonic()
+    graceful = True
+    if process.poll() is None:
+        signal_group(process.pid, sig)
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            graceful = False
+    signal_group(process.pid, signal.SIGKILL)
+    returncode = process.wait(10)
+    return Shutdown(graceful, returncode, round(time.monotonic() - started, 1))
+
+
+def signal_group(group: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, sig)
+
+
+def kill_leftovers(marker: str) -> list[int]:
+    """SIGKILL every process whose command line contains ``marker``, with its process group.
+
+    The marker is the run directory: only this run's services and NATS server carry it
+    (each leads a session of its own), so an ``up`` killed mid-shutdown leaves none behind.
+    """
+    killed: list[int] = []
+    own_pid, own_group = os.getpid(), os.getpgrp()
+    for process in psutil.process_iter(["cmdline"]):
+        command = " ".join(process.info["cmdline"] or ())
+        if process.pid == own_pid or marker not in command:
+            continue
+        with contextlib.suppress(ProcessLookupError, psutil.Error):
+            if os.getpgid(process.pid) != own_group:
+                signal_group(os.getpgid(process.pid), signal.SIGKILL)
+            process.kill()
+            killed.append(process.pid)
+    return killed
+
+
+def descendants(pid: int) -> dict[int, float]:
+    """Every process below ``pid`` (children in sessions of their own too), with its start
+    time, so one killed later is the same process and not a reused pid."""
+    found: dict[int, float] = {}
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                found[child.pid] = child.create_time()
+    return found
+
+
+def descendant_commands(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process below ``pid``."""
+    found: list[tuple[int, str]] = []
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                found.append((child.pid, " ".join(child.cmdline())))
+    return found
+
+
+def kill_survivors(processes: Mapping[int, float]) -> list[int]:
+    """SIGKILL those of ``processes`` (pid -> start time) still running as themselves."""
+    killed = []
+    for pid, started in processes.items():
+        with contextlib.suppress(psutil.Error):
+            process = psutil.Process(pid)
+            if process.create_time() != started:
+                continue
+            process.kill()
+            killed.append(pid)
+    return killed
+
+
+def share_model_cache(run_dir: Path, base_run_dir: Path) -> bool:
+    """Link ``run_dir/models`` to the base run's converted models, when it has any."""
+    models = base_run_dir.resolve() / "models"
+    if not models.is_dir() or (run_dir / "models").exists():
+        return False
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "models").symlink_to(models, target_is_directory=True)
+    return True

@@ -1,0 +1,28 @@
+"""The abstractor's settings (the ``services.abstractor`` section)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+SimilarityBackend = Literal["auto", "embedding", "ngram"]
+
+
+class AbstractorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    # candidates per exploration: one per round with calls that replay (call_units.py)
+    max_tasks: int = 2
+    max_tokens: int = 300
+    # a request written as code (or too short) is asked for again this many times, with
+    # the reason; then the unit is dropped as malformed_request
+    rewrites: int = 1
+    # add the argument values a request leaves out as a "Details:" clause (completion.py)
+    complete_values: bool = True
+    dedup_threshold: float = 0.7
+    dedup_backend: SimilarityBackend = "ngram"
+    dedup_refresh_s: float = 120.0
+    dedup_pool_limit: int = 2000
+    leak_guard: bool = True
+    leak_backend: SimilarityBackend = "auto"
+    similarity_cache_dir: str | None = None
+    concurrency: int = 1

@@ -1,0 +1,108 @@
+"""The learner's settings: the GRPO trainer's (``grpo``), the warm start's and the
+service's (the ``services.learner`` section)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+# Tokens of one micro-batch run with stored activations (measured: autograd keeps 2.6 MB per
+# token for the default model, so ~5.3 GB here): a per-turn BFCL example with the compact
+# tool list (median ~1.1k tokens) and a shared-prompt micro-batch of them stay under it.
+DEFAULT_ACTIVATION_TOKENS = 2048
+
+
+class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """GRPO settings (``services.learner.grpo``)."""
+
+    # a fresh adapter on top of the warm start: at 5e-5 a run's 1-4 steps moved KL below
+    # 2e-4 and no greedy decision; 3e-4 is where bench/short_tasks.py's GRPO did learn
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.28
+    # 0 skips the reference forward pass (~22% of a step), which at 0.001 bought a KL term
+    # of ~2e-7; the trust region is the clip
+    kl_beta: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 2
+    max_staleness: int = 4
+    # decoupled PPO: each token's weight π_prox/π_behaviour is truncated at this (None: no cap)
+    behaviour_weight_cap: float | None = 5.0
+    # optimizer updates per step: ppo_epochs passes over the batch, each split in
+    # mini_batches parts of whole groups (1 and 1: one update, no extra forward pass)
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    advantage_eps: float = 1e-6
+    # a group whose rewards are all equal has zero advantage: skip its compute (DAPO)
+    drop_uniform_groups: bool = True
+    # sequences longer than this are cut (their later tokens are not trained); None: no cut
+    max_tokens: int | None = None
+    # run a group's common prompt once and score the trajectories as its continuations
+    share_prompt: bool = True
+    # a group with more tokens than this runs one trajectory at a time with activation
+    # checkpointing (bounded memory, no prompt sharing); None: never
+    activation_tokens: int | None = DEFAULT_ACTIVATION_TOKENS
+    min_shared_prompt: int = 16
+    # how many groups the learner service gathers for one step
+    groups_per_step: int = 4
+    # demonstration replay (as PPO-ptx mixes in its pretraining loss): every update also
+    # lowers the cross-entropy of ``demo_examples`` ground-truth examples of seed tasks,
+    # weighted by ``demo_coef``, so GRPO sharpens the policy without drifting from the
+    # wording of real calls (0 or no demonstrations set: off)
+    demo_coef: float = 0.1
+    demo_examples: int = 4
+
+    def __post_init__(self) -> None:
+        if self.ppo_epochs < 1 or self.mini_batches < 1:
+            raise ValueError("ppo_epochs and mini_batches must be at least 1")
+        if self.behaviour_weight_cap is not None and self.behaviour_weight_cap <= 0:
+            raise ValueError("behaviour_weight_cap must be > 0 (or null for no cap)")
+        if self.demo_coef < 0 or self.demo_examples < 0:
+            raise ValueError("demo_coef and demo_examples must be >= 0")
+
+    @property
+    def updates_per_step(self) -> int:
+        return self.ppo_epochs * self.mini_batches
+
+
+class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    # defaults sized to end within minutes on 2 CPU cores: per-turn BFCL tasks with the
+    # compact tool list are ~1.1k tokens (median), whole entries several times that
+    enabled: bool = True
+    tasks: int = 12
+    # which seed tasks to learn the tool-call format on: single turns, whole entries, any
+    grain: Literal["turn", "entry", "any"] = "turn"
+    epochs: int = 2
+    lr: float = 5e-4
+    batch_size: int = 4
+    max_len: int = 4096
+    # leave out tasks with an assistant message longer than this many tokens: keep it at
+    # rollout.max_new_tokens, so the warm start teaches nothing the policy cannot generate
+    max_target_tokens: int | None = 128
+    # torch threads for the SFT; None: every core (rollout waits for the warm-started
+    # policy, so the learner has the machine to itself until then)
+    threads: int | None = None
+
+
+class LearnerServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str | None = None
+    device: str | None = None
+    finetune: Literal["lora", "full"] = "lora"
+    grpo: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
+    # train on fewer than groups_per_step groups once the first has waited this long
+    max_wait_s: float = 30.0
+    warm_start: WarmStartConfig = msgspec.field(default_factory=WarmStartConfig)
+    # learner processes in data parallel (gloo on CPU, nccl on CUDA): each takes a share of
+    # a step's groups; this service is rank 0 and starts the others (``ranks``)
+    world_size: int = 1
+    # seed tasks whose replayed ground truth GRPO's demonstration replay draws from
+    # (``grpo.demo_coef``; only with the warm start, which needs the same kind of tasks);
+    # chosen once per run and kept in the run directory
+    demo_tasks: int = 64
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError("learner.world_size must be at least 1")

@@ -1,0 +1,46 @@
+"""Pool-store's settings (the ``services.pool_store`` section)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from coevolve.services.pool_store.sampling import SamplingConfig
+
+
+def default_seed_grains() -> dict[str, float]:
+    # imported when needed: the BFCL task tables load bfcl_eval
+    from coevolve.shared.envs.bfcl.tasks import DEFAULT_SEED_GRAINS
+
+    return dict(DEFAULT_SEED_GRAINS)
+
+
+def default_seed_classes() -> list[str]:
+    from coevolve.shared.envs.bfcl.tasks import FOCUS_CLASSES
+
+    return list(FOCUS_CLASSES)
+
+
+class PoolStoreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    db_file: str = "pool.duckdb"
+    seed_environments: list[str] = msgspec.field(default_factory=lambda: ["bfcl"])
+    # shares of per-turn tasks and whole entries in the seed pool (see seed_tasks_for)
+    seed_grains: dict[str, float] = msgspec.field(default_factory=default_seed_grains)
+    # the world: seed only BFCL entries whose API classes are all in this list (default: a
+    # focused three-class world, see FOCUS_CLASSES); null: every class, the full BFCL world
+    seed_classes: list[str] | None = msgspec.field(default_factory=default_seed_classes)
+    mix: dict[str, float] = msgspec.field(
+        default_factory=lambda: {"seed": 0.5, "explored": 0.25, "synthesized": 0.25}
+    )
+    feed_jobs: bool = True
+    job_queue_depth: int = 4
+    group_size: int = 8
+    feed_interval_s: float = 1.0
+    # which tasks of an origin jobs and sample replies get: sampler (dynamic | uniform),
+    # window, unseen_share, uniform_weight, retire_after (see sampling.SamplingConfig)
+    sampling: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
+
+    def __post_init__(self) -> None:
+        if self.seed_classes is not None:
+            from coevolve.shared.envs.bfcl.tasks import check_classes
+
+            check_classes(self.seed_classes)

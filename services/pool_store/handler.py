@@ -1,0 +1,125 @@
+"""Pool-store's work without the bus: requests, verdicts and results against the store
+(DuckDB, ``store.py``), the seed tasks of an empty pool and the rollout jobs to queue.
+
+Every function here runs in one worker thread at a time (the store is not thread-safe)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from coevolve.services.pool_store.config import PoolStoreConfig
+from coevolve.services.pool_store.store import PoolStore
+from coevolve.shared.config import ConfigError
+from coevolve.shared.messages import (
+    AddTasks,
+    AddTasksReply,
+    GetStats,
+    GetTask,
+    GetTaskReply,
+    LineageQuery,
+    LineageReply,
+    Message,
+    RolloutJob,
+    SampleBatch,
+    SampleBatchReply,
+    Task,
+    TaskAdded,
+    Verdict,
+    derived_id,
+)
+from coevolve.shared.runtime.subjects import POOL_ADD
+
+MAX_BATCH = 10_000
+
+
+class RequestRefused(ValueError):
+    """A request pool-store will not carry out; the reason goes back to the caller."""
+
+
+def answer(store: PoolStore, request: Message, config: PoolStoreConfig) -> Message:
+    """The reply to one ``coevolve.pool.rpc`` request (reads only)."""
+    match request:
+        case AddTasks():
+            # pool.rpc is open to read-only users: writes go through pool.add
+            raise RequestRefused(f"tasks are added on {POOL_ADD} (operator credentials)")
+        case GetTask(task_id=task_id):
+            return GetTaskReply(task=store.get_task(task_id))
+        case SampleBatch(size=size, mix=mix, environment=environment, seed=seed):
+            if size < 1 or size > MAX_BATCH:
+                raise RequestRefused(f"batch size must be in 1..{MAX_BATCH}, got {size}")
+            return SampleBatchReply(
+                tasks=store.sample_batch(size, mix or config.mix, environment, seed)
+            )
+        case GetStats():
+            return store.stats()
+        case LineageQuery(task_id=task_id):
+            task = store.get_task(task_id)
+            return LineageReply(task=task, chain=store.lineage(task_id) if task else {})
+    raise ValueError(f"unsupported request {type(request).__name__}")
+
+
+def added_event(task: Task) -> TaskAdded:
+    return TaskAdded(id=derived_id("task-added", task.id), task_id=task.id, origin=task.origin)
+
+
+def add_tasks(store: PoolStore, request: AddTasks) -> tuple[AddTasksReply, list[TaskAdded]]:
+    """Adds new tasks; the reply, and an event for each task added."""
+    added, duplicates = store.add_tasks(request.tasks)
+    events = [added_event(task) for task in request.tasks if task.id in added]
+    return AddTasksReply(added=added, duplicates=duplicates), events
+
+
+def record_verdict(store: PoolStore, verdict: Verdict) -> TaskAdded | None:
+    """Records a judge's verdict; the event of the task it added, if any."""
+    _, added_task_id = store.record_verdict(verdict)
+    if added_task_id is None:
+        return None
+    return TaskAdded(
+        id=derived_id("task-added", added_task_id),
+        task_id=added_task_id,
+        origin=verdict.task.origin,
+    )
+
+
+def rollout_jobs(
+    store: PoolStore, missing: int, config: PoolStoreConfig, queue_seq: int, first_round: int
+) -> list[RolloutJob]:
+    """``missing`` jobs of tasks sampled with the configured mix; their ids are unique per
+    queue position (``queue_seq``) and round."""
+    tasks = store.sample_batch(missing, config.mix, None, None)
+    return [
+        RolloutJob(
+            id=derived_id("job", task.id, queue_seq, first_round + i),
+            task=task,
+            group_size=config.group_size,
+        )
+        for i, task in enumerate(tasks, start=1)
+    ]
+
+
+def seed_tasks_for(
+    environment: str,
+    grains: dict[str, float] | None = None,
+    classes: Sequence[str] | None = None,
+) -> list[Task]:
+    """The train split of an environment, as origin-"seed" tasks (for BFCL: of the entries
+    whose API classes are all in ``classes``; None: every entry).
+
+    For BFCL: per-turn tasks (``env_config["grain"] == "turn"``, ids ``<entry>#t<turn>``)
+    beside whole entries, in the shares ``grains`` gives (``turns`` / ``entries``, default
+    per-turn only; the pool holds them in that proportion, so uniform sampling within the
+    seed origin sees them in it).
+    """
+    if environment == "bfcl":
+        from coevolve.shared.envs.bfcl.tasks import check_classes, seed_pool
+
+        if classes is not None:
+            try:
+                check_classes(classes)
+            except ValueError as exc:
+                raise ConfigError(f"services.pool_store.seed_classes: {exc}") from exc
+        try:
+            return seed_pool(grains, classes)
+        except ValueError as exc:
+            raise ConfigError(f"services.pool_store.seed_grains: {exc}") from exc
+    raise ConfigError(f"services.pool_store.seed_environments: no seed tasks for {environment!r}")

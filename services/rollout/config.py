@@ -1,0 +1,44 @@
+"""Rollout's settings (the ``services.rollout`` section)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from coevolve.shared.config import EngineKind
+from coevolve.shared.toolcalls import CLOSE_TAG
+
+
+class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str | None = None
+    # llama_cpp: the CPU engine (a float GGUF base, each policy version as a LoRA adapter);
+    # transformers: torch + peft in process; vllm: GPUs
+    engine: EngineKind = "llama_cpp"
+    device: str | None = None
+    # CPU threads of the llama_cpp engine (None: torch's, i.e. OMP_NUM_THREADS)
+    threads: int | None = None
+    # two BFCL calls in one message take ~100 tokens; a cut call scores 0
+    max_new_tokens: int = 128
+    # an unsolved episode's reward: this times its share of matched ground-truth calls
+    # (0: BFCL's 0/1 only). A policy that solves nothing yet still gets a gradient; kept
+    # under the signal threshold (0.5), so a reward above it still means solved
+    partial_credit: float = 0.4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # a message ends once one of these is in its text: the agent makes one call a message,
+    # and nothing after a call's closing tag acts before the tool answers
+    stop: list[str] = msgspec.field(default_factory=lambda: [CLOSE_TAG])
+    # assistant messages an episode may take per user turn: one per call and the closing
+    # reply (the warm start's format), so a per-turn task gets 4 (94% of BFCL's base turns
+    # have at most 3 calls) and a 4-turn entry 16 ...
+    max_steps_per_turn: int = 4
+    # ... and at most this many in all (None: no cap beyond the per-turn budget)
+    max_steps: int | None = None
+    max_unconsumed_groups: int = 16
+    backpressure_poll_s: float = 0.5
+    # take no job before the learner's first announced policy (its warm start): the base
+    # model calls no tool, so its groups all score 0 and only take CPU from the warm start
+    wait_for_policy: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.partial_credit < 1.0:
+            raise ValueError(f"rollout.partial_credit must be in [0, 1), got {self.partial_credit}")

@@ -1,0 +1,31 @@
+"""The signal monitor's settings (the ``services.signal_monitor`` section)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from coevolve.shared.messages import SIGNAL_KINDS, SignalKind
+
+
+class MonitorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    kinds: tuple[SignalKind, ...] = SIGNAL_KINDS
+    threshold: float = 0.5
+    window: int = 10
+    rare_theta: float = 0.05
+    # about 4 minutes of rollout on a 2-core CPU (200 took 9: the first signal came at 17 min)
+    rare_min_actions: int = 100
+    uncertainty_quantile: float = 0.9
+    uncertainty_min_samples: int = 50
+    reservoir_size: int = 2048
+    reservoir_seed: int = 0
+    cooldown_s: float = 300.0
+    bucket_capacity: float = 3.0
+    bucket_refill_per_s: float = 1.0 / 600.0
+    remember_groups: int = 4096
+    strip_tokens: bool = True
+
+
+class SignalMonitorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    state_file: str = "signal_monitor/state.json"
+    task_cache_size: int = 4096
+    detectors: MonitorConfig = msgspec.field(default_factory=MonitorConfig)
