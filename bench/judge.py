@@ -52,6 +52,7 @@ from coevolve.services.judge.checks import (
     check_intent,
     check_minimality,
     check_plain_request,
+    check_real_values,
     check_same_action,
     trace_calls,
 )
@@ -431,6 +432,7 @@ def deterministic_stages(item: Labelled, backend: str) -> Outcome:
     def relevant() -> bool:
         results = (
             check_plain_request(task, trace),
+            check_real_values(task, trace),
             check_same_action(task, trace),
             check_arguments_named(task, trace),
             check_description_covered(task, trace),
@@ -451,6 +453,7 @@ def deterministic_stages(item: Labelled, backend: str) -> Outcome:
 
 RELEVANCE_CHECKS = (
     "plain_request",
+    "real_values",
     "same_action",
     "names_arguments",
     "covers_description",
@@ -586,6 +589,7 @@ def standalone(outcomes: Sequence[Outcome]) -> dict[str, dict[str, float | None]
         "replay",
         "minimality",
         "plain_request",
+        "real_values",
         "same_action",
         "names_arguments",
         "covers_description",

@@ -42,6 +42,7 @@ from coevolve.shared.wording import call_syntax, opposite_action, other_function
 # The criteria semantic_checks reports, in its order (all checks enabled).
 SEMANTIC_CRITERIA: tuple[str, ...] = (
     "plain_request",
+    "real_values",
     "same_action",
     "names_arguments",
     "covers_description",
@@ -102,6 +103,9 @@ _REQUEST_NUMBER = re.compile(r"(?<![\w.])\$?(\d[\d,]*(?:\.\d+)?)(?!\w)")
 _ISO_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})$")
 _ENUM_IN_TEXT = re.compile(r"\[Enum\]:\s*(\[[^\]]*\])")
 _CODE = re.compile(r"^[A-Z]{3,5}$")
+# a template's blank left in a value ("your_username", "YOUR_CLIENT_ID", "<city>",
+# "placeholder", "xxx"): none of BFCL's multi-turn ground-truth values is one
+_PLACEHOLDER = re.compile(r"^your[_\s-]|^<[^<>]+>$|placeholder|^x{3,}$|^(?:todo|tbd)$", re.I)
 _FILE_NAME = re.compile(r"^[\w.-]+\.[A-Za-z0-9]{1,5}$")
 # a quoted literal in a request: 'x' or "x" (not an apostrophe inside a word)
 _QUOTED = re.compile(r"(?:^|(?<=[\s(\[:,]))['\"‘“]([^'\"’”\n]{2,40}?)['\"’”](?=$|[\s.,;:!?)\]])")
@@ -515,6 +519,24 @@ def check_plain_request(task: Task, trace: CallTrace) -> CheckResult:
     return CheckResult("plain_request", not syntax, reasons, {"turns_with_syntax": len(syntax)})
 
 
+def placeholder_values(task: Task) -> list[str]:
+    """The ground truth's argument values that are a template's blanks, not real values."""
+    return [
+        value
+        for turn in task.ground_truth
+        for call in turn
+        for value in scalars(call.arguments)
+        if isinstance(value, str) and not is_free_text(value) and _PLACEHOLDER.search(value.strip())
+    ]
+
+
+def check_real_values(task: Task, trace: CallTrace) -> CheckResult:
+    """No argument is a placeholder: a user asks with their own values."""
+    found = placeholder_values(task)
+    reasons = [f"the calls use placeholder values: {', '.join(map(repr, found[:3]))}"]
+    return CheckResult("real_values", not found, reasons if found else [])
+
+
 def check_same_action(task: Task, trace: CallTrace) -> CheckResult:
     """No request asks for the opposite of what its turn's calls do, or names another
     function of its environment instead of its own."""
@@ -557,6 +579,7 @@ def semantic_checks(
     results: list[CheckResult] = []
     if relevance:
         results.append(check_plain_request(task, trace))
+        results.append(check_real_values(task, trace))
         results.append(check_same_action(task, trace))
         results.append(check_arguments_named(task, trace))
         results.append(check_description_covered(task, trace))

@@ -17,12 +17,13 @@ from coevolve.services.judge.checks import (
     enum_options,
     is_free_text,
     names,
+    placeholder_values,
     semantic_checks,
     trace_calls,
 )
 from coevolve.shared.argument_values import is_salient
 from coevolve.shared.envs import Environment, make_environment
-from coevolve.shared.envs.bfcl.tasks import suite_tasks
+from coevolve.shared.envs.bfcl.tasks import load_tasks, suite_tasks
 from coevolve.shared.messages import Task, ToolCall
 
 
@@ -230,3 +231,20 @@ def test_a_request_about_something_else_fails_the_intent(backend: str) -> None:
     assert not result.passed
     assert "not about the functions it calls" in result.reasons[0]
     assert check_intent(task, trace_calls(task, bfcl), backend).passed  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("placeholder", ["your_username", "YOUR_CLIENT_ID", "<city>", "xxxx"])
+def test_a_placeholder_value_is_rejected(placeholder: str) -> None:
+    """Run 8 and run 12 accepted tasks whose calls carried a template's blanks."""
+    calls = [ToolCall(name="add_to_watchlist", arguments={"stock": placeholder})]
+    task = with_request(with_calls(turn(STOCK), calls), f"Add {placeholder} to my watchlist.")
+    failed = failed_checks(task)
+    assert placeholder in failed["real_values"][0]
+
+
+def test_no_ground_truth_value_of_bfcl_looks_like_a_placeholder() -> None:
+    """Every multi-turn category: the check never rejects a real user's values."""
+    categories = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param")
+    tasks = [task for category in categories for task in load_tasks(category)]
+    assert len(tasks) == 600
+    assert [placeholder_values(task) for task in tasks if placeholder_values(task)] == []
