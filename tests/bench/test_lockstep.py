@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -18,10 +15,7 @@ from coevolve.schedules.lockstep import (
 from coevolve.services.learner.config import LearnerConfig
 from coevolve.shared.messages import RolloutGroup, Task, Trajectory
 from coevolve.shared.policy import load_policy
-
-CACHE_DIR = Path(
-    os.environ.get("COEVOLVE_TEST_CACHE", Path(__file__).resolve().parents[2] / "runs/test-cache")
-)
+from tests.support.cache import CACHE_DIR
 
 
 def test_one_iteration_rolls_out_learns_and_serves_the_new_version() -> None:

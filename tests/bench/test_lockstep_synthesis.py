@@ -8,7 +8,6 @@ The LLM is the data-loop tests' stand-in remote endpoint (real HTTP on loopback,
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -37,11 +36,9 @@ from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.messages import RolloutGroup, Task, derived_id
 from coevolve.shared.policy import LoadedPolicy, load_policy
 from tests.dataloop.dataloop_harness import WellFormedBrain, filesystem_seed_tasks, mixed_group
+from tests.support.cache import CACHE_DIR
 from tests.support.fake_llm import RoleFakeLLM, offered_functions
 
-CACHE_DIR = Path(
-    os.environ.get("COEVOLVE_TEST_CACHE", Path(__file__).resolve().parents[2] / "runs/test-cache")
-)
 # rollouts as small as the loop allows: one task, two episodes of a few tokens
 TINY_LOOP = LockstepConfig(tasks_per_step=1, group_size=2, max_new_tokens=6, max_steps=1)
 

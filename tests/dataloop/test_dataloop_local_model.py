@@ -11,9 +11,7 @@ chain takes several minutes: marked slow.
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import pytest
 
@@ -34,14 +32,12 @@ from tests.dataloop.dataloop_harness import (
     mixed_group,
     running,
 )
+from tests.support.cache import CACHE_DIR
 from tests.support.pool_store import pool_answering
 from tests.support.wait import wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(4 * 3600)]
 
-CACHE_DIR = Path(
-    os.environ.get("COEVOLVE_TEST_CACHE", Path(__file__).resolve().parents[2] / "runs/test-cache")
-)
 SIGNALS = 8
 DEADLINE_S = 3 * 3600.0
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from coevolve.shared.envs.bfcl import BfclEnvironment, load_tasks, turn_tasks
@@ -12,11 +9,9 @@ from coevolve.shared.episodes import run_group
 from coevolve.shared.messages import Task
 from coevolve.shared.policy import SamplingParams, TransformersEngine, load_policy
 from coevolve.shared.policy.chat import render_prompt_ids
+from tests.support.cache import CACHE_DIR
 
 # the model cache the policy and learner tests share (converted once from the GGUF file)
-CACHE_DIR = Path(
-    os.environ.get("COEVOLVE_TEST_CACHE", Path(__file__).resolve().parents[2] / "runs/test-cache")
-)
 
 
 @pytest.fixture(scope="module")

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from coevolve.shared.config import Settings
+from tests.support.cache import CACHE_DIR
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL_CACHE = Path(os.environ.get("COEVOLVE_TEST_CACHE", ROOT / "runs/test-cache")) / "models"
+MODEL_CACHE = CACHE_DIR / "models"
 
 
 @pytest.fixture

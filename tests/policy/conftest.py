@@ -6,7 +6,6 @@ overrides it, the same directory the learner tests use); later loads take about 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,10 +14,7 @@ import torch
 
 from coevolve.shared.policy import LoadedPolicy, LoraSettings, TransformersEngine, load_policy
 from coevolve.shared.policy.loading import FinetuneMode
-
-CACHE_DIR = Path(
-    os.environ.get("COEVOLVE_TEST_CACHE", Path(__file__).resolve().parents[2] / "runs/test-cache")
-)
+from tests.support.cache import CACHE_DIR
 
 PolicyFactory = Callable[..., LoadedPolicy]
 

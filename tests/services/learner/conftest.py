@@ -6,10 +6,8 @@ later loads read that cache in about a second, so each test gets a fresh policy.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,10 +20,7 @@ from coevolve.shared.policy import (
     TransformersEngine,
     load_policy,
 )
-
-CACHE_DIR = Path(
-    os.environ.get("COEVOLVE_TEST_CACHE", Path(__file__).resolve().parents[3] / "runs/test-cache")
-)
+from tests.support.cache import CACHE_DIR
 
 PolicyFactory = Callable[[], LoadedPolicy]
 GroupFactory = Callable[..., RolloutGroup]
