@@ -33,10 +33,11 @@ from typing import Any
 
 import torch
 
+from coevolve.bench import tables
 from coevolve.bench.short_tasks import OFFERED, train_and_heldout
 from coevolve.schedules.lockstep import LockstepConfig, LockstepLoop, TaskCycle, success_rate
+from coevolve.services.learner.config import LearnerConfig
 from coevolve.services.learner.sft import warm_start
-from coevolve.services.learner.trainer import LearnerConfig
 from coevolve.shared.config import DEFAULT_RUN_DIR
 from coevolve.shared.messages import Trajectory
 from coevolve.shared.policy import load_policy
@@ -45,29 +46,38 @@ from coevolve.shared.toolcalls import CLOSE_TAG
 
 @dataclass(frozen=True)
 class Setup:
-    train_tasks: int
-    heldout_tasks: int
-    sft_epochs: int
-    sft_batch_size: int
-    sft_lr: float
-    grpo_steps: int
-    eval_every: int
-    tasks_per_step: int
-    group_size: int
-    grpo_lr: float
-    max_new_tokens: int
+    """The defaults are the full run: a short warm start (two epochs: mixed-reward groups,
+    room to rise on held-out), then 12 GRPO steps of 2 tasks x K=8 (tasks whose group ties
+    are replaced, up to twice) at the rollout's 128-token budget."""
+
+    train_tasks: int = 24
+    # about 2 s each (greedy); with 24, three seeds' intervals spanned +-0.36
+    heldout_tasks: int = 72
+    sft_epochs: int = 2
+    sft_batch_size: int = 4
+    sft_lr: float = 2e-4
+    grpo_steps: int = 12
+    eval_every: int = 12
+    tasks_per_step: int = 2
+    group_size: int = 8
+    grpo_lr: float = 3e-4
+    # the rollout's budget: 40 cut the max/min calls, so no policy could solve them
+    max_new_tokens: int = 128
     seed: int = 0
     # the warm start runs until train success stops rising for this many epochs
     sft_patience: int = 1
-    seeds: int = 1
+    seeds: int = 3
+    # groups with equal rewards teach nothing: up to two rounds of fresh tasks replace them
+    # (see LockstepConfig.refill_rounds)
+    refill_rounds: int = 2
 
 
+FULL = Setup()
 QUICK = Setup(
     train_tasks=2,
     heldout_tasks=3,
     sft_epochs=1,
     sft_batch_size=2,
-    sft_lr=2e-4,
     grpo_steps=1,
     eval_every=1,
     tasks_per_step=1,
@@ -76,25 +86,7 @@ QUICK = Setup(
     max_new_tokens=32,
     sft_patience=0,
     seeds=2,
-)
-# A short warm start (two epochs: mixed-reward groups, room to rise on held-out), then
-# 12 GRPO steps of 2 tasks x K=8 at the rollout's 128-token budget. 72 held-out tasks
-# (about 2 s each, greedy): with 24, three seeds' intervals spanned +-0.36.
-FULL = Setup(
-    train_tasks=24,
-    heldout_tasks=72,
-    sft_epochs=2,
-    sft_batch_size=4,
-    sft_lr=2e-4,
-    grpo_steps=12,
-    eval_every=12,
-    tasks_per_step=2,
-    group_size=8,
-    grpo_lr=3e-4,
-    # the rollout's budget: 40 cut the max/min calls, so no policy could solve them
-    max_new_tokens=128,
-    sft_patience=1,
-    seeds=3,
+    refill_rounds=1,
 )
 MAX_STEPS = 2  # the call, then the closing reply that ends the turn
 STOP = (CLOSE_TAG,)  # rollout.stop: one call a message
@@ -215,6 +207,7 @@ def run_seed(quick: bool, out: Path, setup: Setup, seed: int) -> dict[str, Any]:
             max_steps=MAX_STEPS,
             seed=seed,
             stop=STOP,
+            refill_rounds=setup.refill_rounds,
         ),
         LearnerConfig(lr=setup.grpo_lr),
         log_dir=out / "tensorboard",
@@ -273,6 +266,7 @@ def run_seed(quick: bool, out: Path, setup: Setup, seed: int) -> dict[str, Any]:
                 "reward_mean": round(report.reward_mean, 3),
                 "trained": m.trained,
                 "uniform_groups": m.uniform_groups,
+                "groups_sampled": report.groups_sampled,
                 "kl": round(m.kl, 5),
                 "clip_fraction": round(m.clip_fraction, 4),
                 "rollout_s": round(report.rollout_s, 1),
@@ -362,36 +356,41 @@ def plot_seeds(results: list[dict[str, Any]], path: Path) -> Path:
 
 def print_table(result: dict[str, Any]) -> None:
     setup = result["setup"]
-    print(f"held-out tasks: {setup['heldout_tasks']}, train tasks: {setup['train_tasks']}")
-    print(f"{'phase':<28}{'held-out success':>18}")
-    print(f"{'base model':<28}{result['heldout_success_base']:>18.3f}")
-    print(f"{'after warm start':<28}{result['heldout_success_warm_start']:>18.3f}")
-    for step, rate in result["curve"][1:]:
-        print(f"{f'after {step} GRPO steps':<28}{rate:>18.3f}")
-    print("wall time per phase (s): " + json.dumps(result["phases_s"]))
     verdict = "raised" if result["grpo_raised_above_warm_start"] else "did NOT raise"
-    print(f"GRPO {verdict} held-out success above the warm start")
+    phases = [
+        ("base model", result["heldout_success_base"]),
+        ("after warm start", result["heldout_success_warm_start"]),
+        *((f"after {step} GRPO steps", rate) for step, rate in result["curve"][1:]),
+    ]
+    tables.print_table(
+        f"held-out tasks: {setup['heldout_tasks']}, train tasks: {setup['train_tasks']}",
+        ("phase", "held-out success"),
+        [(phase, f"{rate:.3f}") for phase, rate in phases],
+        note="wall time per phase (s): " + json.dumps(result["phases_s"]) + "\n"
+        f"GRPO {verdict} held-out success above the warm start",
+    )
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    print(f"{'seed':<6}{'warm start':>12}{'+ GRPO':>10}{'epochs':>8}")
-    for seed, warm, final, epochs in zip(
-        summary["seeds"],
-        summary["heldout_success_warm_start"],
-        summary["heldout_success_grpo_final"],
-        summary["warm_start_epochs"],
-        strict=True,
-    ):
-        print(f"{seed:<6}{warm:>12.3f}{final:>10.3f}{epochs:>8}")
     interval = summary["difference_ci95"]
     shown = "n/a" if interval is None else f"[{interval[0]:+.3f}, {interval[1]:+.3f}]"
-    print(
-        f"GRPO - warm start: mean {summary['difference_mean']:+.3f}, 95% CI {shown} "
-        "(bootstrap over seeds and held-out tasks)"
-    )
-    print(
+    tables.print_table(
+        None,
+        ("seed", "warm start", "+ GRPO", "epochs"),
+        [
+            (seed, f"{warm:.3f}", f"{final:.3f}", epochs)
+            for seed, warm, final, epochs in zip(
+                summary["seeds"],
+                summary["heldout_success_warm_start"],
+                summary["heldout_success_grpo_final"],
+                summary["warm_start_epochs"],
+                strict=True,
+            )
+        ],
+        note=f"GRPO - warm start: mean {summary['difference_mean']:+.3f}, 95% CI {shown} "
+        "(bootstrap over seeds and held-out tasks)\n"
         f"tasks gained {summary['tasks_gained']}, lost {summary['tasks_lost']} "
-        f"(exact sign test p = {summary['sign_test_p']}); plot: {summary['plot']}"
+        f"(exact sign test p = {summary['sign_test_p']}); plot: {summary['plot']}",
     )
 
 
