@@ -104,8 +104,9 @@ def kill_leftovers(marker: str) -> list[int]:
         if process.pid == own_pid or marker not in command:
             continue
         with contextlib.suppress(ProcessLookupError, psutil.Error):
-            if os.getpgid(process.pid) != own_group:
-                signal_group(os.getpgid(process.pid), signal.SIGKILL)
+            group = os.getpgid(process.pid)
+            if group != own_group:
+                signal_group(group, signal.SIGKILL)
             process.kill()
             killed.append(process.pid)
     return killed

@@ -19,6 +19,7 @@ from coevolve.shared.messages import (
     LineageQuery,
     LineageReply,
     Message,
+    Origin,
     RolloutJob,
     SampleBatch,
     SampleBatchReply,
@@ -58,27 +59,21 @@ def answer(store: PoolStore, request: Message, config: PoolStoreConfig) -> Messa
     raise ValueError(f"unsupported request {type(request).__name__}")
 
 
-def added_event(task: Task) -> TaskAdded:
-    return TaskAdded(id=derived_id("task-added", task.id), task_id=task.id, origin=task.origin)
+def added_event(task_id: str, origin: Origin) -> TaskAdded:
+    return TaskAdded(id=derived_id("task-added", task_id), task_id=task_id, origin=origin)
 
 
 def add_tasks(store: PoolStore, request: AddTasks) -> tuple[AddTasksReply, list[TaskAdded]]:
     """Adds new tasks; the reply, and an event for each task added."""
     added, duplicates = store.add_tasks(request.tasks)
-    events = [added_event(task) for task in request.tasks if task.id in added]
+    events = [added_event(t.id, t.origin) for t in request.tasks if t.id in added]
     return AddTasksReply(added=added, duplicates=duplicates), events
 
 
 def record_verdict(store: PoolStore, verdict: Verdict) -> TaskAdded | None:
     """Records a judge's verdict; the event of the task it added, if any."""
     _, added_task_id = store.record_verdict(verdict)
-    if added_task_id is None:
-        return None
-    return TaskAdded(
-        id=derived_id("task-added", added_task_id),
-        task_id=added_task_id,
-        origin=verdict.task.origin,
-    )
+    return None if added_task_id is None else added_event(added_task_id, verdict.task.origin)
 
 
 def rollout_jobs(

@@ -61,12 +61,12 @@ class ChildSpec:
 @dataclass
 class Child:
     spec: ChildSpec
+    backoff: Backoff  # the wait before its next restart
     process: subprocess.Popen[bytes] | None = None
     log_file: IO[bytes] | None = None
     restarts: int = 0
     started_at: float = 0.0
     next_start_at: float = 0.0
-    backoff: Backoff = field(default_factory=lambda: Backoff(1.0, 30.0))
     ready: bool = False
     crashes: deque[float] = field(default_factory=deque)
     last_exit_code: int | None = None
