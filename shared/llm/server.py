@@ -179,8 +179,6 @@ class LlamaServer:
             self.host,
             "--port",
             str(self.port),
-            "--api_key",
-            self.api_key,
             "--n_ctx",
             str(s.n_ctx),
             "--n_batch",
@@ -212,6 +210,9 @@ class LlamaServer:
         )
         self.process = subprocess.Popen(
             self._argv,
+            # the key goes by environment (the server's settings read API_KEY), not argv:
+            # argv is readable by every user, and a key that starts with "-" reads as a flag
+            env={**os.environ, "API_KEY": self.api_key},
             stdout=output,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -31,7 +31,7 @@ from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.llm import OpenAIBackend, RoleClients, role_settings
 from coevolve.shared.llm.client import ChatMessages, LLMResponse
-from coevolve.shared.llm.server import BASE_URL_ENV, LlamaServer
+from coevolve.shared.llm.server import BASE_URL_ENV, LlamaServer, ServerSettings
 from coevolve.shared.messages import (
     ChatMessage,
     Exploration,
@@ -411,3 +411,18 @@ def test_the_server_stays_small_across_distinct_prompts(
     process = llama_server.process
     assert process is not None
     assert resident_mib(process.pid) < 1536
+
+
+def test_a_key_that_starts_with_a_dash_starts_the_server_and_stays_off_argv(
+    tmp_path: Path,
+) -> None:
+    key = "-" + "k" * 31  # token_urlsafe draws "-" first once in 64 keys
+    server = LlamaServer(ServerSettings(n_ctx=512), log_file=tmp_path / "llm.log", api_key=key)
+    server.start(watch=False)
+    try:
+        assert server.healthy()
+        assert server.process is not None
+        argv = Path(f"/proc/{server.process.pid}/cmdline").read_bytes().decode()
+        assert key not in argv
+    finally:
+        server.stop()
