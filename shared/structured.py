@@ -36,7 +36,8 @@ _log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Rejection:
     """Why an LLM output was not used. ``kind`` is one of: empty, too_large, truncated,
-    invalid_json, wrong_schema, bad_response, http_error, prompt_too_long."""
+    invalid_json, wrong_schema, bad_response, http_error, prompt_too_long, repeated_call
+    (an action that already failed, see the explorer)."""
 
     kind: str
     reason: str

@@ -6,8 +6,10 @@ function schemas (``function_call_schema``), the call goes through the tool-call
 (``<tool_call>`` text into ``Environment.step``), and the step is recorded as an
 :class:`~coevolve.shared.messages.InteractionStep` (history before the action, the action,
 its observation). An unusable answer is a counted rejection that uses up the step; it
-never ends the exploration early. :class:`~coevolve.shared.llm.LLMUnavailable` propagates:
-the caller retries the whole exploration later.
+never ends the exploration early. A call that already failed in the round is not run
+again: the model is asked once more, and a second repeat is a ``repeated_call``
+rejection. :class:`~coevolve.shared.llm.LLMUnavailable` propagates: the caller retries the
+whole exploration later.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import msgspec
 from coevolve.services.explorer.prompts import exploration_messages
 from coevolve.shared.envs import Environment
 from coevolve.shared.llm import RoleLLM
+from coevolve.shared.llm.client import ChatMessages
 from coevolve.shared.messages import ChatMessage, ExplorationRound, InteractionStep, Task, ToolCall
 from coevolve.shared.structured import (
     Rejection,
@@ -44,6 +47,7 @@ class ExplorationLimits:
     history_messages: int = 12
     history_chars: int = 2000
     prompt_history_steps: int = 6
+    repeat_temperature_boost: float = 0.5
 
 
 @dataclass
@@ -67,6 +71,11 @@ class _SchemaCache:
         return schema
 
 
+def call_json(call: ToolCall) -> str:
+    """A call as the explorer's prompt shows it (and as repeats are recognised)."""
+    return json.dumps({"name": call.name, "arguments": call.arguments}, sort_keys=True)
+
+
 def clipped(messages: list[ChatMessage], limit: int) -> list[ChatMessage]:
     """``messages`` with each content cut to ``limit`` characters: every step carries its
     history, so long observations would otherwise repeat in every later step."""
@@ -76,6 +85,33 @@ def clipped(messages: list[ChatMessage], limit: int) -> list[ChatMessage]:
         else msgspec.structs.replace(m, content=m.content[:limit] + " [...]")
         for m in messages
     ]
+
+
+async def next_action(
+    llm: RoleLLM,
+    messages: ChatMessages,
+    schema: dict[str, Any],
+    limits: ExplorationLimits,
+    failed_calls: set[str],
+) -> ToolCall | Rejection:
+    """The model's next call; one that already failed this round is asked for again once,
+    warmer (a small model copies its own failed call: three identical failures in a round
+    were common), and a second repeat is a ``repeated_call`` rejection, never run."""
+    temperature = llm.settings.temperature
+    for _ in range(2):
+        outcome = await ask_structured(
+            llm,
+            messages,
+            ToolCall,
+            schema=schema,
+            max_tokens=limits.action_max_tokens,
+            temperature=temperature,
+        )
+        if isinstance(outcome, Rejection) or call_json(outcome) not in failed_calls:
+            return outcome
+        repeated = outcome.name
+        temperature += limits.repeat_temperature_boost
+    return Rejection("repeated_call", f"{repeated} failed before in this round")
 
 
 async def explore_round(
@@ -94,19 +130,16 @@ async def explore_round(
         history: list[ChatMessage] = list(await anyio.to_thread.run_sync(environment.reset, task))
         steps: list[InteractionStep] = []
         shown: list[tuple[str, str]] = []
+        failed_calls: set[str] = set()
         for _ in range(limits.max_steps):
             tools = environment.tools()
             if not tools:
                 break
-            outcome = await ask_structured(
-                llm,
-                exploration_messages(tools, goal, shown, limits.prompt_history_steps),
-                ToolCall,
-                schema=schemas.get(tools),
-                max_tokens=limits.action_max_tokens,
-                temperature=llm.settings.temperature,
-                counter=counter,
+            messages = exploration_messages(
+                tools, goal, shown, limits.prompt_history_steps, sorted(failed_calls)
             )
+            outcome = await next_action(llm, messages, schemas.get(tools), limits, failed_calls)
+            counter.record(outcome)
             if isinstance(outcome, Rejection):
                 stats.rejections.append(outcome)
                 log.info("explorer action rejected (%s): %s", outcome.kind, outcome.reason)
@@ -132,9 +165,9 @@ async def explore_round(
                 ChatMessage(role="assistant", content=text, tool_calls=[call]),
                 *tool_messages,
             ]
-            shown.append(
-                (json.dumps({"name": call.name, "arguments": call.arguments}), observation)
-            )
+            shown.append((call_json(call), observation))
+            if failed:
+                failed_calls.add(call_json(call))
             if result.done:
                 break
         return ExplorationRound(steps=steps)

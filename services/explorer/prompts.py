@@ -326,11 +326,13 @@ def exploration_messages(
     goal: str,
     steps: Sequence[tuple[str, str]] = (),
     max_history: int = HISTORY_STEPS,
+    failed: Sequence[str] = (),
 ) -> ChatMessages:
     """The explorer's prompt for its next action.
 
     ``steps`` are the (action JSON, observation) pairs of this round so far; only the last
     ``max_history`` stay verbatim, older ones are counted so the model knows they happened.
+    ``failed`` are the action JSONs that failed this round, named as not to be repeated.
     """
     messages: ChatMessages = [
         {"role": "system", "content": exploration_system_prompt(tools)},
@@ -347,4 +349,9 @@ def exploration_messages(
                 "content": f"Observation: {clip(observation, OBSERVATION_CHARS)}\nNext action?",
             }
         )
+    if failed:
+        note = "These calls failed in this round; do not repeat them, try another function or "
+        note += "other arguments:\n" + "\n".join(failed)
+        last = messages[-1]
+        last["content"] = f"{last['content']}\n\n{note}"
     return messages
