@@ -52,6 +52,13 @@ _ASSIGNMENT = re.compile(r"\b[A-Za-z]+(?:_[A-Za-z]+)+\s*=")
 _REPEATED = re.compile(r"\b(\w+(?:\W+\w+){1,5})(?:\W+\1\b){2,}", re.IGNORECASE)
 _LOG_LINE = re.compile(r"\b(?:arguments|returned)\s*:|\b(?:GET|POST|PUT|PATCH|DELETE)\s+\S*/")
 _WORD = re.compile(r"[a-z]+")
+# a request that speaks of the call, the assistant or the request itself ("What does this
+# call do?", "the assistant needs to ...") describes the task instead of asking it; none of
+# BFCL's 2,924 multi-turn user turns (four categories) says any of these
+_ABOUT_THE_TASK = re.compile(
+    r"\b(?:this|that|the|each|these)\s+calls?\b|\bthe assistant\b|\b(?:your|this|the|my) request\b",
+    re.IGNORECASE,
+)
 # the abstractor's completion appends the values a request leaves out as "Details: ..."
 _DETAILS = re.compile(r"\bDetails:.*$", re.DOTALL)
 MIN_PLAIN_WORDS = 2  # "What's inside?" is a BFCL request
@@ -68,8 +75,8 @@ def is_identifier(function: str) -> bool:
 
 def call_syntax(request: str, functions: Iterable[str]) -> list[str]:
     """What in ``request`` is not plain English: call syntax (a call, a JSON object, a
-    function's identifier, an argument assigned), a log line, a phrase repeated over;
-    [] for plain English."""
+    function's identifier, an argument assigned), a log line, a phrase repeated over,
+    words about the call or the assistant; [] for plain English."""
     calls = list(_CALL.finditer(request))
     found = [match.group(0)[:60] for match in calls]
     found += [match.group(0) for match in _JSON_OBJECT.finditer(request)]
@@ -80,6 +87,7 @@ def call_syntax(request: str, functions: Iterable[str]) -> list[str]:
         if not any(call.start() <= match.start() < call.end() for call in calls)
     ]
     found += [f"{match.group(1)!r} repeated" for match in _REPEATED.finditer(request)]
+    found += [f"speaks of {match.group(0)!r}" for match in _ABOUT_THE_TASK.finditer(request)]
     names = list(functions)
     found += [
         name

@@ -23,8 +23,9 @@ from coevolve.services.judge.checks import (
 )
 from coevolve.shared.argument_values import is_salient
 from coevolve.shared.envs import Environment, make_environment
-from coevolve.shared.envs.bfcl.tasks import load_tasks, suite_tasks
+from coevolve.shared.envs.bfcl.tasks import MULTI_TURN_CATEGORIES, load_tasks, suite_tasks
 from coevolve.shared.messages import Task, ToolCall
+from coevolve.shared.wording import call_syntax
 
 
 @cache
@@ -109,6 +110,10 @@ def test_a_request_for_the_opposite_of_its_call_is_rejected() -> None:
         # an argument assigned, and a degenerate loop: both from a 1.5B abstractor
         'Add to my watchlist: stock_symbol = "NVDA"',
         "Add NVDA to my watchlist; add NVDA to my watchlist; add NVDA to my watchlist;",
+        # about the call or the assistant, not asking for it: both accepted in a default run
+        "What does this call do? Details: stock 'NVDA'.",
+        "To keep my portfolio safe, the assistant needs to watch NVDA. Please provide this "
+        "information in your request.",
     ],
 )
 def test_call_syntax_in_any_form_is_found(request_text: str) -> None:
@@ -248,3 +253,17 @@ def test_no_ground_truth_value_of_bfcl_looks_like_a_placeholder() -> None:
     tasks = [task for category in categories for task in load_tasks(category)]
     assert len(tasks) == 600
     assert [placeholder_values(task) for task in tasks if placeholder_values(task)] == []
+
+
+def test_no_bfcl_user_turn_speaks_of_the_call_or_the_assistant() -> None:
+    """The words that make a request about its task, not a request: no real user turn of
+    the four multi-turn categories says them."""
+    turns = [
+        request
+        for category in MULTI_TURN_CATEGORIES
+        for task in load_tasks(category)
+        for request in task.user_turns
+    ]
+    assert len(turns) > 2000
+    flagged = [t for t in turns if any("speaks of" in f for f in call_syntax(t, []))]
+    assert flagged == []
