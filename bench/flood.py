@@ -308,6 +308,21 @@ class StandIn(Actor):
 # --------------------------------------------------------------------------- services
 
 
+def write_bare_pool_config(path: Path) -> Path:
+    """A configuration file for a pool-store that starts at once and holds only the tasks
+    its caller adds: no seeding from BFCL (slow to start), no jobs fed, no telemetry."""
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "services": {"pool_store": {"feed_jobs": False, "seed_environments": []}},
+                "telemetry": {"exporter": "none"},
+                "runtime": {"fetch_timeout_s": 0.3},
+            }
+        )
+    )
+    return path
+
+
 @dataclass
 class Services:
     """pool-store and signal-monitor as ``coevolve serve`` processes."""
@@ -318,17 +333,7 @@ class Services:
 
     @classmethod
     def start(cls, run_dir: Path, nats_url: str) -> Services:
-        config = run_dir / "flood.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    # no seeding from BFCL (slow to start): the bench adds its own tasks
-                    "services": {"pool_store": {"feed_jobs": False, "seed_environments": []}},
-                    "telemetry": {"exporter": "none"},
-                    "runtime": {"fetch_timeout_s": 0.3},
-                }
-            )
-        )
+        config = write_bare_pool_config(run_dir / "flood.yaml")
         env = {**os.environ, "NATS_URL": nats_url, "HF_HUB_OFFLINE": "1"}
         env.setdefault("OMP_NUM_THREADS", "1")
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ T = TypeVar("T")
 JsonLines = Annotated[
     bool, typer.Option("--json", help="Print JSON (one object per line for signals).")
 ]
+TaskIdArgument = Annotated[str, typer.Argument(help="Task id.")]
 
 
 def connect_settings(config: Any, run_dir: Any) -> Settings:
@@ -260,9 +261,23 @@ def list_tasks(
         )
 
 
+def _look_up(
+    task_id: str,
+    settings: Settings,
+    via_pool: Callable[[PoolClient], Awaitable[T | None]],
+    via_file: Callable[[Any], T | None],
+) -> T:
+    """What the pool holds of ``task_id``; exits with an error when it holds nothing."""
+    found = _run(settings, via_pool, via_file)
+    if not found:
+        typer.echo(f"error: no task {task_id!r} in the pool", err=True)
+        raise typer.Exit(1)
+    return found
+
+
 @tasks_app.command("show")
 def show_task(
-    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    task_id: TaskIdArgument,
     json_output: JsonLines = False,
     config: ConfigOption = None,
     run_dir: RunDirOption = None,
@@ -273,10 +288,7 @@ def show_task(
     async def via_pool(pool: PoolClient) -> Task | None:
         return await pool.get(task_id)
 
-    task = _run(settings, via_pool, lambda store: store.get_task(task_id))
-    if task is None:
-        typer.echo(f"error: no task {task_id!r} in the pool", err=True)
-        raise typer.Exit(1)
+    task = _look_up(task_id, settings, via_pool, lambda store: store.get_task(task_id))
     if json_output:
         typer.echo(json.dumps(msgspec.to_builtins(task)))
         return
@@ -294,7 +306,7 @@ def show_task(
 
 @tasks_app.command("lineage")
 def task_lineage(
-    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    task_id: TaskIdArgument,
     json_output: JsonLines = False,
     config: ConfigOption = None,
     run_dir: RunDirOption = None,
@@ -305,10 +317,7 @@ def task_lineage(
     async def via_pool(pool: PoolClient) -> dict[str, Any]:
         return (await pool.lineage(task_id)).chain
 
-    chain: dict[str, Any] = _run(settings, via_pool, lambda store: store.lineage(task_id))
-    if not chain:
-        typer.echo(f"error: no task {task_id!r} in the pool", err=True)
-        raise typer.Exit(1)
+    chain = _look_up(task_id, settings, via_pool, lambda store: store.lineage(task_id))
     if json_output:
         typer.echo(json.dumps(chain))
         return

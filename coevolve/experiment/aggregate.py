@@ -122,17 +122,13 @@ def plot_success(intervals: dict[str, dict[float, Interval]], path: Path) -> Pat
     if not intervals:
         plots.empty_note(ax)
     for arm in sorted(intervals, key=lambda a: ARM_ORDER.get(a, 99)):
-        points = intervals[arm]
-        xs = list(points)
-        plots.band(
+        _interval_band(
             ax,
             arm,
-            xs,
-            [points[x].mean for x in xs],
-            [max(0.0, points[x].low) for x in xs],  # a success rate lies in [0, 1]
-            [min(1.0, points[x].high) for x in xs],
-            color=ARM_COLORS.get(arm),
+            intervals[arm],
             offset=0.004 * _span(intervals) * (ARM_ORDER.get(arm, 1) - 1),
+            color=ARM_COLORS.get(arm),
+            rate=True,
         )
     if intervals:
         _minutes_axis(ax, intervals)
@@ -150,16 +146,7 @@ def plot_differences(differences: dict[str, dict[float, Interval]], path: Path) 
     if not drawn:
         plots.empty_note(ax)
     for index, (name, points) in enumerate(drawn.items()):
-        xs = list(points)
-        plots.band(
-            ax,
-            name,
-            xs,
-            [points[x].mean for x in xs],
-            [points[x].low for x in xs],
-            [points[x].high for x in xs],
-            offset=0.004 * _span(drawn) * index,
-        )
+        _interval_band(ax, name, points, offset=0.004 * _span(drawn) * index)
     if drawn:
         _minutes_axis(ax, drawn)
         ax.axhline(0.0, color="black", linewidth=0.8)
@@ -221,6 +208,25 @@ def _span(series: dict[str, dict[float, Interval]]) -> float:
     """The width of the x axis (minutes), at least 1."""
     minutes = [m for points in series.values() for m in points]
     return max(1.0, max(minutes, default=0.0) - min(minutes, default=0.0))
+
+
+def _interval_band(
+    ax: Axes,
+    name: str,
+    points: dict[float, Interval],
+    *,
+    offset: float,
+    color: str | None = None,
+    rate: bool = False,
+) -> None:
+    """``points`` (minute -> interval) as one band; a ``rate``'s interval is cut to [0, 1]."""
+    xs = list(points)
+    low = [points[x].low for x in xs]
+    high = [points[x].high for x in xs]
+    if rate:
+        low = [max(0.0, value) for value in low]
+        high = [min(1.0, value) for value in high]
+    plots.band(ax, name, xs, [points[x].mean for x in xs], low, high, color=color, offset=offset)
 
 
 def _minutes_axis(ax: Axes, series: dict[str, dict[float, Interval]]) -> None:

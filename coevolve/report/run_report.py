@@ -11,9 +11,13 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coevolve.report import plots
 from coevolve.report.run_data import RunData, Scalar, load_run
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 REPORT_FILE = "report.md"
 LEARNING_PANELS = (
@@ -187,14 +191,12 @@ def plot_signals(data: RunData, path: Path) -> Path:
     by_kind: dict[str, list[float]] = {}
     for at, kind in data.signal_events():
         by_kind.setdefault(kind, []).append(data.minutes(at))
-    plots.lines(
+    _cumulative_counts(
         over_time,
-        {kind: plots.cumulative(times, end=end) for kind, times in sorted(by_kind.items())},
+        by_kind,
+        end,
         title="signals received by the explorer (cumulative)",
         ylabel="signals",
-        step=True,
-        legend=True,
-        counts=True,
     )
     plots.bars(
         totals,
@@ -219,16 +221,25 @@ def plot_pool(data: RunData, path: Path) -> Path:
     for task in data.tasks:
         if task.origin != "seed":
             by_origin.setdefault(task.origin, []).append(data.minutes(task.added_at))
+    _cumulative_counts(
+        growth, by_origin, end, title="tasks added by origin (cumulative)", ylabel="tasks"
+    )
+    return plots.save(figure, path)
+
+
+def _cumulative_counts(
+    ax: Axes, times_by_name: dict[str, list[float]], end: float, *, title: str, ylabel: str
+) -> None:
+    """One step line per name: how many of it came by each minute, up to ``end``."""
     plots.lines(
-        growth,
-        {o: plots.cumulative(t, end=end) for o, t in sorted(by_origin.items())},
-        title="tasks added by origin (cumulative)",
-        ylabel="tasks",
+        ax,
+        {name: plots.cumulative(times, end=end) for name, times in sorted(times_by_name.items())},
+        title=title,
+        ylabel=ylabel,
         step=True,
         legend=True,
         counts=True,
     )
-    return plots.save(figure, path)
 
 
 def plot_verdicts(data: RunData, summary: RunSummary, path: Path) -> Path:

@@ -43,7 +43,6 @@ from coevolve.shared.messages import (
     Task,
     TaskCandidate,
     ToolCall,
-    Trajectory,
     Verdict,
 )
 from coevolve.shared.runtime.bus import Bus
@@ -57,6 +56,7 @@ from coevolve.shared.runtime.subjects import (
     heartbeat_subject,
     signal_subject,
 )
+from tests.support.messages import untokenized_trajectory
 from tests.support.wait import wait_until_sync
 
 
@@ -97,16 +97,7 @@ async def publish_data_loop(url: str) -> None:
     bus = await Bus.connect(BusSettings(url=url), name="test-publisher")
     try:
         await bus.ensure_streams()
-        trajectory = Trajectory(
-            id="trajectory-1",
-            task_id="task-1",
-            messages=[],
-            token_ids=[],
-            logprobs=[],
-            loss_mask=[],
-            reward=0.0,
-            policy_version=0,
-        )
+        trajectory = untokenized_trajectory("trajectory-1", "task-1")
         kinds: tuple[SignalKind, ...] = ("boundary", "boundary", "rare")
         for index, kind in enumerate(kinds):
             signal_message = Signal(

@@ -13,9 +13,10 @@ from coevolve.schedules.lockstep import (
     informative_groups,
 )
 from coevolve.services.learner.config import LearnerConfig
-from coevolve.shared.messages import RolloutGroup, Task, Trajectory
+from coevolve.shared.messages import RolloutGroup, Task
 from coevolve.shared.policy import load_policy
 from tests.support.cache import CACHE_DIR
+from tests.support.messages import untokenized_trajectory
 
 
 def test_one_iteration_rolls_out_learns_and_serves_the_new_version() -> None:
@@ -77,16 +78,7 @@ def test_refill_samples_fresh_tasks_while_every_group_ties() -> None:
 def group_of(task: Task, rewards: list[float]) -> RolloutGroup:
     """A group of ``task`` with these rewards (only the rewards matter to the refill)."""
     episodes = [
-        Trajectory(
-            id=f"{task.id}-{i}",
-            task_id=task.id,
-            messages=[],
-            token_ids=[],
-            logprobs=[],
-            loss_mask=[],
-            reward=reward,
-            policy_version=1,
-        )
+        untokenized_trajectory(f"{task.id}-{i}", task.id, reward=reward, policy_version=1)
         for i, reward in enumerate(rewards)
     ]
     return RolloutGroup(

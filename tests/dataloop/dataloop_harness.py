@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 from nats.aio.msg import Msg
 
+from coevolve.shared.config import Settings
 from coevolve.shared.envs.bfcl.tasks import eval_queries, seed_tasks
 from coevolve.shared.messages import (
     ChatMessage,
@@ -36,7 +37,8 @@ from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import CANDIDATES, EXPLORATIONS, VERDICTS
 from coevolve.shared.similarity import LeakGuard
 from coevolve.shared.toolcalls import format_tool_call
-from tests.support.fake_llm import Answer, offered_functions, prompt_text
+from tests.support.fake_llm import Answer, Brain, RoleFakeLLM, offered_functions, prompt_text
+from tests.support.messages import untokenized_trajectory
 
 CRITERIA_TRUE = {
     "api_matching": True,
@@ -77,18 +79,16 @@ def filesystem_seed_tasks(count: int) -> list[Task]:
 def trajectory(task: Task, reward: float, index: int) -> Trajectory:
     """An episode of ``task``: the first ground-truth call, then an answer."""
     call = task.ground_truth[0][0]
-    return Trajectory(
-        id=f"traj-{task.id}-{index}",
-        task_id=task.id,
-        messages=[
-            ChatMessage(role="user", content=task.user_turns[0]),
-            ChatMessage(role="assistant", content=format_tool_call(call), tool_calls=[call]),
-            ChatMessage(role="tool", content="{}"),
-            ChatMessage(role="assistant", content="Done."),
-        ],
-        token_ids=[],
-        logprobs=[],
-        loss_mask=[],
+    messages = [
+        ChatMessage(role="user", content=task.user_turns[0]),
+        ChatMessage(role="assistant", content=format_tool_call(call), tool_calls=[call]),
+        ChatMessage(role="tool", content="{}"),
+        ChatMessage(role="assistant", content="Done."),
+    ]
+    return untokenized_trajectory(
+        f"traj-{task.id}-{index}",
+        task.id,
+        messages,
         reward=reward,
         policy_version=1,
         actions=[call.name],
@@ -208,6 +208,21 @@ class WellFormedBrain:
             "accept": True,
             "reason": "Every call succeeded and the listing shows the requested folder.",
         }
+
+
+def serve_data_loop(settings: Settings, brain: Brain, **abstractor: object) -> RoleFakeLLM:
+    """Start ``brain`` behind a fake remote LLM and set the data loop's services up for it:
+    a pool with whole entries, one short exploration round, the judge's LLM role on;
+    ``abstractor`` adds to (or overrides) its section."""
+    fake = RoleFakeLLM(brain).start()
+    settings.services.update(
+        llm=fake.llm_section(),
+        pool_store=POOL_WITH_ENTRIES,
+        explorer={"rounds": 1, "max_steps": 2},
+        abstractor={"leak_backend": "ngram", **abstractor},
+        judge={"llm_judge": True},  # these tests cover the judge role's path too
+    )
+    return fake
 
 
 @asynccontextmanager

@@ -26,12 +26,12 @@ from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import EXPLORATION_REQUESTS, EXPLORATIONS, ROLLOUT_GROUPS
 from coevolve.shared.runtime.telemetry import read_spans
 from tests.dataloop.dataloop_harness import (
-    POOL_WITH_ENTRIES,
     Published,
     WellFormedBrain,
     filesystem_seed_tasks,
     mixed_group,
     running,
+    serve_data_loop,
 )
 from tests.support.fake_llm import RoleFakeLLM
 from tests.support.pool_store import pool_answering
@@ -45,14 +45,7 @@ async def test_rollout_group_to_accepted_task_with_lineage_in_one_trace(
 ) -> None:
     task = filesystem_seed_tasks(1)[0]
     brain = WellFormedBrain(parent=task)
-    fake = RoleFakeLLM(brain).start()
-    settings.services.update(
-        llm=fake.llm_section(),
-        pool_store=POOL_WITH_ENTRIES,
-        explorer={"rounds": 1, "max_steps": 2},
-        abstractor={"leak_backend": "ngram"},
-        judge={"llm_judge": True},  # these tests cover the judge role's path too
-    )
+    fake = serve_data_loop(settings, brain)
     monitor, explorer = SignalMonitorActor(settings), ExplorerActor(settings)
     abstractor, judge = AbstractorActor(settings), JudgeActor(settings)
     actors = [PoolStoreActor(settings), monitor, explorer, abstractor, judge]

@@ -24,14 +24,13 @@ from coevolve.shared.messages import (
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import ROLLOUT_GROUPS
 from tests.dataloop.dataloop_harness import (
-    POOL_WITH_ENTRIES,
     Published,
     WellFormedBrain,
     filesystem_seed_tasks,
     mixed_group,
     running,
+    serve_data_loop,
 )
-from tests.support.fake_llm import RoleFakeLLM
 from tests.support.pool_store import pool_answering
 from tests.support.wait import wait_until
 
@@ -44,16 +43,9 @@ async def test_three_explorers_two_judges_process_each_message_once(settings: Se
     tasks = filesystem_seed_tasks(GROUPS)
     # Slow answers keep each explorer and judge busy, so the queues spread the work.
     brain = WellFormedBrain(delays={"explorer": 0.15, "summarizer": 0.1, "judge": 0.2})
-    fake = RoleFakeLLM(brain).start()
-    settings.services.update(
-        llm=fake.llm_section(),
-        pool_store=POOL_WITH_ENTRIES,
-        explorer={"rounds": 1, "max_steps": 2},
-        # The requests differ only in a folder name; de-duplication is covered in
-        # test_abstractor_units and would (rightly) drop all but the first here.
-        abstractor={"leak_backend": "ngram", "dedup_threshold": 1.5},
-        judge={"llm_judge": True},  # these tests cover the judge role's path too
-    )
+    # The requests differ only in a folder name; de-duplication is covered in
+    # test_abstractor_units and would (rightly) drop all but the first here.
+    fake = serve_data_loop(settings, brain, dedup_threshold=1.5)
     monitor = SignalMonitorActor(settings)
     explorers = [ExplorerActor(settings) for _ in range(3)]
     abstractor = AbstractorActor(settings)

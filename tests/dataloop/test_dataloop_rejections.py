@@ -19,12 +19,12 @@ from coevolve.shared.messages import Signal, Task, derived_id
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import signal_subject
 from tests.dataloop.dataloop_harness import (
-    POOL_WITH_ENTRIES,
     Published,
     WellFormedBrain,
     filesystem_seed_tasks,
     mixed_group,
     running,
+    serve_data_loop,
 )
 from tests.support.fake_llm import Answer, RoleFakeLLM
 from tests.support.pool_store import pool_answering
@@ -75,15 +75,8 @@ async def test_malformed_outputs_are_counted_rejections_and_services_go_on(
     settings: Settings,
 ) -> None:
     tasks = filesystem_seed_tasks(3)
-    fake = RoleFakeLLM(FirstAnswerMalformed()).start()
-    settings.services.update(
-        llm=fake.llm_section(),
-        pool_store=POOL_WITH_ENTRIES,
-        explorer={"rounds": 1, "max_steps": 2},
-        # the good drafts differ only in a folder name: no de-duplication between them
-        abstractor={"max_tasks": 1, "leak_backend": "ngram", "dedup_threshold": 1.5},
-        judge={"llm_judge": True},  # these tests cover the judge role's path too
-    )
+    # the good drafts differ only in a folder name: no de-duplication between them
+    fake = serve_data_loop(settings, FirstAnswerMalformed(), max_tasks=1, dedup_threshold=1.5)
     explorer, abstractor, judge = (
         ExplorerActor(settings),
         AbstractorActor(settings),

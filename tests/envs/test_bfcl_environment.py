@@ -33,6 +33,13 @@ def play_ground_truth_through_step(env: BfclEnvironment, task: Task) -> float:
     return env.score()
 
 
+def assert_failed(env: BfclEnvironment, error_type: str) -> None:
+    """The episode scores 0, and BFCL's report says ``error_type``."""
+    assert env.score() == 0.0
+    assert env.last_report is not None
+    assert env.last_report.error_type == error_type
+
+
 def test_registry_makes_independent_bfcl_environments() -> None:
     first, second = make_environment("bfcl"), make_environment("bfcl")
     assert first is not second
@@ -75,9 +82,8 @@ def test_plain_text_moves_to_the_next_turn_and_the_last_one_ends(base_tasks: lis
         assert result.info["turn_ended"] and env.turn == turn
     final = env.step("All done.")
     assert final.done and final.observations == []
-    assert env.score() == 0.0  # no calls at all: BFCL's empty-turn failure
-    assert env.last_report is not None
-    assert env.last_report.error_type == "multi_turn:empty_turn_model_response"
+    # no calls at all: BFCL's empty-turn failure
+    assert_failed(env, "multi_turn:empty_turn_model_response")
     after = env.step("anything")
     assert after.done and after.info["errors"] == ["the episode is over"]
 
@@ -119,9 +125,7 @@ def test_per_turn_step_budget_force_terminates_with_score_zero(base_tasks: list[
     results = [env.step(_call("pwd")) for _ in range(4)]
     assert [r.done for r in results] == [False, False, False, True]
     assert "step budget" in results[-1].info["end_reason"]
-    assert env.score() == 0.0
-    assert env.last_report is not None
-    assert env.last_report.error_type == "multi_turn:force_terminated"
+    assert_failed(env, "multi_turn:force_terminated")
 
 
 def test_episode_step_budget(base_tasks: list[Task]) -> None:
@@ -319,9 +323,7 @@ def test_tasks_with_a_broken_config_are_refused_clearly(base_tasks: list[Task]) 
     env.reset(unlabelled)
     for _ in unlabelled.user_turns:
         env.step("ok")
-    assert env.score() == 0.0
-    assert env.last_report is not None
-    assert env.last_report.error_type == "task:ground_truth_mismatch"
+    assert_failed(env, "task:ground_truth_mismatch")
 
 
 def test_execute_counts_toward_the_step_budget(base_tasks: list[Task]) -> None:

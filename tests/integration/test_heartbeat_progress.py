@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import anyio
 import msgspec
 import pytest
 
-from coevolve.cli.status import collect, service_lines
+from coevolve.cli.status import service_lines
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import Heartbeat, decode
 from coevolve.shared.runtime.actor import Actor, ActorRunner
 from coevolve.shared.runtime.bus import Bus
+from tests.support.status import status_row
 
 pytestmark = pytest.mark.anyio
 
@@ -41,17 +41,6 @@ class WarmingUp(Actor):
         await anyio.to_thread.run_sync(train, abandon_on_cancel=True)
 
 
-async def service_row(bus: Bus, want: Any) -> dict[str, Any]:
-    """The `status` row of the warming service once ``want(row)`` holds."""
-    with anyio.fail_after(15):
-        while True:
-            report = await collect(bus, stale_after_s=5.0)
-            rows = [s for s in report["services"] if s["service"] == "warming"]
-            if rows and want(rows[0]):
-                return rows[0]
-            await anyio.sleep(0.1)
-
-
 async def test_reported_progress_reaches_status_and_clears_when_running(
     settings: Settings,
 ) -> None:
@@ -61,7 +50,7 @@ async def test_reported_progress_reaches_status_and_clears_when_running(
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: runner.run(handle_signals=False))
-            row = await service_row(bus, lambda r: r["progress_done"] == 7)
+            row = await status_row(bus, "warming", lambda r: r["progress_done"] == 7, 15, 0.1)
             assert (row["phase"], row["progress_total"], row["detail"]) == (
                 "warm start",
                 16,
@@ -72,7 +61,7 @@ async def test_reported_progress_reaches_status_and_clears_when_running(
             assert line.endswith("  warm start 7/16  epoch 1")
 
             actor.may_finish.set()
-            row = await service_row(bus, lambda r: r["phase"] == "running")
+            row = await status_row(bus, "warming", lambda r: r["phase"] == "running", 15, 0.1)
             assert (row["progress_done"], row["progress_total"], row["detail"]) == (None, None, "")
             assert service_lines([row])[1].endswith("  running")
             runner.request_stop()

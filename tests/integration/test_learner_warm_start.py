@@ -4,14 +4,11 @@ demonstrations GRPO replays chosen and kept."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
 import msgspec
 import pytest
 import torch
 
-from coevolve.cli.status import collect
 from coevolve.services.learner.actor import LearnerActor
 from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.shared.config import Settings
@@ -19,18 +16,9 @@ from coevolve.shared.messages import Task
 from coevolve.shared.policy_sync import latest_policy
 from coevolve.shared.runtime.actor import ActorRunner
 from coevolve.shared.runtime.bus import Bus
+from tests.support.status import status_row
 
 pytestmark = pytest.mark.anyio
-
-
-async def learner_row(bus: Bus, want: Any, timeout: float) -> dict[str, Any]:
-    with anyio.fail_after(timeout):
-        while True:
-            report = await collect(bus, stale_after_s=5.0)
-            rows = [s for s in report["services"] if s["service"] == "learner"]
-            if rows and want(rows[0]):
-                return rows[0]
-            await anyio.sleep(0.2)
 
 
 async def test_warm_start_waits_for_tasks_reports_progress_and_is_recorded(
@@ -49,14 +37,14 @@ async def test_warm_start_waits_for_tasks_reports_progress_and_is_recorded(
     await bus.ensure_streams()
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: ActorRunner(learner).run(handle_signals=False))
-        failed = await learner_row(bus, lambda r: r["phase"] == "warm start failed", 60)
+        failed = await status_row(bus, "learner", lambda r: r["phase"] == "warm start failed", 60)
         assert "retrying" in failed["detail"]
 
         pool = ActorRunner(PoolStoreActor(loop_settings))  # the tasks become reachable
         tg.start_soon(lambda: pool.run(handle_signals=False))
-        progress = await learner_row(bus, lambda r: r["phase"] == "warm start", 90)
+        progress = await status_row(bus, "learner", lambda r: r["phase"] == "warm start", 90)
         assert progress["progress_total"] in (None, 2)
-        await learner_row(bus, lambda r: r["phase"] == "running", 240)
+        await status_row(bus, "learner", lambda r: r["phase"] == "running", 240)
 
         announced = await latest_policy(bus)
         assert announced is not None and announced.version == 1

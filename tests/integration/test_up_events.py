@@ -25,7 +25,6 @@ from coevolve.shared.messages import (
     Signal,
     Task,
     TaskAdded,
-    Trajectory,
     Verdict,
     encode,
 )
@@ -39,6 +38,7 @@ from coevolve.shared.runtime.subjects import (
     metrics_subject,
     signal_subject,
 )
+from tests.support.messages import heartbeat, untokenized_trajectory
 from tests.support.wait import wait_until_sync
 
 pytestmark = pytest.mark.anyio
@@ -55,16 +55,7 @@ def task(task_id: str) -> Task:
 
 
 def signal(kind: str, task_id: str) -> Signal:
-    trajectory = Trajectory(
-        id="traj-1",
-        task_id=task_id,
-        messages=[],
-        token_ids=[1, 2],
-        logprobs=[0.0, -0.5],
-        loss_mask=[0, 1],
-        reward=0.0,
-        policy_version=3,
-    )
+    trajectory = untokenized_trajectory("traj-1", task_id, policy_version=3)
     return Signal(
         kind=kind,  # type: ignore[arg-type]
         task=task(task_id),
@@ -74,22 +65,13 @@ def signal(kind: str, task_id: str) -> Signal:
     )
 
 
+def learner_heartbeat(phase: str, done: int | None = None, total: int | None = None) -> Heartbeat:
+    return heartbeat("learner", phase, progress_done=done, progress_total=total)
+
+
 def policy(version: int, step: int) -> PolicyVersion:
     return PolicyVersion(
         version=version, step=step, bucket="b", object_name=f"v{version}", base_model="m"
-    )
-
-
-def heartbeat(phase: str, done: int | None = None, total: int | None = None) -> Heartbeat:
-    return Heartbeat(
-        service="learner",
-        instance="i1",
-        pid=1,
-        host="h",
-        started_at=0.0,
-        phase=phase,
-        progress_done=done,
-        progress_total=total,
     )
 
 
@@ -132,8 +114,10 @@ async def test_policy_signal_verdict_and_progress_lines(settings: Settings) -> N
     try:
         async with anyio.create_task_group() as tg:
             await watching.start(tg)
-            await bus.publish_core(heartbeat_subject("learner"), heartbeat("starting"))
-            await bus.publish_core(heartbeat_subject("learner"), heartbeat("warm start", 7, 16))
+            await bus.publish_core(heartbeat_subject("learner"), learner_heartbeat("starting"))
+            await bus.publish_core(
+                heartbeat_subject("learner"), learner_heartbeat("warm start", 7, 16)
+            )
             await wait_for_line(lines, r"learner\s+warm start 7/16")
 
             # the announcement comes first, the step's metrics just after (as the learner does)
@@ -240,7 +224,7 @@ def test_progress_lines_are_throttled_but_a_new_phase_prints_at_once() -> None:
 
     def beat(phase: str, done: int | None = None, at: float = 0.0) -> None:
         clock[0] = at
-        tracker.on_message(heartbeat_subject("learner"), encode(heartbeat(phase, done, 16)))
+        tracker.on_message(heartbeat_subject("learner"), encode(learner_heartbeat(phase, done, 16)))
 
     beat("warm start", 0, at=0.0)
     beat("warm start", 1, at=1.0)  # too soon
@@ -281,7 +265,7 @@ def test_the_thread_of_up_prints_and_stops(settings: Settings) -> None:
             with anyio.fail_after(15):
                 while not seen():
                     await bus.publish_core(
-                        heartbeat_subject("learner"), heartbeat("warm start", 3, 16)
+                        heartbeat_subject("learner"), learner_heartbeat("warm start", 3, 16)
                     )
                     await anyio.sleep(0.2)
         finally:

@@ -53,6 +53,7 @@ from coevolve.shared.messages import (
     Trajectory,
 )
 from coevolve.shared.structured import Rejection, function_call_schema, parse_structured
+from tests.support.messages import untokenized_trajectory
 
 
 @pytest.fixture(scope="module")
@@ -96,16 +97,7 @@ def flagged_trajectory(task: Task) -> Trajectory:
         )
         messages.append(ChatMessage(role="tool", content="file_" * 40 + str(i)))
     messages.append(ChatMessage(role="assistant", content="I could not finish the task."))
-    return Trajectory(
-        id="traj-1",
-        task_id=task.id,
-        messages=messages,
-        token_ids=[],
-        logprobs=[],
-        loss_mask=[],
-        reward=0.0,
-        policy_version=2,
-    )
+    return untokenized_trajectory("traj-1", task.id, messages, policy_version=2)
 
 
 EVIDENCE: dict[SignalKind, dict[str, Any]] = {

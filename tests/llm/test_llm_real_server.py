@@ -49,6 +49,7 @@ from coevolve.shared.structured import (
     tool_names,
 )
 from coevolve.shared.toolcalls import format_tool_call
+from tests.support.messages import untokenized_trajectory
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -118,16 +119,7 @@ def short_trajectory(task: Task) -> Trajectory:
         ChatMessage(role="tool", content='{"current_directory_content": ["documents"]}'),
         ChatMessage(role="assistant", content="I could not finish the task."),
     ]
-    return Trajectory(
-        id="traj-1",
-        task_id=task.id,
-        messages=messages,
-        token_ids=[],
-        logprobs=[],
-        loss_mask=[],
-        reward=0.0,
-        policy_version=1,
-    )
+    return untokenized_trajectory("traj-1", task.id, messages, policy_version=1)
 
 
 # --------------------------------------------------------------------------- the roles

@@ -19,12 +19,12 @@ from coevolve.bench.chaos import (
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.messages import (
     GRPO_STEP_PHASE,
-    Heartbeat,
     RolloutResults,
     ScoreSample,
     Task,
 )
 from coevolve.shared.runtime.subjects import SERVICES
+from tests.support.messages import heartbeat
 
 
 def test_every_fault_happens_once_in_the_middle_of_the_run() -> None:
@@ -38,25 +38,13 @@ def test_every_fault_happens_once_in_the_middle_of_the_run() -> None:
     assert fault_schedule(10.0, seed=4) != faults
 
 
-def beat(service: str, phase: str = "running", in_flight: int = 0) -> Heartbeat:
-    return Heartbeat(
-        service=service,
-        instance="i",
-        pid=1,
-        host="h",
-        started_at=0.0,
-        phase=phase,
-        in_flight=in_flight,
-    )
-
-
 def test_the_learner_is_busy_only_in_a_grpo_step() -> None:
     # holding groups while it waits for more is not a step
-    assert not is_busy(beat("learner", in_flight=2))
-    assert not is_busy(beat("learner", phase="warm start", in_flight=1))
-    assert is_busy(beat("learner", phase=GRPO_STEP_PHASE, in_flight=2))
-    assert is_busy(beat("rollout", in_flight=1))
-    assert not is_busy(beat("rollout")) and not is_busy(None)
+    assert not is_busy(heartbeat("learner", in_flight=2))
+    assert not is_busy(heartbeat("learner", phase="warm start", in_flight=1))
+    assert is_busy(heartbeat("learner", phase=GRPO_STEP_PHASE, in_flight=2))
+    assert is_busy(heartbeat("rollout", in_flight=1))
+    assert not is_busy(heartbeat("rollout")) and not is_busy(None)
 
 
 def test_the_pool_audit_counts_duplicate_rows(tmp_path: Path) -> None:

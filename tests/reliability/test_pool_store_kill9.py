@@ -16,8 +16,8 @@ from pathlib import Path
 
 import duckdb
 import nats.errors
-import yaml
 
+from coevolve.bench.flood import write_bare_pool_config
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.config import BusSettings
 from coevolve.shared.messages import Lineage, Task, TaskAdded, Verdict, decode
@@ -82,16 +82,7 @@ def test_kill_9_during_a_verdict_burst_loses_nothing(
 ) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    config = run_dir / "config.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "services": {"pool_store": {"feed_jobs": False, "seed_environments": []}},
-                "telemetry": {"exporter": "none"},
-                "runtime": {"fetch_timeout_s": 0.3},
-            }
-        )
-    )
+    config = write_bare_pool_config(run_dir / "config.yaml")
     processes = [start_pool_store(run_dir, config, nats_server.url)]
     try:
         acked, recorded_at_kill, added_events = asyncio.run(

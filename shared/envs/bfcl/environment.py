@@ -80,14 +80,19 @@ class BfclEnvironment:
         self._task: Task | None = None
         self._instances: Instances = {}
         self._functions: dict[str, FunctionDoc] = {}
-        self._record: EpisodeRecord = []
+        self._clear_episode(started=False)
+
+    def _clear_episode(self, *, started: bool) -> None:
+        """The episode's record and counters at their start; ``started``: its first turn is
+        open (not yet: nothing recorded, and done until ``reset``)."""
+        self._record: EpisodeRecord = [[]] if started else []
         # per turn, the names of calls refused by validation (partial credit counts them)
-        self._refused: list[list[str]] = []
+        self._refused: list[list[str]] = [[]] if started else []
         self._turn = 0
         self._first_turn = 0
         self._steps = 0
         self._steps_in_turn = 0
-        self._done = True
+        self._done = not started
         self._completed = False
         self._end_reason = ""
         self._report: ScoreReport | None = None
@@ -149,16 +154,7 @@ class BfclEnvironment:
         self._instances = create_instances(
             involved, task.initial_state, bool(config.get("long_context"))
         )
-        self._record = [[]]
-        self._refused = [[]]
-        self._turn = 0
-        self._first_turn = 0
-        self._steps = 0
-        self._steps_in_turn = 0
-        self._done = False
-        self._completed = False
-        self._end_reason = ""
-        self._report = None
+        self._clear_episode(started=True)
         conversation = self._replay_prior_turns(prior_turns, prior_truth)
         self._first_turn = len(prior_turns)
         self._refresh_functions()

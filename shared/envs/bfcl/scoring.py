@@ -116,21 +116,22 @@ def score_episode(task: Task, record: EpisodeRecord, completed: bool) -> ScoreRe
             continue
         state = state_checker(model_instances, truth_instances)
         if not state["valid"]:
-            return ScoreReport(
-                False,
-                state["error_type"],
-                f"turn {turn_index}: {state['error_message']}",
-                {"differences": state["details"]["differences"], "turn": turn_index},
-            )
+            return _failed_check(state, turn_index, "differences")
         response = response_checker(all_model_results, truth_results, turn_index)
         if not response["valid"]:
-            return ScoreReport(
-                False,
-                response["error_type"],
-                f"turn {turn_index}: {response['error_message']}",
-                {"missing_items": response["details"]["missing_items"], "turn": turn_index},
-            )
+            return _failed_check(response, turn_index, "missing_items")
     return ScoreReport(True)
+
+
+def _failed_check(check: dict[str, Any], turn_index: int, detail: str) -> ScoreReport:
+    """The report of a BFCL checker's failed ``check`` in turn ``turn_index``, with the one
+    ``detail`` it names."""
+    return ScoreReport(
+        False,
+        check["error_type"],
+        f"turn {turn_index}: {check['error_message']}",
+        {detail: check["details"][detail], "turn": turn_index},
+    )
 
 
 def record_call_strings(record: EpisodeRecord) -> list[list[list[str]]]:

@@ -55,21 +55,22 @@ class CallValidationError(ValueError):
     """The call cannot be dispatched; ``str(error)`` is the observation for the agent."""
 
 
+# JSON Schema's type names of Python values; bool before int (a bool is an int)
+_JSON_TYPE_NAMES: tuple[tuple[type, str], ...] = (
+    (type(None), "null"),
+    (bool, "boolean"),
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "object"),
+)
+
+
 def _json_type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
+    for python_type, name in _JSON_TYPE_NAMES:
+        if isinstance(value, python_type):
+            return name
     return type(value).__name__
 
 

@@ -60,6 +60,23 @@ class Sampled:
     prompt: list[int]
     generations: list[Generation]
 
+    def trajectory(
+        self, generation: Generation, reward: float, name: str, version: int = 0
+    ) -> Trajectory:
+        """``generation`` as the rollout service records it: behaviour log-probs and a loss
+        mask over the generated tokens."""
+        return Trajectory(
+            id=name,
+            task_id="colour",
+            messages=[*self.messages, ChatMessage(role="assistant", content=generation.text)],
+            token_ids=self.prompt + generation.completion_ids,
+            logprobs=[0.0] * len(self.prompt) + generation.logprobs,
+            loss_mask=[0] * len(self.prompt) + [1] * len(generation.completion_ids),
+            reward=reward,
+            policy_version=version,
+            temperature=generation.temperature,
+        )
+
 
 @pytest.fixture(scope="session")
 def sampled(policy_factory: PolicyFactory) -> Sampled:
@@ -75,30 +92,16 @@ def sampled(policy_factory: PolicyFactory) -> Sampled:
 
 @pytest.fixture
 def make_group(sampled: Sampled) -> GroupFactory:
-    """``make_group(rewards, version=0, offset=0)``: a group of real sampled trajectories.
-
-    They carry the engine's behaviour log-probs and a loss mask over the generated tokens,
-    exactly as the rollout service records them; ``offset`` picks other samples.
-    """
+    """``make_group(rewards, version=0, offset=0)``: a group of real sampled trajectories
+    (see :meth:`Sampled.trajectory`); ``offset`` picks other samples."""
 
     def make(rewards: list[float], version: int = 0, offset: int = 0) -> RolloutGroup:
-        trajectories = []
-        for i, reward in enumerate(rewards):
-            index = (offset + i) % SAMPLES
-            g = sampled.generations[index]
-            trajectories.append(
-                Trajectory(
-                    id=f"traj-{offset}-{i}",
-                    task_id="colour",
-                    messages=[*sampled.messages, ChatMessage(role="assistant", content=g.text)],
-                    token_ids=sampled.prompt + g.completion_ids,
-                    logprobs=[0.0] * len(sampled.prompt) + g.logprobs,
-                    loss_mask=[0] * len(sampled.prompt) + [1] * len(g.completion_ids),
-                    reward=reward,
-                    policy_version=version,
-                    temperature=g.temperature,
-                )
+        trajectories = [
+            sampled.trajectory(
+                sampled.generations[(offset + i) % SAMPLES], reward, f"traj-{offset}-{i}", version
             )
+            for i, reward in enumerate(rewards)
+        ]
         return RolloutGroup(
             task_id="colour", origin="seed", policy_version=version, trajectories=trajectories
         )

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from coevolve.services.learner.grpo import grpo_loss
+from coevolve.services.learner.grpo import GrpoStats, grpo_loss
 
 CURRENT = [[-9.0, -1.0, -2.0, -0.7, -3.0], [-9.0, -1.1, -2.5, -0.2, -0.4]]
 MASK = [[0, 1, 1, 1, 1], [0, 1, 1, 1, 0]]
@@ -32,24 +32,43 @@ def shifted(logprobs: torch.Tensor, shift: list[list[float]]) -> torch.Tensor:
     return logprobs.detach() + torch.tensor(shift)
 
 
-def test_stale_tokens_lose_their_gradient_under_the_behaviour_clip_but_not_decoupled() -> None:
-    mask, advantages = torch.tensor(MASK), torch.tensor(ADVANTAGES)
+def example_loss(
+    logprobs: torch.Tensor,
+    behaviour: torch.Tensor,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    *,
+    proximal_logprobs: torch.Tensor | None = None,
+    behaviour_weight_cap: float | None = None,
+) -> tuple[torch.Tensor, GrpoStats]:
+    """``grpo_loss`` over ``MASK`` and ``ADVANTAGES``, with no reference policy (decoupled
+    when given ``proximal_logprobs``)."""
+    return grpo_loss(
+        logprobs,
+        behaviour,
+        None,
+        torch.tensor(ADVANTAGES),
+        torch.tensor(MASK),
+        clip_eps_low,
+        clip_eps_high,
+        proximal_logprobs=proximal_logprobs,
+        behaviour_weight_cap=behaviour_weight_cap,
+    )
 
+
+def test_stale_tokens_lose_their_gradient_under_the_behaviour_clip_but_not_decoupled() -> None:
     plain = current()
     behaviour = shifted(plain, STALE_SHIFT)
-    loss, stats = grpo_loss(plain, behaviour, None, advantages, mask, 0.2, 0.28)
+    loss, stats = example_loss(plain, behaviour, 0.2, 0.28)
     loss.backward()
     assert plain.grad is not None
     assert all(plain.grad[row, col].item() == 0.0 for row, col in STALE)
     assert stats.clip_fraction == pytest.approx(4 / TOKENS)
 
     decoupled = current()
-    loss, stats = grpo_loss(
+    loss, stats = example_loss(
         decoupled,
         behaviour,
-        None,
-        advantages,
-        mask,
         0.2,
         0.28,
         proximal_logprobs=decoupled.detach(),
@@ -76,21 +95,14 @@ def test_stale_tokens_lose_their_gradient_under_the_behaviour_clip_but_not_decou
 
 
 def test_the_capped_weight_bounds_a_wildly_stale_token() -> None:
-    mask, advantages = torch.tensor(MASK), torch.tensor(ADVANTAGES)
     shift = [[0.0, 0.0, -50.0, 0.0, 0.0], [0.0, 0.0, -50.0, 0.0, 0.0]]  # w = e^50
     one_sided = [shift[0], [0.0] * 5]  # so the uncapped terms cannot cancel
     cap = 5.0
 
     logprobs = current()
     behaviour = shifted(logprobs, shift)
-    loss, stats = grpo_loss(
-        logprobs,
-        behaviour,
-        None,
-        advantages,
-        mask,
-        proximal_logprobs=logprobs.detach(),
-        behaviour_weight_cap=cap,
+    loss, stats = example_loss(
+        logprobs, behaviour, proximal_logprobs=logprobs.detach(), behaviour_weight_cap=cap
     )
     loss.backward()
     # seq 1 (A=+1): weights 1, 5, 1, 1; seq 2 (A=-1): 1, 5, 1
@@ -103,13 +115,8 @@ def test_the_capped_weight_bounds_a_wildly_stale_token() -> None:
     assert stats.behaviour_weight_max == pytest.approx(math.exp(50.0), rel=1e-4)
 
     uncapped = current()
-    loss, _ = grpo_loss(
-        uncapped,
-        shifted(uncapped, one_sided),
-        None,
-        advantages,
-        mask,
-        proximal_logprobs=uncapped.detach(),
+    loss, _ = example_loss(
+        uncapped, shifted(uncapped, one_sided), proximal_logprobs=uncapped.detach()
     )
     assert abs(loss.item()) > 1e15  # what the cap is there for
 
@@ -123,18 +130,8 @@ def test_later_updates_clip_against_the_proximal_policy_by_hand() -> None:
     # log w = proximal - behaviour on the masked tokens
     log_weights = [[0.0, 0.5, 0.0, -0.3, 2.0], [0.0, 0.0, 0.1, 3.0, 0.0]]
     behaviour = proximal - torch.tensor(log_weights)
-    mask, advantages = torch.tensor(MASK), torch.tensor(ADVANTAGES)
-
-    loss, stats = grpo_loss(
-        logprobs,
-        behaviour,
-        None,
-        advantages,
-        mask,
-        0.2,
-        0.2,
-        proximal_logprobs=proximal,
-        behaviour_weight_cap=5.0,
+    loss, stats = example_loss(
+        logprobs, behaviour, proximal_logprobs=proximal, behaviour_weight_cap=5.0
     )
     # -min(r·A, clip(r)·A) with r = π_θ/π_prox (as in test_grpo's hand computation):
     # seq 1: r = e^0.2 (clipped to 1.2), e^-0.5, 1, 1; seq 2: e^0.1, e^-0.5 (clipped: 0.8), 1
@@ -156,12 +153,9 @@ def test_later_updates_clip_against_the_proximal_policy_by_hand() -> None:
 def test_a_cap_must_be_positive() -> None:
     logprobs = current()
     with pytest.raises(ValueError):
-        grpo_loss(
+        example_loss(
             logprobs,
             logprobs.detach(),
-            None,
-            torch.tensor(ADVANTAGES),
-            torch.tensor(MASK),
             proximal_logprobs=logprobs.detach(),
             behaviour_weight_cap=0.0,
         )

@@ -18,8 +18,8 @@ from coevolve.services.learner.trainer import GrpoLearner, pad_batch
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.episodes import run_group
-from coevolve.shared.messages import ChatMessage, RolloutGroup, Trajectory
-from coevolve.shared.policy import Generation, LoadedPolicy, SamplingParams, TransformersEngine
+from coevolve.shared.messages import RolloutGroup, Trajectory
+from coevolve.shared.policy import LoadedPolicy, SamplingParams, TransformersEngine
 from coevolve.shared.policy.logprobs import sequence_logprobs
 
 from .conftest import TEMPERATURE, GroupFactory, Sampled
@@ -30,20 +30,6 @@ OTHER_TEMPERATURE = 0.7
 def config(**overrides: object) -> LearnerConfig:
     return msgspec.convert(
         {"micro_batch_size": 8, "min_shared_prompt": 1, **overrides}, LearnerConfig
-    )
-
-
-def trajectory(sampled: Sampled, generation: Generation, reward: float, name: str) -> Trajectory:
-    return Trajectory(
-        id=name,
-        task_id="colour",
-        messages=[*sampled.messages, ChatMessage(role="assistant", content=generation.text)],
-        token_ids=sampled.prompt + generation.completion_ids,
-        logprobs=[0.0] * len(sampled.prompt) + generation.logprobs,
-        loss_mask=[0] * len(sampled.prompt) + [1] * len(generation.completion_ids),
-        reward=reward,
-        policy_version=0,
-        temperature=generation.temperature,
     )
 
 
@@ -59,8 +45,8 @@ def test_each_trajectory_is_scored_at_the_temperature_it_was_sampled_at(
     cooler = TransformersEngine(policy).generate([sampled.prompt] * 2, params)
     group = make_group([1.0, 0.0])  # sampled at TEMPERATURE
     group.trajectories += [
-        trajectory(sampled, cooler[0], 0.0, "cool-0"),
-        trajectory(sampled, cooler[1], 1.0, "cool-1"),
+        sampled.trajectory(cooler[0], 0.0, "cool-0"),
+        sampled.trajectory(cooler[1], 1.0, "cool-1"),
     ]
     assert [t.temperature for t in group.trajectories] == [TEMPERATURE] * 2 + [0.7] * 2
     learner = GrpoLearner(policy, config())  # no temperature anywhere in the learner's config

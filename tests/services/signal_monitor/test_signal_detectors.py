@@ -19,8 +19,9 @@ from coevolve.services.signal_monitor.handler import SignalMonitor
 from coevolve.services.signal_monitor.state import MonitorState, count_patterns, quantile
 from coevolve.shared.envs.bfcl.environment import BfclEnvironment
 from coevolve.shared.envs.bfcl.tasks import load_turn_tasks
-from coevolve.shared.messages import RolloutGroup, Signal, Trajectory, decode, encode
+from coevolve.shared.messages import RolloutGroup, Signal, decode, encode
 from tests.services.signal_monitor.signal_groups import TASK, group, trajectory
+from tests.support.messages import untokenized_trajectory
 
 CONFIG = MonitorConfig()
 
@@ -200,16 +201,8 @@ def test_rare_reads_the_environments_executed_calls() -> None:
 
 
 def test_actions_fall_back_to_call_strings() -> None:
-    bare = Trajectory(
-        id="t",
-        task_id=TASK.id,
-        messages=[],
-        token_ids=[],
-        logprobs=[],
-        loss_mask=[],
-        reward=0.0,
-        policy_version=0,
-        actions=["cd(folder='docs')", "mv(source='a', destination='b')"],
+    bare = untokenized_trajectory(
+        "t", TASK.id, actions=["cd(folder='docs')", "mv(source='a', destination='b')"]
     )
     assert trajectory_actions(bare) == ["cd", "mv"]
 
