@@ -9,13 +9,14 @@ A labelled set from BFCL's train-split per-turn tasks (``bfcl-turns-base``):
   replaced by another value that parameter takes elsewhere, or a changed number),
   ``dropped_call`` (one state-changing call left out) and ``other_description`` (the
   user message of another turn whose calls share no function with this one's).
-  Three more are the errors synthesis made in default runs: ``written_as_call`` (the
+  Four more are the errors synthesis made in default runs: ``written_as_call`` (the
   request replaced by a call and its result, or a function name and a "Details:" clause),
   ``opposite_function`` (one call swapped for the function of the opposite action in its
   class: remove for add, unfollow for follow), ``unused_value`` (the request also names a
-  value no call uses). One more kind is reported on its own, outside the overall reject
-  rate: ``redundant_call`` (a state-changing call made twice in a row), what minimality
-  is for.
+  value no call uses), ``about_the_call`` (the request replaced by a question about its
+  call, or told as what the assistant must do). One more kind is reported on its own,
+  outside the overall reject rate: ``redundant_call`` (a state-changing call made twice in
+  a row), what minimality is for.
 
 Each candidate goes through the judge's stages in its order: replay, minimality,
 relevance (arguments named, intent), round trip (an LLM solver must reach the same
@@ -68,6 +69,7 @@ CORRUPTIONS: tuple[str, ...] = (
     "written_as_call",
     "opposite_function",
     "unused_value",
+    "about_the_call",
 )
 # reported on its own, not in the overall reject rate
 EXTRA_CORRUPTIONS: tuple[str, ...] = ("redundant_call",)
@@ -241,6 +243,24 @@ def written_as_call(task: Task, trace: CallTrace, rng: random.Random) -> Labelle
     return Labelled(corrupted, "written_as_call", task.id, request[:60])
 
 
+def about_the_call(task: Task, trace: CallTrace, rng: random.Random) -> Labelled | None:
+    """The request replaced by what synthesis wrote in a default run: a question about the
+    call (``What does this call do? Details: ...``), or the request told as what the
+    assistant must do."""
+    if not trace.calls:
+        return None
+    first = trace.calls[0]
+    if rng.random() < 0.5:
+        values = "; ".join(f"{k.replace('_', ' ')} {v!r}" for k, v in first.call.arguments.items())
+        request = (
+            f"What does this call do? Details: {values}." if values else "What does this call do?"
+        )
+    else:
+        request = f"To do this, the assistant needs to act on the request: {task.user_turns[0]}"
+    corrupted = msgspec.structs.replace(task, id=f"{task.id}~ac", user_turns=[request])
+    return Labelled(corrupted, "about_the_call", task.id, request[:60])
+
+
 def unused_value(
     task: Task, pool: dict[tuple[str, str], list[Any]], rng: random.Random
 ) -> Labelled | None:
@@ -376,6 +396,8 @@ def labelled_set(
             "opposite_function": opposite_function(task, pool, rng),
             "unused_value": unused_value(task, pool, rng),
             "redundant_call": redundant_call(task, trace, rng),
+            # its own generator, so the kinds above draw what they drew before it existed
+            "about_the_call": about_the_call(task, trace, random.Random(f"{seed}:{task.id}")),
         }
         for kind, negative in made.items():
             if negative is None:
@@ -585,18 +607,7 @@ def summarize(outcomes: Sequence[Outcome], stage: str) -> dict[str, Any]:
 
 def standalone(outcomes: Sequence[Outcome]) -> dict[str, dict[str, float | None]]:
     """Per check, the share of each kind of candidate it rejects on its own."""
-    checks = (
-        "replay",
-        "minimality",
-        "plain_request",
-        "real_values",
-        "same_action",
-        "names_arguments",
-        "covers_description",
-        "intent_matches",
-        "round_trip",
-        "llm_judge",
-    )
+    checks = ("replay", "minimality", *RELEVANCE_CHECKS, "round_trip", "llm_judge")
     kinds = ("positive", *ALL_CORRUPTIONS)
     table: dict[str, dict[str, float | None]] = {}
     for check in checks:

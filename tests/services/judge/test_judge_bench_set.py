@@ -37,6 +37,9 @@ def test_each_negative_differs_from_its_positive_by_one_corruption() -> None:
         if item.kind == "written_as_call":
             assert after == before and before[0].name in task.user_turns[0]
             continue
+        if item.kind == "about_the_call":
+            assert after == before and task.user_turns != source.user_turns
+            continue
         if item.kind == "unused_value":
             assert after == before and task.user_turns[0].startswith(source.user_turns[0])
             continue
@@ -66,7 +69,7 @@ def test_the_set_is_the_same_on_every_build() -> None:
 def test_the_errors_synthesis_made_are_in_the_set_and_rejected() -> None:
     """Each new kind applies to some turns and the judge's deterministic stages reject it."""
     items, _ = labelled_set(12, seed=5)
-    kinds = {"written_as_call", "opposite_function", "unused_value"}
+    kinds = {"written_as_call", "opposite_function", "unused_value", "about_the_call"}
     made = [i for i in items if i.kind in kinds]
     assert {i.kind for i in made} == kinds
     for item in made:
