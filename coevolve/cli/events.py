@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,7 +31,7 @@ from coevolve.shared.messages import (
     Verdict,
     decode,
 )
-from coevolve.shared.runtime.bus import Bus, BusError
+from coevolve.shared.runtime.bus import MSG_ID_HEADER, Bus, BusError
 from coevolve.shared.runtime.subjects import (
     DEAD_LETTERS,
     HEARTBEATS,
@@ -130,8 +131,19 @@ class EventTracker:
     _shown: dict[tuple[str, str], _Shown] = field(default_factory=dict, init=False)
     _metrics: dict[int, dict[str, float]] = field(default_factory=dict, init=False)
     _pending: dict[int, _PendingPolicy] = field(default_factory=dict, init=False)
+    _recent_ids: set[str] = field(default_factory=set, init=False)
+    _recent_order: deque[str] = field(default_factory=lambda: deque(maxlen=4096), init=False)
 
-    def on_message(self, subject: str, data: bytes) -> None:
+    def on_message(self, subject: str, data: bytes, message_id: str | None = None) -> None:
+        """Print what one message says; a JetStream message whose id was just seen is a
+        publish retried after a full stream (core subscribers see every try): skipped."""
+        if message_id is not None:
+            if message_id in self._recent_ids:
+                return
+            if len(self._recent_order) == self._recent_order.maxlen:
+                self._recent_ids.discard(self._recent_order[0])
+            self._recent_order.append(message_id)
+            self._recent_ids.add(message_id)
         try:
             self._dispatch(subject, data)
         except Exception as exc:
@@ -294,7 +306,7 @@ async def _pump(subscription: Subscription, tracker: EventTracker, poll_s: float
             log.debug("event watcher: %s", exc)
             await anyio.sleep(poll_s)
             continue
-        tracker.on_message(msg.subject, msg.data)
+        tracker.on_message(msg.subject, msg.data, (msg.headers or {}).get(MSG_ID_HEADER))
 
 
 class EventWatcherThread:

@@ -176,6 +176,27 @@ async def test_bad_bytes_on_watched_subjects_do_not_stop_the_watcher(settings: S
         await bus.close()
 
 
+async def test_a_retried_publish_prints_one_line(settings: Settings) -> None:
+    """A publish retried after a full stream reaches core subscribers twice, with one id."""
+    bus = await connect(settings)
+    watching = Watching(settings.bus.url)
+    try:
+        async with anyio.create_task_group() as tg:
+            await watching.start(tg)
+            rejected = Verdict(
+                candidate_id="c1", accepted=False, reasons=["no call"], task=task("cand-1")
+            )
+            await bus.publish(VERDICTS, rejected)
+            await bus.publish(VERDICTS, rejected)  # the same message id: a retry
+            accepted = Verdict(candidate_id="c2", accepted=True, reasons=[], task=task("cand-2"))
+            await bus.publish(VERDICTS, accepted)
+            await wait_for_line(watching.lines, r"judge\s+accepted task cand-2")
+            tg.cancel_scope.cancel()
+    finally:
+        await bus.close()
+    assert sum("rejected task cand-1" in line for line in watching.lines) == 1, watching.lines
+
+
 async def test_policy_line_without_metrics_comes_after_the_join_timeout(
     settings: Settings,
 ) -> None:
