@@ -738,8 +738,9 @@ def print_table(report: dict[str, Any]) -> None:
         "written_as_call": "as code",
         "opposite_function": "opposite",
         "unused_value": "unused val",
+        "about_the_call": "about call",
     }
-    kinds = tuple(short[k] for k in ALL_CORRUPTIONS)
+    kinds = tuple(short.get(k, k.replace("_", " ")) for k in ALL_CORRUPTIONS)
     for key, title in (
         ("stages", "all candidates"),
         ("stages_on_llm_sample", f"LLM sample ({report['llm_sample_candidates']} candidates)"),
