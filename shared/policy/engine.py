@@ -14,7 +14,7 @@ and the tokens keep it (a tool call's closing tag is part of the call).
 
 from __future__ import annotations
 
-import copy
+import inspect
 import math
 import random
 from dataclasses import dataclass, field
@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from transformers import PreTrainedTokenizerBase
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer
 
 from coevolve.shared.policy.chat import decode_ids
 from coevolve.shared.policy.loading import LoadedPolicy, base_model_of
@@ -165,10 +166,130 @@ class EngineStats:
     suffix_prefilled_tokens: int = 0
 
 
+LayersKV = list[tuple[torch.Tensor, torch.Tensor]]
+"""Each layer's (keys, values), ``[batch, heads, tokens, dim]``."""
+
+
+class _SlotLayer(CacheLayerMixin):
+    """One layer's keys and values in storage allocated once per call, written in place.
+
+    The storage is ``[rows, heads, capacity, dim]``; ``update`` copies the new tokens into
+    the next free slots and hands attention views of the filled part, so a generated token
+    costs no copy of the cache (a dynamic cache concatenates the whole of it per token).
+    """
+
+    is_sliding = False
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.filled = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self._allocate(key_states.shape[0], key_states, value_states)
+
+    def _allocate(self, rows: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        # never read past ``filled``, so the slots need no zeroing
+        self._keys = keys.new_empty((rows, keys.shape[1], self.capacity, keys.shape[-1]))
+        self._values = values.new_empty((rows, values.shape[1], self.capacity, values.shape[-1]))
+        self.device = keys.device
+        self.is_initialized = True
+        self._expose()
+
+    def _expose(self) -> None:
+        self.keys = self._keys[:, :, : self.filled]
+        self.values = self._values[:, :, : self.filled]
+
+    def seed(self, keys: torch.Tensor, values: torch.Tensor, rows: int) -> None:
+        """Allocate ``rows`` rows and copy a batch-1 prefix ``[1, heads, n, dim]`` into each."""
+        self._allocate(rows, keys, values)
+        length = keys.shape[-2]
+        self._keys[:, :, :length].copy_(keys.expand(rows, -1, -1, -1))
+        self._values[:, :, :length].copy_(values.expand(rows, -1, -1, -1))
+        self.filled = length
+        self._expose()
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.filled + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache of {self.capacity} slots cannot take {end} tokens")
+        self._keys[:, :, self.filled : end].copy_(key_states)
+        self._values[:, :, self.filled : end].copy_(value_states)
+        self.filled = end
+        self._expose()
+        return self._keys[:, :, :end], self._values[:, :, :end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.filled + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.filled
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows ``indices`` (ascending), moved down in place to rows 0..k-1."""
+        if not self.is_initialized:
+            return
+        for target, source in enumerate(indices.tolist()):
+            if target != source:  # target < source: a row is read before it is overwritten
+                self._keys[target, :, : self.filled].copy_(self._keys[source, :, : self.filled])
+                self._values[target, :, : self.filled].copy_(self._values[source, :, : self.filled])
+        self._keys, self._values = self._keys[: len(indices)], self._values[: len(indices)]
+        self._expose()
+
+
+def slot_cache(layers: int, capacity: int) -> Cache:
+    """A cache of ``layers`` in-place layers of ``capacity`` tokens (allocated on first use)."""
+    return Cache(layers=[_SlotLayer(capacity) for _ in range(layers)])
+
+
+def seeded_cache(prefix: LayersKV, rows: int, capacity: int) -> Cache:
+    """A cache of ``rows`` rows that all start with the batch-1 ``prefix``'s keys and values."""
+    cache = slot_cache(len(prefix), capacity)
+    for layer, (keys, values) in zip(cache.layers, prefix, strict=True):
+        assert isinstance(layer, _SlotLayer)
+        layer.seed(keys, values, rows)
+    return cache
+
+
+def cached_kv(cache: Cache) -> LayersKV:
+    """Each layer's (keys, values) of a slot cache."""
+    kv = []
+    for layer in cache.layers:
+        assert isinstance(layer, _SlotLayer) and layer.keys is not None
+        assert layer.values is not None
+        kv.append((layer.keys, layer.values))
+    return kv
+
+
+def plain_attention_layers(model: Any) -> int:
+    """How many layers ``model`` has when all are plain full attention, else 0.
+
+    Only those fit ``_SlotLayer``; the library's dynamic cache knows the others (sliding
+    windows, shared or linear layers), so they keep it.
+    """
+    layers = DynamicCache(config=base_model_of(model).config).layers
+    plain = bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+    return len(layers) if plain else 0
+
+
+def cache_argument(model: Any) -> str:
+    """The forward argument that takes the KV cache (``past_key_values`` before 5.x's ``cache``)."""
+    parameters = inspect.signature(base_model_of(model).forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
 @dataclass
 class _PrefixCache:
     ids: tuple[int, ...]
-    cache: Any
+    # per layer (keys, values) at batch size 1; read only: rows copy it into their slots
+    kv: LayersKV
     weights_version: tuple[int, ...]
 
 
@@ -204,6 +325,10 @@ class TransformersEngine(_PolicyEngine):
     the next call (the next turn of the same group) and dropped when the weights change
     (``load_weights``, or in-place training of the model, seen through the parameters'
     version counters). Finished rows leave the batch (and the KV cache) at once.
+
+    The rows' KV cache is allocated once per call for the prompt and the whole budget and
+    written in place (``_SlotLayer``): the prefix is copied into every row's first slots,
+    each step writes one token, and no step copies the cache.
     """
 
     def __init__(
@@ -222,6 +347,8 @@ class TransformersEngine(_PolicyEngine):
         pad = policy.tokenizer.pad_token_id
         self._pad_id = int(pad if pad is not None else next(iter(self._stop_ids)))
         self._prefix: _PrefixCache | None = None
+        self._slot_layers = plain_attention_layers(policy.model)
+        self._cache_argument = cache_argument(policy.model)
         self.stats = EngineStats()
 
     @property
@@ -274,20 +401,20 @@ class TransformersEngine(_PolicyEngine):
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         return tuple(int(p._version) for p in params)
 
-    def _shared_prefix(self, prompts: list[list[int]]) -> tuple[int, Any]:
-        """(length, KV cache at batch size 1) of the prefix all prompts share, or (0, None).
+    def _shared_prefix(self, prompts: list[list[int]]) -> tuple[int, LayersKV | None]:
+        """(length, per-layer KV at batch size 1) of the prefix all prompts share, or (0, None).
 
         The prefix stops one token short of the shortest prompt: every row needs at least
         one token of its own to produce the logits of its first sampled token.
         """
-        if not self.share_prefix:
+        if not self.share_prefix or not self._slot_layers:
             return 0, None
         shared = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
         if shared < self.min_shared_prefix:
             return 0, None
         first = prompts[0]
         version = self._weights_version()
-        start, cache = 0, None
+        start, past = 0, None
         kept = self._prefix
         if (
             kept is not None
@@ -295,35 +422,49 @@ class TransformersEngine(_PolicyEngine):
             and len(kept.ids) <= shared
             and tuple(first[: len(kept.ids)]) == kept.ids
         ):
-            start, cache = len(kept.ids), copy.deepcopy(kept.cache)
+            start, past = len(kept.ids), kept.kv
             self.stats.prefix_reused_tokens += start
-        if shared > start:
-            device = self.policy.device
-            out = self.policy.model(
-                input_ids=torch.tensor([first[start:shared]], device=device),
-                attention_mask=torch.ones((1, shared), dtype=torch.long, device=device),
-                position_ids=torch.arange(start, shared, device=device).unsqueeze(0),
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            cache = out.past_key_values
-            self._prefix = _PrefixCache(tuple(first[:shared]), copy.deepcopy(cache), version)
-            self.stats.prefix_prefilled_tokens += shared - start
-        return shared, cache
+        if shared == start:
+            return shared, past
+        # the kept prefix is read, never written: its extension goes to a new batch-1 cache
+        if past is None:
+            cache = slot_cache(self._slot_layers, shared)
+        else:
+            cache = seeded_cache(past, 1, shared)
+        device = self.policy.device
+        self._forward(
+            cache,
+            input_ids=torch.tensor([first[start:shared]], device=device),
+            attention_mask=torch.ones((1, shared), dtype=torch.long, device=device),
+            position_ids=torch.arange(start, shared, device=device).unsqueeze(0),
+            logits_to_keep=1,
+        )
+        kv = cached_kv(cache)
+        self._prefix = _PrefixCache(tuple(first[:shared]), kv, version)
+        self.stats.prefix_prefilled_tokens += shared - start
+        return shared, kv
+
+    def _row_cache(self, rows: int, capacity: int, prefix: LayersKV | None) -> Cache:
+        if not self._slot_layers:
+            return DynamicCache(config=base_model_of(self.policy.model).config)
+        if prefix is None:
+            return slot_cache(self._slot_layers, capacity)
+        return seeded_cache(prefix, rows, capacity)
+
+    def _forward(self, cache: Cache, **inputs: Any) -> Any:
+        return self.policy.model(**inputs, **{self._cache_argument: cache}, use_cache=True)
 
     def _sample(
         self, prompts: list[list[int]], params: SamplingParams, budget: int
     ) -> tuple[_Batch, list[str]]:
         device = self.policy.device
-        model = self.policy.model
-        shared, cache = self._shared_prefix(prompts)
+        shared, prefix = self._shared_prefix(prompts)
         suffix_ids, suffix_mask = left_pad([p[shared:] for p in prompts], self._pad_id)
         suffix_ids, suffix_mask = suffix_ids.to(device), suffix_mask.to(device)
         positions = shared + (suffix_mask.cumsum(-1) - 1).clamp(min=0)
         attention = torch.cat([suffix_mask.new_ones((len(prompts), shared)), suffix_mask], dim=1)
-        if cache is not None:
-            cache.batch_repeat_interleave(len(prompts))
+        # every token a row will hold: its prompt and the budget (the last is never fed)
+        cache = self._row_cache(len(prompts), attention.shape[1] + budget, prefix)
         self.stats.suffix_prefilled_tokens += int(suffix_mask.sum())
         generator = torch.Generator(device=device)
         generator.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
@@ -338,15 +479,13 @@ class TransformersEngine(_PolicyEngine):
 
         # Only the last position's logits are needed: full prompt logits would be
         # batch x length x vocab floats (gigabytes for long tool prompts).
-        out = model(
+        out = self._forward(
+            cache,
             input_ids=suffix_ids,
             attention_mask=attention,
             position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
             logits_to_keep=1,
         )
-        cache = out.past_key_values
         position = positions[:, -1:]
         for step in range(budget):
             logits = out.logits[:, -1, :].float()
@@ -383,14 +522,9 @@ class TransformersEngine(_PolicyEngine):
                 rows = [rows[i] for i in keep.tolist()]
             attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=1)
             position = position + 1
-            out = model(
-                input_ids=token.unsqueeze(1),
-                attention_mask=attention,
-                position_ids=position,
-                past_key_values=cache,
-                use_cache=True,
+            out = self._forward(
+                cache, input_ids=token.unsqueeze(1), attention_mask=attention, position_ids=position
             )
-            cache = out.past_key_values
         return batch, finished
 
     @staticmethod
