@@ -44,6 +44,7 @@ from typing import Any
 import msgspec
 
 from coevolve.bench import tables
+from coevolve.services.abstractor.completion import details_clause
 from coevolve.services.judge.checks import (
     MIN_INTENT_SCORE,
     CallTrace,
@@ -237,8 +238,8 @@ def written_as_call(task: Task, trace: CallTrace, rng: random.Random) -> Labelle
         observation = " ".join(first.observation.split())[:80]
         request = f"{call_text(first.call)} -> {observation}"
     else:
-        values = "; ".join(f"{k.replace('_', ' ')} {v!r}" for k, v in first.call.arguments.items())
-        request = f"{first.call.name} Details: {values}." if values else first.call.name
+        arguments = list(first.call.arguments.items())
+        request = f"{first.call.name} {details_clause(arguments)}" if arguments else first.call.name
     corrupted = msgspec.structs.replace(task, id=f"{task.id}~wc", user_turns=[request])
     return Labelled(corrupted, "written_as_call", task.id, request[:60])
 
@@ -251,10 +252,9 @@ def about_the_call(task: Task, trace: CallTrace, rng: random.Random) -> Labelled
         return None
     first = trace.calls[0]
     if rng.random() < 0.5:
-        values = "; ".join(f"{k.replace('_', ' ')} {v!r}" for k, v in first.call.arguments.items())
-        request = (
-            f"What does this call do? Details: {values}." if values else "What does this call do?"
-        )
+        arguments = list(first.call.arguments.items())
+        question = "What does this call do?"
+        request = f"{question} {details_clause(arguments)}" if arguments else question
     else:
         request = f"To do this, the assistant needs to act on the request: {task.user_turns[0]}"
     corrupted = msgspec.structs.replace(task, id=f"{task.id}~ac", user_turns=[request])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -61,6 +60,7 @@ POLICY_METRICS = {"reward_mean": "reward", "kl": "kl", "staleness_mean": "stalen
 SOURCE_WIDTH = max(len(s) for s in SERVICES) + 2
 NETWORK_TIMEOUT_S = 5.0
 REASONS_CHARS = 120
+RECENT_IDS = 4096  # message ids remembered to skip a retried publish
 
 
 def progress_text(
@@ -131,8 +131,7 @@ class EventTracker:
     _shown: dict[tuple[str, str], _Shown] = field(default_factory=dict, init=False)
     _metrics: dict[int, dict[str, float]] = field(default_factory=dict, init=False)
     _pending: dict[int, _PendingPolicy] = field(default_factory=dict, init=False)
-    _recent_ids: set[str] = field(default_factory=set, init=False)
-    _recent_order: deque[str] = field(default_factory=lambda: deque(maxlen=4096), init=False)
+    _recent_ids: dict[str, None] = field(default_factory=dict, init=False)  # insertion order
 
     def on_message(self, subject: str, data: bytes, message_id: str | None = None) -> None:
         """Print what one message says; a JetStream message whose id was just seen is a
@@ -140,10 +139,9 @@ class EventTracker:
         if message_id is not None:
             if message_id in self._recent_ids:
                 return
-            if len(self._recent_order) == self._recent_order.maxlen:
-                self._recent_ids.discard(self._recent_order[0])
-            self._recent_order.append(message_id)
-            self._recent_ids.add(message_id)
+            if len(self._recent_ids) >= RECENT_IDS:
+                del self._recent_ids[next(iter(self._recent_ids))]  # the oldest
+            self._recent_ids[message_id] = None
         try:
             self._dispatch(subject, data)
         except Exception as exc:
