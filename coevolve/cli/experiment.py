@@ -112,3 +112,82 @@ def report(
     from coevolve.experiment.aggregate import render_experiment_report
 
     typer.echo(str(render_experiment_report(out, report_dir)))
+
+
+@experiment_app.command("sweep")
+def sweep(
+    points: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated points to run (default: every point, in order): "
+            "default, lr-1e-4, lr-1e-3, groups-2, groups-8, wait-120, kl-0.01, lr-5e-5.",
+            show_default=False,
+        ),
+    ] = None,
+    minutes: Annotated[
+        float, typer.Option(help="Wall minutes of each point's run.", min=0.1)
+    ] = 20.0,
+    tune_tasks: Annotated[
+        int,
+        typer.Option(
+            help="Train-split bfcl-turns-base turns each policy is scored on (one seeded "
+            "sample, the same for every point).",
+            min=1,
+        ),
+    ] = 80,
+    out: Annotated[Path, typer.Option(help="The sweep directory (resumable).")] = Path(
+        "runs/experiments/sweep"
+    ),
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="YAML configuration every run starts from; each point lays its learner "
+            "settings over it.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    base_run_dir: Annotated[
+        Path, typer.Option(help="A run directory whose converted model cache (models/) is reused.")
+    ] = Path("runs/default"),
+    report_only: Annotated[
+        bool, typer.Option("--report-only", help="Only print the table of the finished points.")
+    ] = False,
+) -> None:
+    """The learner sweep: GRPO settings, one at a time, each for --minutes from one warm start.
+
+    Each point is a `coevolve up` without explorers, started from a copy of the shared
+    warm start; its last policy and v1 are scored on the same train-split turns (no
+    held-out turn chooses a setting), and the point reports last - v1 per measure with a
+    paired interval and p-value. Finished points (OUT/<point>-s0/result.json) are skipped,
+    so an interrupted sweep resumes; the table goes to OUT/report.md.
+    """
+    from coevolve.experiment.sweep import (
+        POINTS,
+        SweepMismatchError,
+        SweepSpec,
+        parse_points,
+        render_sweep_report,
+        run_sweep,
+    )
+
+    if not report_only:
+        try:
+            names = parse_points(points) if points else tuple(p.name for p in POINTS)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--points") from exc
+        spec = SweepSpec(
+            points=names,
+            minutes=minutes,
+            tune_tasks=tune_tasks,
+            base_config=str(config.resolve()) if config else None,
+        )
+        try:
+            run_sweep(spec, out, base_run_dir, log=typer.echo)
+        except SweepMismatchError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--out") from exc
+    if not out.is_dir():
+        raise typer.BadParameter(f"{out} is not a sweep directory", param_hint="--out")
+    typer.echo(render_sweep_report(out.resolve()))
