@@ -699,6 +699,7 @@ class GrpoLearner:
 
     def restore_checkpoint(self, path: Path) -> None:
         state = load_checkpoint(path, self.model, self.optimizer)
+        self.apply_optimizer_settings()
         self.step_count = state.step
         self.version = state.version
         self.warm_started = bool(state.extra.get("warm_started", False))
@@ -706,6 +707,22 @@ class GrpoLearner:
             # the frozen copy is not in the checkpoint: the closest reference is the policy
             log.warning("full fine-tuning resumed: the KL reference restarts from these weights")
             self.frozen_reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+
+    def apply_optimizer_settings(self) -> None:
+        """The configured lr, betas and weight decay on every parameter group: a restored
+        optimizer state carries the settings it was saved with, and the configuration wins
+        (a run resumed or started from another run's checkpoint with a new ``lr``)."""
+        wanted = {
+            "lr": self.config.lr,
+            "betas": tuple(self.config.betas),
+            "weight_decay": self.config.weight_decay,
+        }
+        for group in self.optimizer.param_groups:
+            current = {**group, "betas": tuple(group["betas"])}
+            changed = {k: (current[k], v) for k, v in wanted.items() if current[k] != v}
+            if changed:
+                log.info("optimizer settings from the configuration: %s", changed)
+            group.update(wanted)
 
     def close(self) -> None:
         if self.writer is not None:

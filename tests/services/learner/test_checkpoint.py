@@ -115,3 +115,25 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
     other_optimizer = torch.optim.AdamW(other.parameters())
     with pytest.raises(ValueError, match="trainable parameters differ"):
         load_checkpoint(path, other, other_optimizer)
+
+
+def test_a_restored_learner_trains_with_its_configured_optimizer_settings(
+    policy_factory: PolicyFactory, make_group: GroupFactory, tmp_path: Path
+) -> None:
+    saved_with = LearnerConfig(micro_batch_size=8, lr=3e-4, weight_decay=0.0)
+    original = GrpoLearner(policy_factory(), saved_with)
+    original.step([make_group([1.0, 0.0, 1.0, 0.0])])
+    path = tmp_path / "learner.pt"
+    original.save_checkpoint(path)
+
+    configured = LearnerConfig(micro_batch_size=8, lr=1e-3, betas=(0.8, 0.99), weight_decay=0.1)
+    restored = GrpoLearner(policy_factory(), configured)
+    restored.restore_checkpoint(path)
+
+    for group in restored.optimizer.param_groups:
+        assert (group["lr"], tuple(group["betas"]), group["weight_decay"]) == (
+            1e-3,
+            (0.8, 0.99),
+            0.1,
+        )
+    assert restored.optimizer.state  # the moments are the checkpoint's
