@@ -110,7 +110,9 @@ class LearnerActor(Actor):
                 "resumed at step %d, version %d", self.learner.step_count, self.learner.version
             )
         if self.config.warm_start.enabled:
-            if not self.learner.warm_started:
+            if not self.learner.warm_started and self.config.warm_start.from_policy:
+                await self._adopt_warm_start()
+            elif not self.learner.warm_started:
                 await self._warm_start()
             if self.config.grpo.demo_coef > 0 and self.config.demo_tasks > 0:
                 await self._load_demonstrations()
@@ -182,6 +184,18 @@ class LearnerActor(Actor):
         await anyio.to_thread.run_sync(self._save_checkpoint)
         for name in (WARM_START_CHECKPOINT, WARM_START_TASKS):
             self.settings.path(name).unlink(missing_ok=True)
+
+    async def _adopt_warm_start(self) -> None:
+        from coevolve.services.learner.warm_start import adopt_warm_start
+
+        learner, settings = self.learner, self.config.warm_start
+        assert learner is not None and settings.from_policy is not None
+        path = settings.from_policy
+        digest = await anyio.to_thread.run_sync(
+            lambda: adopt_warm_start(learner, path, settings.from_policy_sha256)
+        )
+        log.info("warm start adopted from %s (sha256 %s)", path, digest[:12])
+        await anyio.to_thread.run_sync(self._save_checkpoint)
 
     async def _load_demonstrations(self) -> None:
         from coevolve.services.learner.warm_start import DEMONSTRATIONS_SEED, demonstrations

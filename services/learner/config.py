@@ -85,6 +85,11 @@ class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # torch threads for the SFT; None: every core (rollout waits for the warm-started
     # policy, so the learner has the machine to itself until then)
     threads: int | None = None
+    # adopt a warm-started policy another run exported (its policies/v1.safetensors)
+    # instead of running the SFT, so runs on other machines start from the same policy;
+    # with from_policy_sha256 set, a file with another digest is refused
+    from_policy: str | None = None
+    from_policy_sha256: str | None = None
 
 
 class LearnerServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -26,6 +26,7 @@ from coevolve.shared.policy import LoadedPolicy
 
 if TYPE_CHECKING:
     from coevolve.services.learner.config import WarmStartConfig
+    from coevolve.services.learner.trainer import GrpoLearner
 
 # the pool mixes grains: sample this many times ``tasks`` and keep the wanted grain
 OVERSAMPLE = 4
@@ -84,3 +85,24 @@ def run_warm_start(
     finally:
         torch.set_num_threads(threads)
         release_freed_memory()
+
+
+def adopt_warm_start(learner: GrpoLearner, path: str | Path, sha256: str | None = None) -> str:
+    """Make ``learner`` the warm-started policy exported to ``path`` (both adapters, as
+    ``export_weights`` writes them) at version 1, in place of the SFT; returns the file's
+    sha256. Refused (``WeightsMismatch``) when it differs from ``sha256`` or does not fit
+    the model."""
+    from coevolve.shared.policy.weights import WeightsMismatch, import_weights, weights_digest
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"warm_start.from_policy: no such file {path}")
+    blob = path.read_bytes()
+    digest = weights_digest(blob)
+    if sha256 is not None and digest != sha256:
+        raise WeightsMismatch(f"{path} has sha256 {digest}, not the expected {sha256}")
+    import_weights(learner.model, blob)
+    learner.optimizer.state.clear()
+    learner.warm_started = True
+    learner.version = max(learner.version, 1)
+    return digest
