@@ -83,29 +83,22 @@ def origin_quotas(weights: dict[str, float], size: int, rng: random.Random) -> d
     return {origin: picks[origin] for origin in origins if picks[origin]}
 
 
+@dataclass(eq=False)
 class OriginDraw:
-    """Distinct uniform draws of one origin's keys until ``need`` of them matched."""
+    """Distinct uniform draws of one origin's keys until ``need`` of them matched.
 
-    def __init__(
-        self,
-        origin: str,
-        low: int,
-        need: int,
-        active: int,
-        used: int,
-        rng: random.Random,
-        excluded: Set[int] = frozenset(),
-    ) -> None:
-        """``active``: how many keys match (``excluded`` ones, that would, not counted)."""
-        self.origin = origin
-        self.low = low
-        self.need = need
-        self.active = active
-        self.used = used
-        self.rng = rng
-        self.excluded = excluded
-        self.picked: list[int] = []
-        self._tried: set[int] = set()
+    ``active``: how many keys match (``excluded`` ones, that would, not counted).
+    """
+
+    origin: str
+    low: int
+    need: int
+    active: int
+    used: int
+    rng: random.Random
+    excluded: Set[int] = frozenset()
+    picked: list[int] = field(default_factory=list, init=False)
+    _tried: set[int] = field(default_factory=set, init=False, repr=False)
 
     @property
     def done(self) -> bool:

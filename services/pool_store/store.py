@@ -888,25 +888,24 @@ class PoolStore:
             "description": task.description,
             "created_at": task.created_at,
             "trace_id": chain.trace_id,
-            "signal": None
-            if chain.signal_id is None
-            else {
-                "id": chain.signal_id,
-                "kind": chain.signal_kind,
-                "evidence": chain.signal_evidence,
-                "parent_task_id": chain.parent_task_id,
-            },
+            "signal": _stage(
+                chain.signal_id,
+                kind=chain.signal_kind,
+                evidence=chain.signal_evidence,
+                parent_task_id=chain.parent_task_id,
+            ),
             "context": None if chain.context is None else _context_dict(chain.context),
-            "exploration": None
-            if chain.exploration_id is None
-            else {
-                "id": chain.exploration_id,
-                "mode": chain.exploration_mode,
-                "steps": chain.exploration_steps,
-            },
-            "candidate": None if chain.candidate_id is None else {"id": chain.candidate_id},
+            "exploration": _stage(
+                chain.exploration_id, mode=chain.exploration_mode, steps=chain.exploration_steps
+            ),
+            "candidate": _stage(chain.candidate_id),
             "verdict": verdict,
         }
+
+
+def _stage(stage_id: str | None, **details: Any) -> dict[str, Any] | None:
+    """A stage of a lineage chain: its id and details, or None where the task had none."""
+    return None if stage_id is None else {"id": stage_id, **details}
 
 
 def _context_dict(context: ExplorationContext) -> dict[str, Any]:
