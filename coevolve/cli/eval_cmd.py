@@ -160,18 +160,25 @@ def step_reporter() -> Callable[[int, int, float], None]:
     return report
 
 
+@dataclass(frozen=True)
+class PlayOptions:
+    """How a policy plays a suite: its budget, batch size (None: the engine's own), engine,
+    whether each batched step is reported and whether the ground truth is scored too."""
+
+    max_steps_per_turn: int = EVAL_MAX_STEPS_PER_TURN
+    max_new_tokens: int = EVAL_MAX_NEW_TOKENS
+    batch_size: int | None = None
+    show_steps: bool = False
+    likelihood: bool = True
+    engine_kind: EngineKind = EVAL_ENGINE
+
+
 def build_player(
     policy: str,
     model: str | None,
     run_dir: Path,
     trajectories: Path | None = None,
-    *,
-    max_steps_per_turn: int = EVAL_MAX_STEPS_PER_TURN,
-    max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
-    batch_size: int | None = None,
-    show_steps: bool = False,
-    likelihood: bool = True,
-    engine_kind: EngineKind = EVAL_ENGINE,
+    options: PlayOptions = PlayOptions(),
 ) -> tuple[Player | BatchPlayer, int, dict[str, Any], GroundTruthScorer | None]:
     """(player, batch size (0: one task at a time), facts for the report, the scorer of
     the ground truth's likelihood (None for the ground-truth player or when not asked))."""
@@ -182,17 +189,19 @@ def build_player(
     from coevolve.shared.policy.factory import engine_for_policy
 
     loaded = load_policy_choice(choice, model, run_dir)
-    engine = engine_for_policy(engine_kind, loaded, run_dir=run_dir)
-    batch_size = batch_size or EVAL_BATCH_SIZE[engine_kind]
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, seed=0, stop=EVAL_STOP)
+    engine = engine_for_policy(options.engine_kind, loaded, run_dir=run_dir)
+    batch_size = options.batch_size or EVAL_BATCH_SIZE[options.engine_kind]
+    params = SamplingParams(
+        max_new_tokens=options.max_new_tokens, temperature=0.0, seed=0, stop=EVAL_STOP
+    )
     extra: dict[str, Any] = {
         "model": loaded.name,
-        "engine": engine_kind,
+        "engine": options.engine_kind,
         "device": str(loaded.device),
         "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
         "load_seconds": loaded.load_seconds,
-        "max_steps_per_turn": max_steps_per_turn,
-        "max_new_tokens": max_new_tokens,
+        "max_steps_per_turn": options.max_steps_per_turn,
+        "max_new_tokens": options.max_new_tokens,
         "decoding": "greedy",
         "stop": list(EVAL_STOP),
         "batch_size": batch_size,
@@ -201,9 +210,9 @@ def build_player(
     if trajectories is not None:
         writer = trajectory_writer(trajectories)
         extra["trajectories"] = str(trajectories)
-    on_step = step_reporter() if show_steps else None
-    player = policy_player(engine, _make_bfcl, params, max_steps_per_turn, writer, on_step)
-    scorer = ground_truth_scorer(loaded, _make_bfcl) if likelihood else None
+    on_step = step_reporter() if options.show_steps else None
+    player = policy_player(engine, _make_bfcl, params, options.max_steps_per_turn, writer, on_step)
+    scorer = ground_truth_scorer(loaded, _make_bfcl) if options.likelihood else None
     return player, batch_size, extra, scorer
 
 
@@ -215,29 +224,13 @@ def evaluate(
     split: str,
     model: str | None,
     run_dir: Path,
-    max_steps_per_turn: int = EVAL_MAX_STEPS_PER_TURN,
-    max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
-    batch_size: int | None = None,
-    likelihood: bool = True,
-    show_steps: bool = True,
-    engine_kind: EngineKind = EVAL_ENGINE,
+    options: PlayOptions,
 ) -> SuiteReport:
     """Score ``policy`` on ``tasks``; its trajectories go to ``RUN_DIR/eval/``."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(policy).name or policy)
     trajectories = run_dir / "eval" / f"{suite}-{split}-{slug}-{stamp}.jsonl"
-    player, batch_size, extra, scorer = build_player(
-        policy,
-        model,
-        run_dir,
-        trajectories,
-        max_steps_per_turn=max_steps_per_turn,
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        show_steps=show_steps,
-        likelihood=likelihood,
-        engine_kind=engine_kind,
-    )
+    player, batch_size, extra, scorer = build_player(policy, model, run_dir, trajectories, options)
     report = run_suite(
         tasks,
         player,
@@ -409,6 +402,14 @@ def eval_command(
     settings = settings_from(config, None)
     configure_tool_rendering(tool_rendering or settings.tool_rendering)  # for this process
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    options = PlayOptions(
+        max_steps_per_turn=max_steps_per_turn,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        show_steps=True,
+        likelihood=likelihood,
+        engine_kind=engine,
+    )
     from coevolve.report.compare import UnpairedReportsError, describe_comparison
 
     world = world_classes(classes, settings)
@@ -423,17 +424,7 @@ def eval_command(
         if name in saved:
             return saved[name]
         report = evaluate(
-            name,
-            tasks,
-            suite=suite,
-            split=split,
-            model=model,
-            run_dir=run_dir,
-            max_steps_per_turn=max_steps_per_turn,
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
-            likelihood=likelihood,
-            engine_kind=engine,
+            name, tasks, suite=suite, split=split, model=model, run_dir=run_dir, options=options
         )
         report.extra["classes"] = sorted(world) if world is not None else "all"
         if sample is not None:
