@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import anyio
 import pytest
@@ -107,113 +108,95 @@ async def connect(settings: Settings) -> Bus:
     return bus
 
 
-async def test_policy_signal_verdict_and_progress_lines(settings: Settings) -> None:
+@asynccontextmanager
+async def watched(
+    settings: Settings, join_timeout_s: float = 20.0
+) -> AsyncIterator[tuple[Bus, Watching]]:
+    """A bus to publish on and a watcher of it, both stopped on leaving."""
     bus = await connect(settings)
-    watching = Watching(settings.bus.url)
-    lines = watching.lines
+    watching = Watching(settings.bus.url, join_timeout_s)
     try:
         async with anyio.create_task_group() as tg:
             await watching.start(tg)
-            await bus.publish_core(heartbeat_subject("learner"), learner_heartbeat("starting"))
-            await bus.publish_core(
-                heartbeat_subject("learner"), learner_heartbeat("warm start", 7, 16)
-            )
-            await wait_for_line(lines, r"learner\s+warm start 7/16")
-
-            # the announcement comes first, the step's metrics just after (as the learner does)
-            await bus.publish(POLICY_UPDATES, policy(3, 2))
-            metrics = {"reward_mean": 0.42, "kl": 0.0012, "staleness_mean": 0.8, "loss": 1.0}
-            for name, value in metrics.items():
-                metric = Metric(service="learner", name=name, value=value, step=2)
-                await bus.publish_core(metrics_subject("learner"), metric)
-            await wait_for_line(
-                lines, r"learner\s+policy v3  reward 0.42  kl 0\.0012  staleness 0\.8"
-            )
-
-            await bus.publish(signal_subject("boundary"), signal("boundary", "bfcl-7"))
-            await wait_for_line(lines, r"signal_monitor\s+signal boundary  task bfcl-7  policy v3")
-
-            rejected = Verdict(
-                candidate_id="c1",
-                accepted=False,
-                reasons=["replay failed", "too close to seed"],
-                task=task("cand-1"),
-            )
-            await bus.publish(VERDICTS, rejected)
-            await wait_for_line(
-                lines, r"judge\s+rejected task cand-1: replay failed; too close to seed"
-            )
-            accepted = Verdict(candidate_id="c2", accepted=True, reasons=[], task=task("cand-2"))
-            await bus.publish(VERDICTS, accepted)
-            await wait_for_line(lines, r"judge\s+accepted task cand-2")
-            await bus.publish(TASK_ADDED, TaskAdded(task_id="cand-2", origin="synthesized"))
-            await wait_for_line(lines, r"pool_store\s+task added cand-2 \(synthesized\)")
+            yield bus, watching
             tg.cancel_scope.cancel()
     finally:
         await bus.close()
+
+
+async def test_policy_signal_verdict_and_progress_lines(settings: Settings) -> None:
+    async with watched(settings) as (bus, watching):
+        lines = watching.lines
+        await bus.publish_core(heartbeat_subject("learner"), learner_heartbeat("starting"))
+        await bus.publish_core(heartbeat_subject("learner"), learner_heartbeat("warm start", 7, 16))
+        await wait_for_line(lines, r"learner\s+warm start 7/16")
+
+        # the announcement comes first, the step's metrics just after (as the learner does)
+        await bus.publish(POLICY_UPDATES, policy(3, 2))
+        metrics = {"reward_mean": 0.42, "kl": 0.0012, "staleness_mean": 0.8, "loss": 1.0}
+        for name, value in metrics.items():
+            metric = Metric(service="learner", name=name, value=value, step=2)
+            await bus.publish_core(metrics_subject("learner"), metric)
+        await wait_for_line(lines, r"learner\s+policy v3  reward 0.42  kl 0\.0012  staleness 0\.8")
+
+        await bus.publish(signal_subject("boundary"), signal("boundary", "bfcl-7"))
+        await wait_for_line(lines, r"signal_monitor\s+signal boundary  task bfcl-7  policy v3")
+
+        rejected = Verdict(
+            candidate_id="c1",
+            accepted=False,
+            reasons=["replay failed", "too close to seed"],
+            task=task("cand-1"),
+        )
+        await bus.publish(VERDICTS, rejected)
+        await wait_for_line(
+            lines, r"judge\s+rejected task cand-1: replay failed; too close to seed"
+        )
+        accepted = Verdict(candidate_id="c2", accepted=True, reasons=[], task=task("cand-2"))
+        await bus.publish(VERDICTS, accepted)
+        await wait_for_line(lines, r"judge\s+accepted task cand-2")
+        await bus.publish(TASK_ADDED, TaskAdded(task_id="cand-2", origin="synthesized"))
+        await wait_for_line(lines, r"pool_store\s+task added cand-2 \(synthesized\)")
     assert not any("starting" in line for line in lines), lines
     assert watching.tracker.bad_messages == 0
 
 
 async def test_bad_bytes_on_watched_subjects_do_not_stop_the_watcher(settings: Settings) -> None:
-    bus = await connect(settings)
-    watching = Watching(settings.bus.url)
-    try:
-        async with anyio.create_task_group() as tg:
-            await watching.start(tg)
-            for subject in (signal_subject("rare"), VERDICTS, heartbeat_subject("rollout")):
-                await bus.nc.publish(subject, b"\x93not a message")
-            # a valid message of another type: it decodes, but not as what the subject carries
-            wrong_kind = TaskAdded(task_id="x", origin="seed")
-            await bus.nc.publish(POLICY_UPDATES, encode(wrong_kind))
-            await bus.publish(signal_subject("rare"), signal("rare", "bfcl-9"))
-            await wait_for_line(
-                watching.lines, r"signal_monitor\s+signal rare  task bfcl-9  policy v3"
-            )
-            assert watching.tracker.bad_messages == 4
-            tg.cancel_scope.cancel()
-    finally:
-        await bus.close()
+    async with watched(settings) as (bus, watching):
+        for subject in (signal_subject("rare"), VERDICTS, heartbeat_subject("rollout")):
+            await bus.nc.publish(subject, b"\x93not a message")
+        # a valid message of another type: it decodes, but not as what the subject carries
+        wrong_kind = TaskAdded(task_id="x", origin="seed")
+        await bus.nc.publish(POLICY_UPDATES, encode(wrong_kind))
+        await bus.publish(signal_subject("rare"), signal("rare", "bfcl-9"))
+        await wait_for_line(watching.lines, r"signal_monitor\s+signal rare  task bfcl-9  policy v3")
+        assert watching.tracker.bad_messages == 4
 
 
 async def test_a_retried_publish_prints_one_line(settings: Settings) -> None:
     """A publish retried after a full stream reaches core subscribers twice, with one id."""
-    bus = await connect(settings)
-    watching = Watching(settings.bus.url)
-    try:
-        async with anyio.create_task_group() as tg:
-            await watching.start(tg)
-            rejected = Verdict(
-                candidate_id="c1", accepted=False, reasons=["no call"], task=task("cand-1")
-            )
-            await bus.publish(VERDICTS, rejected)
-            await bus.publish(VERDICTS, rejected)  # the same message id: a retry
-            accepted = Verdict(candidate_id="c2", accepted=True, reasons=[], task=task("cand-2"))
-            await bus.publish(VERDICTS, accepted)
-            await wait_for_line(watching.lines, r"judge\s+accepted task cand-2")
-            tg.cancel_scope.cancel()
-    finally:
-        await bus.close()
+    async with watched(settings) as (bus, watching):
+        rejected = Verdict(
+            candidate_id="c1", accepted=False, reasons=["no call"], task=task("cand-1")
+        )
+        await bus.publish(VERDICTS, rejected)
+        await bus.publish(VERDICTS, rejected)  # the same message id: a retry
+        accepted = Verdict(candidate_id="c2", accepted=True, reasons=[], task=task("cand-2"))
+        await bus.publish(VERDICTS, accepted)
+        await wait_for_line(watching.lines, r"judge\s+accepted task cand-2")
     assert sum("rejected task cand-1" in line for line in watching.lines) == 1, watching.lines
 
 
 async def test_policy_line_without_metrics_comes_after_the_join_timeout(
     settings: Settings,
 ) -> None:
-    bus = await connect(settings)
-    watching = Watching(settings.bus.url, join_timeout_s=0.5)
-    try:
-        async with anyio.create_task_group() as tg:
-            await watching.start(tg)
-            await bus.publish(POLICY_UPDATES, policy(1, 0))
-            await wait_for_line(watching.lines, r"learner\s+policy v1  warm start")
-            published = time.monotonic()
-            await bus.publish(POLICY_UPDATES, policy(5, 4))
-            await wait_for_line(watching.lines, r"learner\s+policy v5  reward -  kl -  staleness -")
-            assert time.monotonic() - published >= 0.5  # held for the join timeout first
-            tg.cancel_scope.cancel()
-    finally:
-        await bus.close()
+    async with watched(settings, join_timeout_s=0.5) as (bus, watching):
+        await bus.publish(POLICY_UPDATES, policy(1, 0))
+        await wait_for_line(watching.lines, r"learner\s+policy v1  warm start")
+        published = time.monotonic()
+        await bus.publish(POLICY_UPDATES, policy(5, 4))
+        await wait_for_line(watching.lines, r"learner\s+policy v5  reward -  kl -  staleness -")
+        assert time.monotonic() - published >= 0.5  # held for the join timeout first
 
 
 async def test_the_watcher_follows_a_nats_restart(

@@ -238,14 +238,9 @@ class SchemaIgnored:
         self.llm = llm
 
     async def chat(
-        self,
-        messages: ChatMessages,
-        *,
-        schema: dict[str, Any] | None = None,
-        max_tokens: int,
-        temperature: float,
+        self, messages: ChatMessages, *, schema: dict[str, Any] | None = None, **options: Any
     ) -> LLMResponse:
-        return await self.llm.chat(messages, max_tokens=max_tokens, temperature=temperature)
+        return await self.llm.chat(messages, **options)
 
 
 def test_unconstrained_prose_is_a_counted_rejection(clients: RoleClients) -> None:
