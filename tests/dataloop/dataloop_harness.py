@@ -32,6 +32,7 @@ from coevolve.shared.messages import (
     decode,
     derived_id,
 )
+from coevolve.shared.pool_client import PoolClient
 from coevolve.shared.runtime.actor import Actor, ActorRunner
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import CANDIDATES, EXPLORATIONS, VERDICTS
@@ -39,6 +40,7 @@ from coevolve.shared.similarity import LeakGuard
 from coevolve.shared.toolcalls import format_tool_call
 from tests.support.fake_llm import Answer, Brain, RoleFakeLLM, offered_functions, prompt_text
 from tests.support.messages import untokenized_trajectory
+from tests.support.pool_store import pool_answering
 
 CRITERIA_TRUE = {
     "api_matching": True,
@@ -260,3 +262,31 @@ class Published:
             self.candidates.append(decode(msg.data, TaskCandidate).id)
         else:
             self.judged.append(decode(msg.data, Verdict).candidate_id)
+
+
+@dataclass
+class DataLoop:
+    """Services running in-process: the test's bus, a client of their seeded pool-store,
+    what they publish and their runners."""
+
+    bus: Bus
+    pool: PoolClient
+    published: Published
+    runners: list[ActorRunner]
+
+
+@asynccontextmanager
+async def data_loop(
+    settings: Settings, fake: RoleFakeLLM, actors: Sequence[Actor]
+) -> AsyncIterator[DataLoop]:
+    """Run ``actors`` (pool-store among them) from the moment its pool is seeded until the
+    block ends; then stop ``fake`` and close the bus."""
+    bus = await Bus.connect(settings.bus, "test")
+    try:
+        published = await Published().listen(bus)
+        async with running(actors) as runners:
+            pool = await pool_answering(bus, seeded=True)
+            yield DataLoop(bus, pool, published, runners)
+    finally:
+        fake.stop()
+        await bus.close()

@@ -26,15 +26,14 @@ from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import EXPLORATION_REQUESTS, EXPLORATIONS, ROLLOUT_GROUPS
 from coevolve.shared.runtime.telemetry import read_spans
 from tests.dataloop.dataloop_harness import (
-    Published,
     WellFormedBrain,
+    data_loop,
     filesystem_seed_tasks,
     mixed_group,
     running,
     serve_data_loop,
 )
 from tests.support.fake_llm import RoleFakeLLM
-from tests.support.pool_store import pool_answering
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -49,26 +48,20 @@ async def test_rollout_group_to_accepted_task_with_lineage_in_one_trace(
     monitor, explorer = SignalMonitorActor(settings), ExplorerActor(settings)
     abstractor, judge = AbstractorActor(settings), JudgeActor(settings)
     actors = [PoolStoreActor(settings), monitor, explorer, abstractor, judge]
-    bus = await Bus.connect(settings.bus, "test")
     group = mixed_group(task)
-    published = await Published().listen(bus)
-    try:
-        async with running(actors):
-            pool = await pool_answering(bus, seeded=True)
-            started = time.monotonic()
-            await bus.publish(ROLLOUT_GROUPS, group)
+    async with data_loop(settings, fake, actors) as loop:
+        started = time.monotonic()
+        await loop.bus.publish(ROLLOUT_GROUPS, group)
 
-            async def verdict_recorded() -> bool:
-                stats = await pool.stats()
-                return stats.accepted_candidates + stats.rejected_candidates >= 1
+        async def verdict_recorded() -> bool:
+            stats = await loop.pool.stats()
+            return stats.accepted_candidates + stats.rejected_candidates >= 1
 
-            await wait_until(verdict_recorded, 60, "a verdict in pool-store")
-            elapsed = time.monotonic() - started
-            stats = await pool.stats()
-        print(f"rollout group -> a verdict in DuckDB: {elapsed:.2f} s")
-    finally:
-        fake.stop()
-        await bus.close()
+        await wait_until(verdict_recorded, 60, "a verdict in pool-store")
+        elapsed = time.monotonic() - started
+        stats = await loop.pool.stats()
+    print(f"rollout group -> a verdict in DuckDB: {elapsed:.2f} s")
+    published = loop.published
 
     signal_id = derived_id("signal", group.id, "boundary")
     [record] = (settings.run_dir / "explorer").glob("explorations-*.jsonl")

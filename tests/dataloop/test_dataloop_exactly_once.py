@@ -17,21 +17,15 @@ from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.services.signal_monitor.actor import SignalMonitorActor
 from coevolve.shared.config import Settings
-from coevolve.shared.messages import (
-    derived_id,
-    encode,
-)
-from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.messages import derived_id, encode
 from coevolve.shared.runtime.subjects import ROLLOUT_GROUPS
 from tests.dataloop.dataloop_harness import (
-    Published,
     WellFormedBrain,
+    data_loop,
     filesystem_seed_tasks,
     mixed_group,
-    running,
     serve_data_loop,
 )
-from tests.support.pool_store import pool_answering
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -51,35 +45,27 @@ async def test_three_explorers_two_judges_process_each_message_once(settings: Se
     abstractor = AbstractorActor(settings)
     judges = [JudgeActor(settings) for _ in range(2)]
     actors = [PoolStoreActor(settings), monitor, *explorers, abstractor, *judges]
-    bus = await Bus.connect(settings.bus, "test")
     groups = [mixed_group(task) for task in tasks]
-    published = await Published().listen(bus)
-    try:
-        async with running(actors):
-            pool = await pool_answering(bus, seeded=True)
-            started = time.monotonic()
-            for group in groups:
-                await bus.publish(ROLLOUT_GROUPS, group)
-            # the same groups again, as a redelivery would bring them (new Nats-Msg-Id)
-            for group in groups[:3]:
-                await bus.js.publish(
-                    ROLLOUT_GROUPS, encode(group), headers={"Nats-Msg-Id": f"again-{group.id}"}
-                )
-
-            async def all_judged() -> bool:
-                stats = await pool.stats()
-                return stats.accepted_candidates + stats.rejected_candidates >= GROUPS
-
-            await wait_until(all_judged, 90, f"{GROUPS} verdicts")
-            elapsed = time.monotonic() - started
-            await wait_until(
-                lambda: monitor.monitor.state.groups_processed >= GROUPS, 10, "the groups"
+    async with data_loop(settings, fake, actors) as loop:
+        started = time.monotonic()
+        for group in groups:
+            await loop.bus.publish(ROLLOUT_GROUPS, group)
+        # the same groups again, as a redelivery would bring them (new Nats-Msg-Id)
+        for group in groups[:3]:
+            await loop.bus.js.publish(
+                ROLLOUT_GROUPS, encode(group), headers={"Nats-Msg-Id": f"again-{group.id}"}
             )
-            await anyio.sleep(1.5)  # room for a duplicate to (wrongly) show up
-            stats = await pool.stats()
-    finally:
-        fake.stop()
-        await bus.close()
+
+        async def all_judged() -> bool:
+            stats = await loop.pool.stats()
+            return stats.accepted_candidates + stats.rejected_candidates >= GROUPS
+
+        await wait_until(all_judged, 90, f"{GROUPS} verdicts")
+        elapsed = time.monotonic() - started
+        await wait_until(lambda: monitor.monitor.state.groups_processed >= GROUPS, 10, "the groups")
+        await anyio.sleep(1.5)  # room for a duplicate to (wrongly) show up
+        stats = await loop.pool.stats()
+    published = loop.published
 
     per_explorer = [explorer.outcomes["published"] for explorer in explorers]
     per_judge = [sum(judge.outcomes.values()) for judge in judges]

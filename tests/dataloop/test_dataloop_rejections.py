@@ -21,13 +21,13 @@ from coevolve.shared.runtime.subjects import signal_subject
 from tests.dataloop.dataloop_harness import (
     Published,
     WellFormedBrain,
+    data_loop,
     filesystem_seed_tasks,
     mixed_group,
     running,
     serve_data_loop,
 )
 from tests.support.fake_llm import Answer, RoleFakeLLM
-from tests.support.pool_store import pool_answering
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -83,24 +83,18 @@ async def test_malformed_outputs_are_counted_rejections_and_services_go_on(
         JudgeActor(settings),
     )
     actors = [PoolStoreActor(settings), explorer, abstractor, judge]
-    bus = await Bus.connect(settings.bus, "test")
-    try:
-        async with running(actors) as runners:
-            pool = await pool_answering(bus, seeded=True)
-            for task in tasks:
-                await bus.publish(signal_subject("boundary"), boundary_signal(task))
+    async with data_loop(settings, fake, actors) as loop:
+        for task in tasks:
+            await loop.bus.publish(signal_subject("boundary"), boundary_signal(task))
 
-            async def two_verdicts() -> bool:
-                stats = await pool.stats()
-                return stats.accepted_candidates + stats.rejected_candidates >= 2
+        async def two_verdicts() -> bool:
+            stats = await loop.pool.stats()
+            return stats.accepted_candidates + stats.rejected_candidates >= 2
 
-            await wait_until(two_verdicts, 60, "two verdicts")
-            stats = await pool.stats()
-            failed = sum(runner.stats.failed for runner in runners)
-            dead = sum(runner.stats.dead_lettered for runner in runners)
-    finally:
-        fake.stop()
-        await bus.close()
+        await wait_until(two_verdicts, 60, "two verdicts")
+        stats = await loop.pool.stats()
+        failed = sum(runner.stats.failed for runner in loop.runners)
+        dead = sum(runner.stats.dead_lettered for runner in loop.runners)
 
     # signal 1: truncated summary -> explored without context; the first action had the
     # wrong fields (skipped step); the abstraction was empty -> no candidate.
