@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from coevolve.services.explorer.config import ExplorerConfig
 from coevolve.services.explorer.prompts import exploration_messages
 from coevolve.shared.envs import Environment
 from coevolve.shared.llm import RoleLLM
@@ -39,15 +40,10 @@ from coevolve.shared.toolcalls import format_tool_call
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ExplorationLimits:
-    rounds: int = 1
-    max_steps: int = 3
-    action_max_tokens: int = 96
-    history_messages: int = 12
-    history_chars: int = 2000
-    prompt_history_steps: int = 6
-    repeat_temperature_boost: float = 0.5
+# each recorded step's history: every message cut to this many characters
+HISTORY_CHARS = 2000
+# added to the temperature when the model is asked again after repeating a failed call
+REPEAT_TEMPERATURE_BOOST = 0.5
 
 
 @dataclass
@@ -91,7 +87,7 @@ async def next_action(
     llm: RoleLLM,
     messages: ChatMessages,
     schema: dict[str, Any],
-    limits: ExplorationLimits,
+    config: ExplorerConfig,
     failed_calls: set[str],
 ) -> ToolCall | Rejection:
     """The model's next call; one that already failed this round is asked for again once,
@@ -104,13 +100,13 @@ async def next_action(
             messages,
             ToolCall,
             schema=schema,
-            max_tokens=limits.action_max_tokens,
+            max_tokens=config.action_max_tokens,
             temperature=temperature,
         )
         if isinstance(outcome, Rejection) or call_json(outcome) not in failed_calls:
             return outcome
         repeated = outcome.name
-        temperature += limits.repeat_temperature_boost
+        temperature += REPEAT_TEMPERATURE_BOOST
     return Rejection("repeated_call", f"{repeated} failed before in this round")
 
 
@@ -119,11 +115,11 @@ async def explore_round(
     make_env: Callable[[], Environment],
     task: Task,
     goal: str,
-    limits: ExplorationLimits,
+    config: ExplorerConfig,
     counter: RejectionCounter,
     stats: ExplorationStats,
 ) -> ExplorationRound:
-    """One round of at most ``limits.max_steps`` actions from the task's initial state."""
+    """One round of at most ``config.max_steps`` actions from the task's initial state."""
     environment = make_env()
     schemas = _SchemaCache()
     try:
@@ -131,14 +127,12 @@ async def explore_round(
         steps: list[InteractionStep] = []
         shown: list[tuple[str, str]] = []
         failed_calls: set[str] = set()
-        for _ in range(limits.max_steps):
+        for _ in range(config.max_steps):
             tools = environment.tools()
             if not tools:
                 break
-            messages = exploration_messages(
-                tools, goal, shown, limits.prompt_history_steps, sorted(failed_calls)
-            )
-            outcome = await next_action(llm, messages, schemas.get(tools), limits, failed_calls)
+            messages = exploration_messages(tools, goal, shown, failed=sorted(failed_calls))
+            outcome = await next_action(llm, messages, schemas.get(tools), config, failed_calls)
             counter.record(outcome)
             if isinstance(outcome, Rejection):
                 stats.rejections.append(outcome)
@@ -153,7 +147,7 @@ async def explore_round(
             stats.failed_calls += int(failed)
             steps.append(
                 InteractionStep(
-                    history=clipped(history[-limits.history_messages :], limits.history_chars),
+                    history=clipped(history[-config.history_messages :], HISTORY_CHARS),
                     action=call,
                     observation=observation,
                     ok=not failed,
@@ -180,14 +174,14 @@ async def explore(
     make_env: Callable[[], Environment],
     task: Task,
     goal: str,
-    limits: ExplorationLimits,
+    config: ExplorerConfig,
     counter: RejectionCounter,
     rounds: int | None = None,
 ) -> tuple[list[ExplorationRound], ExplorationStats]:
-    """``rounds`` (default ``limits.rounds``) independent rounds, each in a fresh environment."""
+    """``rounds`` (default ``config.rounds``) independent rounds, each in a fresh environment."""
     stats = ExplorationStats()
     done = [
-        await explore_round(llm, make_env, task, goal, limits, counter, stats)
-        for _ in range(limits.rounds if rounds is None else rounds)
+        await explore_round(llm, make_env, task, goal, config, counter, stats)
+        for _ in range(config.rounds if rounds is None else rounds)
     ]
     return done, stats

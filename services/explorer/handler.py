@@ -14,7 +14,7 @@ from typing import Literal
 from opentelemetry.trace import NoOpTracer, Tracer
 
 from coevolve.services.explorer.config import ExplorerConfig
-from coevolve.services.explorer.exploration import ExplorationLimits, ExplorationStats, explore
+from coevolve.services.explorer.exploration import ExplorationStats, explore
 from coevolve.services.explorer.prompts import (
     CONTEXT_SCHEMA,
     GOAL_TEMPLATES,
@@ -128,12 +128,11 @@ async def explore_task(
     def make_env() -> Environment:
         return make_environment(environment)
 
-    limits = exploration_limits(deps.config)
     with deps.tracer.start_as_current_span(
         "explorer explore", attributes={"coevolve.detail": mode}
     ):
         done, stats = await explore(
-            deps.explorer, make_env, task, goal, limits, deps.actions, rounds
+            deps.explorer, make_env, task, goal, deps.config, deps.actions, rounds
         )
     if stats.steps == 0:
         log.warning("exploration %s: no usable action in %d rounds", exploration_id, rounds)
@@ -142,15 +141,6 @@ async def explore_task(
         exploration_id, mode, task, done, context=context, signal=signal
     )
     return Explored(exploration, "explored", stats)
-
-
-def exploration_limits(config: ExplorerConfig) -> ExplorationLimits:
-    return ExplorationLimits(
-        rounds=config.rounds,
-        max_steps=config.max_steps,
-        action_max_tokens=config.action_max_tokens,
-        history_messages=config.history_messages,
-    )
 
 
 async def summarize_signal(

@@ -14,7 +14,8 @@ from typing import Any
 import anyio
 import pytest
 
-from coevolve.services.explorer.exploration import ExplorationLimits, explore
+from coevolve.services.explorer.config import ExplorerConfig
+from coevolve.services.explorer.exploration import explore
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.llm import RoleClients, role_settings
@@ -47,7 +48,7 @@ def run(
     section = {"default": {"base_url": endpoint.base_url, "model": "m", "temperature": 0.7}}
     clients = RoleClients(role_settings(section))
     counter = RejectionCounter()
-    limits = ExplorationLimits(max_steps=steps)
+    config = ExplorerConfig(max_steps=steps)
 
     async def go() -> Any:
         try:
@@ -56,7 +57,7 @@ def run(
                 lambda: make_environment("bfcl"),
                 task,
                 "Explore.",
-                limits,
+                config,
                 counter,
             )
         finally:
