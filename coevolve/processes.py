@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -144,6 +144,46 @@ def kill_survivors(processes: Mapping[int, float]) -> list[int]:
             process.kill()
             killed.append(pid)
     return killed
+
+
+def part_of_run(command: str) -> str:
+    """Which part of a run a command line is: a service (``coevolve serve NAME``), the
+    LLM server, the NATS server, or ``up`` itself."""
+    words = command.split()
+    if "serve" in words and words.index("serve") + 1 < len(words):
+        return words[words.index("serve") + 1]
+    if "llama_cpp.server" in command:
+        return "llm"
+    if "nats-server" in command:
+        return "nats"
+    return "up" if "up" in words else "other"
+
+
+@dataclass
+class CpuLedger:
+    """CPU seconds (user + system) per part of a run, from each process's latest sample:
+    a process that exits keeps what it was last seen using, a restarted service adds its
+    new process."""
+
+    seen: dict[tuple[int, float], tuple[str, float]] = field(default_factory=dict)
+
+    def sample(self, pid: int) -> None:
+        """Read ``pid`` and every process below it."""
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            for process in (root, *root.children(recursive=True)):
+                with contextlib.suppress(psutil.Error):
+                    with process.oneshot():
+                        times = process.cpu_times()
+                        key = (process.pid, process.create_time())
+                        part = part_of_run(" ".join(process.cmdline()))
+                    self.seen[key] = (part, times.user + times.system)
+
+    def totals(self) -> dict[str, float]:
+        parts: dict[str, float] = {}
+        for part, seconds in self.seen.values():
+            parts[part] = round(parts.get(part, 0.0) + seconds, 1)
+        return dict(sorted(parts.items()))
 
 
 def share_model_cache(run_dir: Path, base_run_dir: Path) -> bool:

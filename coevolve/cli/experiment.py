@@ -35,18 +35,30 @@ def ablation(
     arms: Annotated[
         str, typer.Option(help="Comma-separated arms: none, random, coevolve.")
     ] = "none,random,coevolve",
-    seeds: Annotated[int, typer.Option(help="Seeds per arm (0 .. S-1).", min=1)] = 2,
+    seeds: Annotated[int, typer.Option(help="Seeds per arm (0 .. S-1).", min=1)] = 3,
     minutes: Annotated[
-        float, typer.Option(help="Wall minutes of each arm x seed run.", min=0.1)
+        float,
+        typer.Option(help="Wall minutes of each arm x seed run (the cap with --steps).", min=0.1),
     ] = 30.0,
-    eval_tasks: Annotated[
-        int,
+    steps: Annotated[
+        int | None,
         typer.Option(
-            help="Held-out bfcl-turns-base eval-split tasks per evaluation: one seeded "
-            "sample of N spread over entries, the same for every policy.",
+            help="End each arm once its learner has taken this many steps: arms equal in "
+            "learner steps rather than minutes.",
             min=1,
+            show_default=False,
         ),
-    ] = 40,
+    ] = None,
+    eval_tasks: Annotated[
+        int | None,
+        typer.Option(
+            help="Held-out bfcl-turns-base eval-split turns per evaluation: one seeded "
+            "sample, the same for every policy (default: every eval-split turn of the "
+            "world).",
+            min=1,
+            show_default=False,
+        ),
+    ] = None,
     eval_max_steps: Annotated[
         int,
         typer.Option(
@@ -58,7 +70,18 @@ def ablation(
     eval_every: Annotated[
         float, typer.Option(help="Minutes between the policies kept for evaluation.", min=0.1)
     ] = 10.0,
-    out: Annotated[Path, typer.Option(help="The experiment directory (resumable).")] = DEFAULT_OUT,
+    out: Annotated[
+        Path, typer.Option(help="Working directory: run directories, kept policies.")
+    ] = DEFAULT_OUT,
+    results: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where the results go: the warm start, each arm x seed's result, the "
+            "report; small enough to commit, and what a resume on another machine reads "
+            "(default: OUT/results).",
+            show_default=False,
+        ),
+    ] = None,
     config: Annotated[
         Path | None,
         typer.Option(
@@ -76,13 +99,15 @@ def ablation(
 ) -> None:
     """Run every arm x seed not finished yet, then write the report.
 
-    One warm start (a first `coevolve up` until policy v1 exists) is copied into every
-    arm: same checkpoint, same v1, same seed pool. Each arm x seed is a real `coevolve
-    up` for --minutes; the policy current at every --eval-every mark is scored on the
-    held-out split after the run stops. Each writes OUT/<arm>-s<seed>/result.json;
-    re-running the same command skips those, so an interrupted experiment resumes.
+    One warm start (a first `coevolve up` until policy v1 exists, or the one already in
+    RESULTS) is adopted by every arm's learner, its sha256 checked. Each arm x seed is a
+    real `coevolve up` for --minutes (or --steps learner steps); the policy current at
+    every --eval-every mark and at the end is scored on the held-out split after the run
+    stops. Each writes RESULTS/<arm>-s<seed>.json; re-running the same command skips
+    those, so an interrupted experiment resumes, on this machine or on a fresh clone
+    that has RESULTS.
     """
-    from coevolve.experiment.ablation import ExperimentSpec, run_experiment
+    from coevolve.experiment.ablation import ExperimentSpec, ResultsMismatchError, run_experiment
     from coevolve.experiment.aggregate import render_experiment_report
 
     spec = ExperimentSpec(
@@ -93,25 +118,36 @@ def ablation(
         eval_every_minutes=eval_every,
         base_config=str(config.resolve()) if config else None,
         eval_max_steps=eval_max_steps,
+        steps=steps,
     )
-    run_experiment(spec, out, base_run_dir, log=typer.echo)
-    typer.echo(str(render_experiment_report(out)))
+    results = results or out / "results"
+    try:
+        run_experiment(spec, out, results, base_run_dir, log=typer.echo)
+    except ResultsMismatchError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--results") from exc
+    typer.echo(str(render_experiment_report(results)))
 
 
 @experiment_app.command("report")
 def report(
-    out: Annotated[
-        Path, typer.Argument(help="The experiment directory.", exists=True, file_okay=False)
+    results: Annotated[
+        Path,
+        typer.Argument(
+            help="The experiment's results directory (--results of ablation).",
+            exists=True,
+            file_okay=False,
+        ),
     ],
     report_dir: Annotated[
         Path | None,
-        typer.Option("--to", help="Where to write report.md and PNGs (default OUT/report)."),
+        typer.Option("--to", help="Where to write report.md and PNGs (default RESULTS/report)."),
     ] = None,
 ) -> None:
-    """Aggregate whatever arm x seed results exist into Markdown + PNGs."""
+    """Aggregate whatever arm x seed results exist into Markdown + PNGs (from the result
+    files alone: it works on a fresh clone)."""
     from coevolve.experiment.aggregate import render_experiment_report
 
-    typer.echo(str(render_experiment_report(out, report_dir)))
+    typer.echo(str(render_experiment_report(results, report_dir)))
 
 
 @experiment_app.command("sweep")

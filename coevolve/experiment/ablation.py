@@ -1,21 +1,24 @@
 """The synthesis ablation: none vs random vs coevolve, each a real ``coevolve up`` run.
 
-Layout of the experiment directory (everything resumable; a finished arm x seed has a
-``result.json`` and is skipped):
+Two directories. ``out`` holds what a machine needs while it runs (run directories,
+the policies kept at marks; never committed). ``results`` holds everything the report
+and a later resume on another machine need, small enough to commit:
 
-    experiment.json            the spec (arms, seeds, minutes, eval settings)
-    warm/run/                  one warm start: policy v1, learner checkpoint, seed pool
-    warm/eval-v1.json          held-out success of v1 (minute 0 of every arm)
-    <arm>-s<seed>/run/         the arm's run directory (``coevolve report`` works on it)
-    <arm>-s<seed>/marks/       the policy file that was current at each minute mark
-    <arm>-s<seed>/result.json  marks, held-out success at each, the run's summary
+    experiment.json           the spec (arms, seeds, minutes or steps, eval settings)
+    warm-start.safetensors    the shared warm-started policy v1 (both adapters)
+    warm-start.json           its sha256, the code version and machine that made it
+    eval-v1.json              v1's held-out scores, per task
+    <arm>-s<seed>.json        one arm x seed: marks with per-task held-out scores,
+                              rollout groups, learner steps, CPU seconds per service
 
 Arms: ``none`` runs without explorers (``--scale explorer=0``): GRPO on the seed pool
 only. ``coevolve`` runs the defaults (signal-guided synthesis). ``random`` turns the
 signal detectors off (``signal_monitor.detectors.kinds: []``) and sends seed-mode
 exploration requests paced by :class:`Pacer` to add as many tasks as the coevolve arm
-of the same seed did by the same minute. Every arm starts from a copy of the same warm
-start (learner checkpoint, ``policies/v1``, pool file), so they differ only from there.
+of the same seed did by the same minute. Every arm's learner adopts the committed warm
+start (``services.learner.warm_start.from_policy``, digest checked), so arms differ only
+from there, wherever they run. An arm ends after ``minutes``, or once its learner has
+taken ``steps`` steps (equal compute for the learner), whichever comes first.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +45,9 @@ import yaml
 
 from coevolve.cli.explore_cmd import choose_tasks, publish_requests
 from coevolve.experiment import ARMS
+from coevolve.experiment.machine import machine_facts
 from coevolve.processes import (
+    CpuLedger,
     kill_leftovers,
     share_model_cache,
     spawn_up,
@@ -62,15 +67,18 @@ RUN_ORDER = ("coevolve", "random", "none")
 EVAL_SUITE = "bfcl-turns-base"
 EVAL_SPLIT = "eval"
 WARM_START_TIMEOUT_S = 3 * 3600.0
-# what an arm copies from the warm start (besides the pool file)
-WARM_FILES = (
-    "checkpoints/learner.pt",
-    "checkpoints/learner.groups.json",
-    "policies/v1.safetensors",
-)
 # what says the warm start is done: v1 is announced only after its checkpoint is written
 WARM_DONE_FILES = ("checkpoints/learner.pt", "policies/v1.safetensors")
+WARM_START_FILE = "warm-start.safetensors"
+WARM_START_RECORD = "warm-start.json"
+WARM_EVAL_FILE = "eval-v1.json"
+# the key of an arm's last mark: where it ended (its minutes, or its learner steps)
+END_MARK = "end"
 TICK_S = 10.0
+
+
+class ResultsMismatchError(ValueError):
+    """The results directory holds another experiment, or a damaged warm start."""
 
 
 @dataclass(frozen=True)
@@ -78,12 +86,16 @@ class ExperimentSpec:
     arms: tuple[str, ...]
     seeds: tuple[int, ...]
     minutes: float
-    eval_tasks: int = 40
+    # held-out turns per evaluation (a seeded sample); None: every eval-split turn of the
+    # world (108 in the default world)
+    eval_tasks: int | None = None
     eval_every_minutes: float = 10.0
     # a coevolve.yaml every run starts from (warm start included); arms add their part
     base_config: str | None = None
     # assistant messages per held-out task: a per-turn task needs its calls and a reply
     eval_max_steps: int = 4
+    # end an arm once its learner has taken this many steps (minutes stay the cap)
+    steps: int | None = None
 
     def base_settings(self) -> dict[str, Any]:
         if self.base_config is None:
@@ -101,13 +113,14 @@ class ExperimentSpec:
         return msgspec.convert(section, PoolStoreConfig).seed_classes
 
     def marks(self) -> list[float]:
-        """Minute marks at which the current policy is kept for evaluation (0 excluded:
-        minute 0 is the shared warm start)."""
+        """Minute marks before the end at which the current policy is kept for
+        evaluation (minute 0 is the shared warm start; the end is a mark of its own)."""
         count = math.floor(self.minutes / self.eval_every_minutes + 1e-9)
-        marks = [round(self.eval_every_minutes * i, 3) for i in range(1, count + 1)]
-        if not marks or marks[-1] < self.minutes:
-            marks.append(self.minutes)
-        return marks
+        return [
+            round(self.eval_every_minutes * i, 3)
+            for i in range(1, count + 1)
+            if self.eval_every_minutes * i < self.minutes - 1e-9
+        ]
 
     def plan(self) -> list[tuple[str, int]]:
         """Every arm x seed in the order they run: per seed, coevolve before random."""
@@ -118,13 +131,15 @@ def arm_dir(out: Path, arm: str, seed: int) -> Path:
     return out / f"{arm}-s{seed}"
 
 
-def result_path(out: Path, arm: str, seed: int) -> Path:
-    return arm_dir(out, arm, seed) / "result.json"
+def result_path(results: Path, arm: str, seed: int) -> Path:
+    return results / f"{arm}-s{seed}.json"
 
 
-def pending(spec: ExperimentSpec, out: Path) -> list[tuple[str, int]]:
+def pending(spec: ExperimentSpec, results: Path) -> list[tuple[str, int]]:
     """The arm x seed pairs without a result file yet (finished ones are skipped)."""
-    return [(arm, seed) for arm, seed in spec.plan() if not result_path(out, arm, seed).exists()]
+    return [
+        (arm, seed) for arm, seed in spec.plan() if not result_path(results, arm, seed).exists()
+    ]
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -218,8 +233,28 @@ def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+@dataclass(frozen=True)
+class WarmStart:
+    """The committed warm-started policy every arm adopts."""
+
+    path: Path
+    sha256: str
+
+    def learner_settings(self) -> dict[str, Any]:
+        return {
+            "services": {
+                "learner": {
+                    "warm_start": {
+                        "from_policy": str(self.path.resolve()),
+                        "from_policy_sha256": self.sha256,
+                    }
+                }
+            }
+        }
+
+
 def arm_settings(
-    arm: str, seed: int, base: dict[str, Any] | None = None
+    arm: str, seed: int, base: dict[str, Any] | None = None, warm: WarmStart | None = None
 ) -> tuple[dict[str, Any], list[str]]:
     """(config file contents, --scale values) of an arm, over the ``base`` settings."""
     detectors: dict[str, Any] = {"reservoir_seed": seed}
@@ -231,29 +266,28 @@ def arm_settings(
     elif arm != "coevolve":
         raise ValueError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
     own = {"services": {"signal_monitor": {"detectors": detectors}}}
+    if warm is not None:
+        own = merged(own, warm.learner_settings())
     return merged(base or {}, own), scale
 
 
 # ---------------------------------------------------------------------- warm start
 
 
-def warm_run_dir(out: Path) -> Path:
-    return out / "warm" / "run"
-
-
-def warm_start(
-    out: Path,
+def run_until_v1(
+    directory: Path,
     base_run_dir: Path,
     log: Callable[[str], None] = print,
     config: Path | None = None,
 ) -> Path:
-    """Run ``up`` until the learner has written policy v1 and its checkpoint; once."""
-    run = warm_run_dir(out)
-    done = out / "warm" / "done.json"
+    """Run ``up`` in ``directory/run`` until the learner has written policy v1 and its
+    checkpoint, once (``directory/done.json`` says it is done); returns the run."""
+    run = directory / "run"
+    done = directory / "done.json"
     if done.exists():
         return run
     share_model_cache(run, base_run_dir)
-    process = start_up(run, free_port(), out / "warm" / "up.log", config)
+    process = start_up(run, free_port(), directory / "up.log", config)
     started = time.monotonic()
     try:
         wait_for_nats_url(run, process)
@@ -261,7 +295,7 @@ def warm_start(
         while not all((run / name).exists() for name in WARM_DONE_FILES):
             if process.poll() is not None:
                 raise RuntimeError(
-                    f"coevolve up exited with {process.returncode} (see {out / 'warm' / 'up.log'})"
+                    f"coevolve up exited with {process.returncode} (see {directory / 'up.log'})"
                 )
             if time.monotonic() - started > WARM_START_TIMEOUT_S:
                 raise TimeoutError("no policy v1 within the warm-start timeout")
@@ -274,19 +308,57 @@ def warm_start(
     return run
 
 
+def committed_warm_start(results: Path) -> WarmStart | None:
+    """The warm start kept in ``results``, its file checked against its recorded digest."""
+    record, path = results / WARM_START_RECORD, results / WARM_START_FILE
+    if not record.exists():
+        return None
+    sha256 = str(read_json(record)["sha256"])
+    if not path.exists() or hashlib.sha256(path.read_bytes()).hexdigest() != sha256:
+        raise ResultsMismatchError(f"{path} is missing or does not match the sha256 in {record}")
+    return WarmStart(path, sha256)
+
+
+def ensure_warm_start(
+    out: Path,
+    results: Path,
+    base_run_dir: Path,
+    log: Callable[[str], None] = print,
+    config: Path | None = None,
+) -> WarmStart:
+    """The committed warm start, or a new one: ``up`` until v1, whose file is kept in
+    ``results`` with its sha256, the code version and the machine."""
+    kept = committed_warm_start(results)
+    if kept is not None:
+        log(f"[experiment] warm start {kept.sha256[:12]} from {kept.path}")
+        return kept
+    started = time.monotonic()
+    run = run_until_v1(out / "warm", base_run_dir, log, config)
+    blob = (run / "policies" / "v1.safetensors").read_bytes()
+    results.mkdir(parents=True, exist_ok=True)
+    (results / WARM_START_FILE).write_bytes(blob)
+    sha256 = hashlib.sha256(blob).hexdigest()
+    record = {
+        "sha256": sha256,
+        "bytes": len(blob),
+        "code_version": code_version(),
+        "machine": machine_facts(),
+        "made_at": time.time(),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    write_json(results / WARM_START_RECORD, record)
+    return WarmStart(results / WARM_START_FILE, sha256)
+
+
 def prepare_arm(out: Path, arm: str, seed: int, base_run_dir: Path) -> Path:
-    """A fresh arm directory whose run holds copies of the warm start's checkpoint, v1
-    and pool. An arm interrupted before its result file starts over: its run, kept
-    policies and cached scores are removed (a new run's v3 is not the old run's v3)."""
+    """A fresh arm directory. An arm interrupted before its result file starts over: its
+    run, kept policies and cached scores are removed (a new run's v3 is not the old
+    run's v3)."""
     directory = arm_dir(out, arm, seed)
     if directory.exists():
         shutil.rmtree(directory)
     run = directory / "run"
-    warm = warm_run_dir(out)
-    for name in (*WARM_FILES, "pool.duckdb", "pool.duckdb.wal"):
-        if (warm / name).exists():
-            (run / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(warm / name, run / name)
+    run.mkdir(parents=True)
     share_model_cache(run, base_run_dir)
     return run
 
@@ -296,11 +368,15 @@ def prepare_arm(out: Path, arm: str, seed: int, base_run_dir: Path) -> Path:
 
 @dataclass
 class ArmLive:
-    """What the controller saw during an arm: policy at each mark, tasks added."""
+    """What the controller saw during an arm: policy at each mark, tasks added, CPU."""
 
     mark_versions: dict[float, int] = field(default_factory=dict)
     added_minutes: list[float] = field(default_factory=list)
     requests_sent: int = 0
+    end_minute: float = 0.0
+    end_version: int = 0
+    ended_by: str = "minutes"
+    cpu: CpuLedger = field(default_factory=CpuLedger)
 
 
 async def control_arm(
@@ -311,13 +387,17 @@ async def control_arm(
     started: float,
     pacer: Pacer | None,
     seed: int,
+    up_pid: int | None = None,
 ) -> ArmLive:
-    """Until ``spec.minutes``: keep the policy file current at each mark, count tasks
-    added, and (random arm) send the paced exploration requests."""
+    """Until ``spec.minutes`` (or ``spec.steps`` learner steps): keep the policy file
+    current at each mark and at the end, count tasks added, sample the CPU time of the
+    run's processes, and (random arm) send the paced exploration requests."""
     live = ArmLive()
     world = spec.world()  # read once: the pacer's loop sends requests every few seconds
     bus = await Bus.connect(run_bus_settings(run, url), name="experiment")
     rng = random.Random(seed)
+    # policy v(N+1) is the one the learner publishes after its N-th step
+    last_version = None if spec.steps is None else spec.steps + 1
     try:
         await bus.ensure_streams()
         added = await bus.nc.subscribe(TASK_ADDED)
@@ -340,24 +420,35 @@ async def control_arm(
                     if decode(message.data, Exploration).mode == "unguided" and pacer:
                         pacer.answered()
 
+        def steps_done() -> bool:
+            files = policy_files(run)
+            return last_version is not None and max(files, default=0) >= last_version
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(count_added)
             tg.start_soon(count_explorations)
             marks = list(spec.marks())
-            while marks:
+            while True:
                 now = minute()
+                if up_pid is not None:
+                    live.cpu.sample(up_pid)
                 while marks and now >= marks[0]:
-                    live.mark_versions[marks[0]] = keep_current_policy(run, marks_dir, marks[0])
+                    live.mark_versions[marks[0]] = keep_current_policy(run, marks_dir)
                     marks.pop(0)
-                if pacer is not None and marks:
+                if steps_done() or now >= spec.minutes:
+                    live.ended_by = "steps" if steps_done() else "minutes"
+                    live.end_minute = round(now, 3)
+                    live.end_version = keep_current_policy(run, marks_dir, last_version)
+                    break
+                if pacer is not None:
                     due = pacer.requests_due(now)
                     if due:
                         draw = rng.randrange(1 << 30)
                         tasks = choose_tasks(due, seed=draw, classes=world)
                         await publish_requests(bus, tasks, rounds=1)
                         live.requests_sent += due
-                if marks:
-                    await anyio.sleep(min(TICK_S, max(0.5, (marks[0] - minute()) * 60)))
+                next_mark = min([*marks[:1], spec.minutes])
+                await anyio.sleep(min(TICK_S, max(0.5, (next_mark - minute()) * 60)))
             tg.cancel_scope.cancel()
     finally:
         with anyio.move_on_after(5, shield=True):
@@ -365,9 +456,10 @@ async def control_arm(
     return live
 
 
-def keep_current_policy(run: Path, marks_dir: Path, mark: float) -> int:
-    """Copy the newest ``policies/v<N>`` to ``marks_dir`` and return N (0: none yet)."""
-    files = policy_files(run)
+def keep_current_policy(run: Path, marks_dir: Path, at_most: int | None = None) -> int:
+    """Copy the newest ``policies/v<N>`` (N at most ``at_most``) to ``marks_dir`` and
+    return N (0: none yet)."""
+    files = [v for v in policy_files(run) if at_most is None or v <= at_most]
     if not files:
         return 0
     version = max(files)
@@ -378,38 +470,55 @@ def keep_current_policy(run: Path, marks_dir: Path, mark: float) -> int:
     return version
 
 
+def per_task(report: Mapping[str, Any]) -> dict[str, Any]:
+    """What the results keep of an eval report: the headline and, per task, [success,
+    partial credit, ground-truth log-likelihood per token]."""
+    kept = {
+        key: report.get(key)
+        for key in (
+            "suite",
+            "split",
+            "n",
+            "accuracy",
+            "partial_credit_mean",
+            "gt_logprob_per_token",
+            "s_per_task",
+            "total_seconds",
+        )
+    }
+    kept["tasks"] = {
+        str(e["entry_id"]): [e.get("score"), e.get("partial_credit"), e.get("gt_logprob")]
+        for e in report.get("entries", [])
+    }
+    return kept
+
+
 def evaluate(
     weights: Path,
     run: Path,
-    tasks: int,
+    tasks: int | None,
     cache: Path,
     max_steps: int = 4,
     classes: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Held-out per-turn BFCL success of ``weights`` (``coevolve eval`` in a subprocess),
-    cached in ``cache``."""
-    if cache.exists():
-        return dict(read_json(cache))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    argv = [sys.executable, "-m", "coevolve", "eval", "--suite", EVAL_SUITE, "--split", EVAL_SPLIT]
-    # the same seeded sample, spread over entries, for every policy: paired across arms
-    argv += ["--policy", str(weights), "--sample", str(tasks), "--seed", "0"]
-    argv += ["--max-steps-per-turn", str(max_steps)]
-    argv += ["--classes", ",".join(classes) if classes is not None else "all"]
-    argv += ["--json", "--run-dir", str(run)]
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"coevolve eval failed ({done.returncode}): {done.stderr[-2000:]}")
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    kept = {
-        key: report[key]
-        for key in ("suite", "split", "n", "accuracy", "ci95_low", "ci95_high", "total_seconds")
-    }
-    kept["partial_credit_mean"] = report.get("partial_credit_mean")
-    kept["gt_logprob_per_token"] = report.get("gt_logprob_per_token")
-    kept["scores"] = {e["entry_id"]: e["score"] for e in report.get("entries", [])}
-    write_json(cache, kept)
-    return kept
+    """Held-out per-turn BFCL scores of ``weights`` (``coevolve eval`` in a subprocess on
+    every core: nothing else runs then), per task; the full report is kept in ``cache``."""
+    if not cache.exists():
+        env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count() or 1), "HF_HUB_OFFLINE": "1"}
+        for inherited in ("COEVOLVE_CONFIG", "COEVOLVE_RUN_DIR"):
+            env.pop(inherited, None)
+        argv = [sys.executable, "-m", "coevolve", "eval", "--suite", EVAL_SUITE]
+        argv += ["--split", EVAL_SPLIT, "--policy", str(weights)]
+        if tasks is not None:  # the same seeded sample for every policy: paired across arms
+            argv += ["--sample", str(tasks), "--seed", "0"]
+        argv += ["--max-steps-per-turn", str(max_steps)]
+        argv += ["--classes", ",".join(classes) if classes is not None else "all"]
+        argv += ["--out", str(cache), "--run-dir", str(run)]
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+        if done.returncode != 0 or not cache.exists():
+            raise RuntimeError(f"coevolve eval failed ({done.returncode}): {done.stderr[-2000:]}")
+    return per_task(read_json(cache))
 
 
 CODE_DIRS = ("coevolve", "services", "shared", "bench")
@@ -441,49 +550,60 @@ def code_version(commit: str = "HEAD") -> str | None:
 def run_arm(
     spec: ExperimentSpec,
     out: Path,
+    results: Path,
     arm: str,
     seed: int,
+    warm: WarmStart,
     base_run_dir: Path,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """One arm x seed, start to result file."""
     directory = arm_dir(out, arm, seed)
     run = prepare_arm(out, arm, seed, base_run_dir)
-    settings, scale = arm_settings(arm, seed, spec.base_settings())
+    settings, scale = arm_settings(arm, seed, spec.base_settings(), warm)
     config = directory / "coevolve.yaml"
     config.write_text(yaml.safe_dump(settings))
     pacer = None
     if arm == "random":
-        reference = result_path(out, "coevolve", seed)
+        reference = result_path(results, "coevolve", seed)
         curve = read_json(reference)["added_minutes"] if reference.exists() else []
         pacer = Pacer(curve)
-    log(f"[experiment] {arm} seed {seed}: {spec.minutes:g} min in {run}")
+    until = f"{spec.minutes:g} min" + (f" or {spec.steps} steps" if spec.steps else "")
+    log(f"[experiment] {arm} seed {seed}: {until} in {run}")
     process = start_up(run, free_port(), directory / "up.log", config, scale)
     started = time.monotonic()
     wall_started = time.time()
     try:
         url = wait_for_nats_url(run, process)
-        live = anyio.run(control_arm, url, run, directory / "marks", spec, started, pacer, seed)
+        live = anyio.run(
+            control_arm, url, run, directory / "marks", spec, started, pacer, seed, process.pid
+        )
     finally:
         stop_up(process, run)
+    marks = [(f"{m:g}", m, v) for m, v in sorted(live.mark_versions.items())]
+    marks.append((END_MARK, live.end_minute, live.end_version))
     result: dict[str, Any] = {
         "arm": arm,
         "seed": seed,
         "minutes": spec.minutes,
+        "steps": spec.steps,
+        "ended_by": live.ended_by,
+        "end_minute": live.end_minute,
         "code_version": code_version(),
+        "machine": machine_facts(),
+        "warm_start_sha256": warm.sha256,
         "started_at": wall_started,
         "requests_sent": live.requests_sent,
         "added_minutes": live.added_minutes,
+        "cpu_seconds": live.cpu.totals(),
         "marks": [],
     }
-    for mark, version in sorted(live.mark_versions.items()):
-        weights = directory / "marks" / f"v{version}.safetensors"
+    for key, minute, version in marks:
         score, error = None, None
         if version > 0:
-            log(f"[experiment] {arm} seed {seed}: evaluating v{version} (minute {mark:g})")
+            log(f"[experiment] {arm} seed {seed}: evaluating v{version} ({key})")
+            weights = directory / "marks" / f"v{version}.safetensors"
             cache = directory / "eval" / f"v{version}.json"
-            if version == 1:  # the warm start's own v1, copied into every arm
-                cache = out / "warm" / "eval-v1.json"
             try:
                 score = evaluate(
                     weights, run, spec.eval_tasks, cache, spec.eval_max_steps, spec.world()
@@ -491,43 +611,58 @@ def run_arm(
             except (RuntimeError, ValueError, KeyError) as exc:  # recorded, not fatal
                 error = str(exc)
                 log(f"[experiment] {arm} seed {seed}: evaluation of v{version} failed: {exc}")
-        mark_record: dict[str, Any] = {"minute": mark, "policy_version": version, "eval": score}
+        record: dict[str, Any] = {
+            "mark": key,
+            "minute": minute,
+            "policy_version": version,
+            "eval": score,
+        }
         if error is not None:
-            mark_record["eval_error"] = error
-        result["marks"].append(mark_record)
+            record["eval_error"] = error
+        result["marks"].append(record)
     result["summary"] = asdict(summarize_run(load_run(run)))
-    write_json(result_path(out, arm, seed), result)
+    write_json(result_path(results, arm, seed), result)
     return result
 
 
 def run_experiment(
     spec: ExperimentSpec,
     out: Path,
+    results: Path,
     base_run_dir: Path,
     log: Callable[[str], None] = print,
 ) -> list[tuple[str, int]]:
-    """Warm start once, evaluate v1 once, then every pending arm x seed; returns those run."""
+    """The warm start (committed, or made once), v1's scores once, then every pending arm
+    x seed; returns those run."""
     # absolute: the run directory in every command line is what finds leftover processes
-    out = out.resolve()
+    out, results = out.resolve(), results.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    spec_file = out / "experiment.json"
-    if spec_file.exists() and read_json(spec_file)["minutes"] != spec.minutes:
-        raise ValueError(f"{out} holds an experiment of {read_json(spec_file)['minutes']} min")
+    spec_file = results / "experiment.json"
+    if spec_file.exists():
+        old = read_json(spec_file)
+        for key in ("minutes", "steps", "eval_tasks"):
+            if old.get(key) != getattr(spec, key):
+                raise ResultsMismatchError(
+                    f"{results} holds an experiment with {key} = {old.get(key)}"
+                )
     write_json(spec_file, asdict(spec))
-    todo = pending(spec, out)
+    todo = pending(spec, results)
     if not todo:
         log("[experiment] every arm x seed is finished")
         return []
     config = Path(spec.base_config) if spec.base_config else None
-    warm = warm_start(out, base_run_dir, log, config)
-    evaluate(
-        warm / "policies" / "v1.safetensors",
-        warm,
-        spec.eval_tasks,
-        out / "warm" / "eval-v1.json",
-        spec.eval_max_steps,
-        spec.world(),
-    )
+    warm = ensure_warm_start(out, results, base_run_dir, log, config)
+    if not (results / WARM_EVAL_FILE).exists():
+        log("[experiment] evaluating the warm start (v1)")
+        scores = evaluate(
+            warm.path,
+            out / "warm" / "run",
+            spec.eval_tasks,
+            out / "warm" / "eval-v1-report.json",
+            spec.eval_max_steps,
+            spec.world(),
+        )
+        write_json(results / WARM_EVAL_FILE, {**scores, "warm_start_sha256": warm.sha256})
     for arm, seed in todo:
-        run_arm(spec, out, arm, seed, base_run_dir, log)
+        run_arm(spec, out, results, arm, seed, warm, base_run_dir, log)
     return todo

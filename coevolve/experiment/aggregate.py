@@ -1,20 +1,27 @@
-"""``coevolve experiment report DIR``: whatever arm x seed results exist, as Markdown + PNGs.
+"""``coevolve experiment report RESULTS``: whatever arm x seed results exist, as Markdown + PNGs.
 
-Held-out success per arm and minute mark: the mean across seeds with a 95% t interval.
-Paired differences (coevolve - random, random - none) at each mark: per seed, the
-difference on each held-out task both arms played, with a two-level bootstrap interval
-(seeds, then tasks). An interval that excludes 0 is called significant; nothing else is.
+It reads the results directory alone (what is committed), so it runs on a fresh clone.
+Results made from another warm start than the one in ``warm-start.json`` are not pooled:
+the report names them and leaves them out.
+
+Per arm and mark (every ``--eval-every`` minute, and the arm's end): each held-out
+measure's mean across seeds with a 95% t interval. Paired differences (coevolve -
+random, random - none, coevolve - none) per measure and mark: per seed, the difference
+on each held-out task both arms played, with a two-level bootstrap interval (seeds, then
+tasks). An interval that excludes 0 is called significant; nothing else is.
 """
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+import re
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coevolve.experiment import ARMS
+from coevolve.experiment.ablation import END_MARK, WARM_EVAL_FILE, WARM_START_RECORD
 from coevolve.report import plots
 from coevolve.report.run_report import table
 from coevolve.report.stats import Interval, mean_interval, paired_bootstrap_interval
@@ -23,7 +30,11 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 REPORT_FILE = "report.md"
-COMPARISONS = (("coevolve", "random"), ("random", "none"))
+COMPARISONS = (("coevolve", "random"), ("random", "none"), ("coevolve", "none"))
+# (name, index in a task's [success, partial credit, log-likelihood] record)
+MEASURES = (("success", 0), ("partial credit", 1), ("log-likelihood", 2))
+WARM_MARK = "0"
+RESULT_NAME = re.compile(r"[a-z]+-s\d+\.json")
 ARM_ORDER = {arm: index for index, arm in enumerate(ARMS)}
 ARM_COLORS = {"none": "tab:grey", "random": "tab:orange", "coevolve": "tab:green"}
 SEED_STYLES = ("-", "--", ":", "-.")
@@ -31,118 +42,172 @@ SEED_STYLES = ("-", "--", ":", "-.")
 
 @dataclass(frozen=True)
 class MarkScore:
-    """One evaluated policy: arm, seed, minute mark, mean score, per-task scores."""
+    """One evaluated policy of one arm x seed: per task [success, partial, log-lik]."""
 
     arm: str
     seed: int
+    mark: str
     minute: float
     policy_version: int
-    accuracy: float
-    scores: dict[str, float]
+    tasks: dict[str, list[float | None]]
+
+    def mean(self, measure: int) -> float | None:
+        values = [value for v in self.tasks.values() if (value := v[measure]) is not None]
+        return sum(values) / len(values) if values else None
 
 
-def load_results(out: Path) -> list[dict[str, Any]]:
-    results = []
-    for path in sorted(out.glob("*-s*/result.json")):
+@dataclass(frozen=True)
+class Results:
+    """The pooled arm x seed results, and those left out for another warm start."""
+
+    kept: list[dict[str, Any]]
+    excluded: list[dict[str, Any]]
+    warm_start: dict[str, Any] | None
+    warm_eval: dict[str, Any] | None
+
+
+def load_results(results_dir: Path) -> Results:
+    """Every ``<arm>-s<seed>.json``; pooled are those of the recorded warm start (or, with
+    no record, of the warm start most results share)."""
+    found = []
+    for path in sorted(results_dir.glob("*-s*.json")):
+        if not RESULT_NAME.fullmatch(path.name):
+            continue
         try:
-            results.append(json.loads(path.read_text()))
+            found.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
-    results.sort(key=lambda r: (ARM_ORDER.get(r["arm"], 99), r["seed"]))
-    return results
+    found.sort(key=lambda r: (ARM_ORDER.get(r["arm"], 99), r["seed"]))
+    record = _read(results_dir / WARM_START_RECORD)
+    digests = Counter(r.get("warm_start_sha256") for r in found)
+    if record is not None:
+        wanted = record["sha256"]
+    else:
+        wanted = digests.most_common(1)[0][0] if digests else None
+    kept = [r for r in found if r.get("warm_start_sha256") == wanted]
+    excluded = [r for r in found if r.get("warm_start_sha256") != wanted]
+    warm_eval = _read(results_dir / WARM_EVAL_FILE)
+    if warm_eval is not None and warm_eval.get("warm_start_sha256") != wanted:
+        warm_eval = None
+    return Results(kept, excluded, record, warm_eval)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    return dict(json.loads(path.read_text())) if path.exists() else None
 
 
 def mark_scores(results: list[dict[str, Any]], warm_eval: dict[str, Any] | None) -> list[MarkScore]:
-    """Every evaluated mark; the shared warm start is minute 0 of every arm x seed."""
+    """Every evaluated mark; the shared warm start is mark 0 of every arm x seed."""
     scores: list[MarkScore] = []
     for result in results:
+        arm, seed = result["arm"], int(result["seed"])
         if warm_eval is not None:
-            scores.append(_mark(result, 0.0, 1, warm_eval))
+            scores.append(MarkScore(arm, seed, WARM_MARK, 0.0, 1, warm_eval["tasks"]))
         for mark in result.get("marks", []):
             if mark.get("eval"):
                 scores.append(
-                    _mark(result, float(mark["minute"]), mark["policy_version"], mark["eval"])
+                    MarkScore(
+                        arm,
+                        seed,
+                        str(mark["mark"]),
+                        float(mark["minute"]),
+                        int(mark["policy_version"]),
+                        mark["eval"]["tasks"],
+                    )
                 )
     return scores
 
 
-def _mark(
-    result: dict[str, Any], minute: float, version: int, evaluation: dict[str, Any]
-) -> MarkScore:
-    return MarkScore(
-        result["arm"],
-        int(result["seed"]),
-        minute,
-        int(version),
-        float(evaluation["accuracy"]),
-        {str(k): float(v) for k, v in evaluation.get("scores", {}).items()},
-    )
+def mark_order(mark: str) -> float:
+    return float("inf") if mark == END_MARK else float(mark)
 
 
-def success_intervals(scores: list[MarkScore]) -> dict[str, dict[float, Interval]]:
-    """arm -> minute -> mean held-out success across seeds with its 95% t interval."""
-    grouped: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+def measure_intervals(scores: list[MarkScore], measure: int) -> dict[str, dict[str, Interval]]:
+    """arm -> mark -> the measure's mean across seeds with its 95% t interval."""
+    grouped: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for score in scores:
-        grouped[score.arm][score.minute].append(score.accuracy)
+        value = score.mean(measure)
+        if value is not None:
+            grouped[score.arm][score.mark].append(value)
     return {
-        arm: {minute: mean_interval(values) for minute, values in sorted(by_minute.items())}
-        for arm, by_minute in grouped.items()
+        arm: {mark: mean_interval(by_mark[mark]) for mark in sorted(by_mark, key=mark_order)}
+        for arm, by_mark in grouped.items()
     }
 
 
-def paired_intervals(scores: list[MarkScore], first: str, second: str) -> dict[float, Interval]:
-    """minute -> mean of ``first - second`` over the seeds both ran, per held-out task,
-    with its two-level bootstrap interval. Minute 0 (the shared warm start) is left out."""
-    by_key = {(s.arm, s.seed, s.minute): s for s in scores}
-    minutes = sorted({s.minute for s in scores if s.minute > 0})
-    intervals: dict[float, Interval] = {}
-    for minute in minutes:
+def paired_intervals(
+    scores: list[MarkScore], first: str, second: str, measure: int = 0
+) -> dict[str, Interval]:
+    """mark -> mean of ``first - second`` over the seeds both ran, per held-out task,
+    with its two-level bootstrap interval. Mark 0 (the shared warm start) is left out."""
+    by_key = {(s.arm, s.seed, s.mark): s for s in scores}
+    marks = sorted({s.mark for s in scores if s.mark != WARM_MARK}, key=mark_order)
+    intervals: dict[str, Interval] = {}
+    for mark in marks:
         differences: dict[int, list[float]] = {}
         for seed in sorted({s.seed for s in scores}):
-            a, b = by_key.get((first, seed, minute)), by_key.get((second, seed, minute))
+            a, b = by_key.get((first, seed, mark)), by_key.get((second, seed, mark))
             if a is None or b is None:
                 continue
-            tasks = sorted(a.scores.keys() & b.scores.keys())
-            if tasks:
-                differences[seed] = [a.scores[t] - b.scores[t] for t in tasks]
-            else:
-                differences[seed] = [a.accuracy - b.accuracy]
+            pairs = [(a.tasks[t][measure], b.tasks[t][measure]) for t in a.tasks.keys() & b.tasks]
+            found = [x - y for x, y in pairs if x is not None and y is not None]
+            if found:
+                differences[seed] = found
         if differences:
-            intervals[minute] = paired_bootstrap_interval(differences)
+            intervals[mark] = paired_bootstrap_interval(differences)
     return intervals
+
+
+def end_minutes(scores: list[MarkScore]) -> dict[str, float]:
+    """arm -> the mean minute its seeds ended at (where the end mark is drawn)."""
+    ends: dict[str, list[float]] = defaultdict(list)
+    for score in scores:
+        if score.mark == END_MARK:
+            ends[score.arm].append(score.minute)
+    return {arm: sum(values) / len(values) for arm, values in ends.items()}
 
 
 # ---------------------------------------------------------------------- plots
 
 
-def plot_success(intervals: dict[str, dict[float, Interval]], path: Path) -> Path:
-    figure, (ax,) = plots.panels(1, columns=1)
-    figure.set_size_inches(8, 4)
-    ax.set_title("held-out per-turn BFCL success (mean and 95% interval across seeds)", fontsize=10)
-    if not intervals:
-        plots.empty_note(ax)
-    for arm in sorted(intervals, key=lambda a: ARM_ORDER.get(a, 99)):
-        _interval_band(
-            ax,
-            arm,
-            intervals[arm],
-            offset=0.004 * _span(intervals) * (ARM_ORDER.get(arm, 1) - 1),
-            color=ARM_COLORS.get(arm),
-            rate=True,
-        )
-    if intervals:
-        _minutes_axis(ax, intervals)
+def _at_minutes(points: dict[str, Interval], end_minute: float | None) -> dict[float, Interval]:
+    placed = {float(m): i for m, i in points.items() if m != END_MARK}
+    if END_MARK in points and end_minute is not None:
+        placed[end_minute] = points[END_MARK]
+    return dict(sorted(placed.items()))
+
+
+def plot_measures(
+    intervals: dict[str, dict[str, dict[str, Interval]]], ends: dict[str, float], path: Path
+) -> Path:
+    """One panel per measure: each arm's mean across seeds at its marks."""
+    figure, axes = plots.panels(len(MEASURES), columns=len(MEASURES))
+    figure.set_size_inches(5 * len(MEASURES), 4)
+    for ax, (name, _) in zip(axes, MEASURES, strict=True):
+        ax.set_title(f"held-out {name} (mean, 95% interval across seeds)", fontsize=9)
+        by_arm = intervals.get(name, {})
+        if not by_arm:
+            plots.empty_note(ax)
+            continue
+        placed = {arm: _at_minutes(points, ends.get(arm)) for arm, points in by_arm.items()}
+        for arm in sorted(placed, key=lambda a: ARM_ORDER.get(a, 99)):
+            offset = 0.004 * _span(placed) * (ARM_ORDER.get(arm, 1) - 1)
+            _interval_band(ax, arm, placed[arm], offset=offset, color=ARM_COLORS.get(arm))
+        _minutes_axis(ax, placed)
         ax.set_xlabel("minutes since the warm start", fontsize=9)
-        ax.set_ylabel("success", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
     return plots.save(figure, path)
 
 
-def plot_differences(differences: dict[str, dict[float, Interval]], path: Path) -> Path:
+def plot_differences(
+    differences: dict[str, dict[str, Interval]], ends: dict[str, float], path: Path
+) -> Path:
+    """Held-out success differences between arms at each mark."""
     figure, (ax,) = plots.panels(1, columns=1)
     ax.set_title("paired differences in held-out success (bootstrap 95% interval)", fontsize=10)
-    drawn = {name: points for name, points in differences.items() if points}
+    end = max(ends.values(), default=None)
+    drawn = {name: _at_minutes(p, end) for name, p in differences.items() if p}
     if not drawn:
         plots.empty_note(ax)
     for index, (name, points) in enumerate(drawn.items()):
@@ -162,7 +227,8 @@ def plot_data_loop(results: list[dict[str, Any]], path: Path) -> Path:
     if not results:
         plots.empty_note(growth)
     for result in results:
-        xs, ys = plots.cumulative(result.get("added_minutes", []), end=result.get("minutes"))
+        end = result.get("end_minute") or result.get("minutes")
+        xs, ys = plots.cumulative(result.get("added_minutes", []), end=end)
         growth.step(
             xs,
             ys,
@@ -185,22 +251,19 @@ def plot_data_loop(results: list[dict[str, Any]], path: Path) -> Path:
     return plots.save(figure, path)
 
 
-def plot_stages(results: list[dict[str, Any]], path: Path, top: int = 6) -> Path:
+def plot_cpu(results: list[dict[str, Any]], path: Path) -> Path:
+    """CPU minutes per part of the run (mean per seed), per arm."""
     figure, (ax,) = plots.panels(1, columns=1)
     figure.set_size_inches(9, 4.5)
-    totals: dict[str, float] = defaultdict(float)
-    for result in results:
-        for stage, seconds in result["summary"]["stage_seconds"].items():
-            totals[stage] += seconds
-    stages = [s for s, _ in sorted(totals.items(), key=lambda kv: -kv[1])[:top]]
     values: dict[str, float] = {}
     for result in results:
         arm = result["arm"]
-        for stage in stages:
-            seconds = result["summary"]["stage_seconds"].get(stage, 0.0)
-            key = f"{arm}: {stage}"
+        for part, seconds in result.get("cpu_seconds", {}).items():
+            key = f"{arm}: {part}"
             values[key] = values.get(key, 0.0) + seconds / 60.0 / _seeds(results, arm)
-    plots.bars(ax, values, title="time per stage (mean minutes per seed)", xlabel="minutes")
+    plots.bars(
+        ax, values, title="CPU minutes per part of the run (mean per seed)", xlabel="minutes"
+    )
     return plots.save(figure, path)
 
 
@@ -217,15 +280,11 @@ def _interval_band(
     *,
     offset: float,
     color: str | None = None,
-    rate: bool = False,
 ) -> None:
-    """``points`` (minute -> interval) as one band; a ``rate``'s interval is cut to [0, 1]."""
+    """``points`` (minute -> interval) as one band."""
     xs = list(points)
     low = [points[x].low for x in xs]
     high = [points[x].high for x in xs]
-    if rate:
-        low = [max(0.0, value) for value in low]
-        high = [min(1.0, value) for value in high]
     plots.band(ax, name, xs, [points[x].mean for x in xs], low, high, color=color, offset=offset)
 
 
@@ -243,25 +302,43 @@ def _seeds(results: list[dict[str, Any]], arm: str) -> int:
 # ---------------------------------------------------------------------- markdown
 
 
-def _interval_text(interval: Interval) -> str:
-    return f"{interval.mean:.3f} [{interval.low:.3f}, {interval.high:.3f}] (n={interval.n})"
+def _interval_text(interval: Interval, digits: int = 3) -> str:
+    return (
+        f"{interval.mean:.{digits}f} [{interval.low:.{digits}f}, {interval.high:.{digits}f}] "
+        f"(n={interval.n})"
+    )
 
 
-def _arm_rows(results: list[dict[str, Any]]) -> list[list[str]]:
+def _mean_text(values: list[float], digits: int = 1) -> str:
+    if not values:
+        return "-"
+    interval = mean_interval(values)
+    if interval.n == 1:
+        return f"{interval.mean:.{digits}f}"
+    return f"{interval.mean:.{digits}f} ± {(interval.high - interval.low) / 2:.{digits}f}"
+
+
+def _by_arm(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    arms: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for result in results:
+        arms[result["arm"]].append(result)
+    return dict(sorted(arms.items(), key=lambda kv: ARM_ORDER.get(kv[0], 99)))
+
+
+def data_loop_rows(results: list[dict[str, Any]]) -> list[list[str]]:
     rows = []
-    for arm in sorted({r["arm"] for r in results}, key=lambda a: ARM_ORDER.get(a, 99)):
-        mine = [r["summary"] for r in results if r["arm"] == arm]
-        candidates = sum(s["candidates"] for s in mine)
-        accepted = sum(s["accepted"] for s in mine)
-        growth = [sum(n for o, n in s["pool_by_origin"].items() if o != "seed") for s in mine]
+    for arm, mine in _by_arm(results).items():
+        summaries = [r["summary"] for r in mine]
+        candidates = sum(s["candidates"] for s in summaries)
+        accepted = sum(s["accepted"] for s in summaries)
+        growth = [sum(n for o, n in s["pool_by_origin"].items() if o != "seed") for s in summaries]
         rows.append(
             [
                 arm,
                 str(len(mine)),
-                _mean_text([s["learner_steps"] for s in mine]),
-                _mean_text([s["policy_versions"] for s in mine]),
-                _mean_text([sum(s["signals_by_kind"].values()) for s in mine]),
-                _mean_text([s["candidates"] for s in mine]),
+                _mean_text([sum(s["signals_by_kind"].values()) for s in summaries]),
+                _mean_text([s["candidates"] for s in summaries]),
+                _mean_text([s["accepted"] for s in summaries]),
                 f"{accepted / candidates:.3f}" if candidates else "none yet",
                 _mean_text(growth),
             ]
@@ -269,107 +346,198 @@ def _arm_rows(results: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
-def _mean_text(values: list[float]) -> str:
-    interval = mean_interval(values)
-    if interval.n == 1:
-        return f"{interval.mean:.1f}"
-    return f"{interval.mean:.1f} ± {(interval.high - interval.low) / 2:.1f}"
+def compute_rows(results: list[dict[str, Any]]) -> list[list[str]]:
+    """Per arm: how long it ran, what it did and the CPU it used (means per seed)."""
+    rows = []
+    for arm, mine in _by_arm(results).items():
+        cpu = [r.get("cpu_seconds", {}) for r in mine]
+        policy_parts = ("rollout", "learner")
+        rows.append(
+            [
+                arm,
+                str(len(mine)),
+                _mean_text([r.get("end_minute") or r["minutes"] for r in mine]),
+                ", ".join(sorted({str(r.get("ended_by", "minutes")) for r in mine})),
+                _mean_text([r["summary"]["learner_steps"] for r in mine]),
+                _mean_text([r["summary"]["groups_recorded"] for r in mine]),
+                _mean_text([sum(c.get(p, 0.0) for p in policy_parts) / 60 for c in cpu]),
+                _mean_text([c.get("llm", 0.0) / 60 for c in cpu]),
+                _mean_text([sum(c.values()) / 60 for c in cpu]),
+            ]
+        )
+    return rows
 
 
-def render_experiment_report(out: Path, report_dir: Path | None = None) -> Path:
-    """Aggregate every ``result.json`` under ``out`` into ``report.md`` + PNGs."""
-    report_dir = report_dir or out / "report"
+def gain_rows(scores: list[MarkScore], results: list[dict[str, Any]]) -> list[list[str]]:
+    """Per arm and measure: end - v1, per wall minute and per learner step (means over
+    seeds of each seed's own ratio)."""
+    ends = {(s.arm, s.seed): s for s in scores if s.mark == END_MARK}
+    warm = {(s.arm, s.seed): s for s in scores if s.mark == WARM_MARK}
+    rows = []
+    for arm, mine in _by_arm(results).items():
+        for name, measure in MEASURES:
+            per_minute, per_step, total = [], [], []
+            for result in mine:
+                key = (arm, int(result["seed"]))
+                if key not in ends or key not in warm:
+                    continue
+                end, start = ends[key].mean(measure), warm[key].mean(measure)
+                if end is None or start is None:
+                    continue
+                total.append(end - start)
+                per_minute.append((end - start) / max(ends[key].minute, 1e-9))
+                steps = result["summary"]["learner_steps"]
+                if steps:
+                    per_step.append((end - start) / steps)
+            if total:
+                rows.append(
+                    [
+                        arm,
+                        name,
+                        _mean_text(total, 3),
+                        _mean_text([1000 * g for g in per_minute], 2),
+                        _mean_text([1000 * g for g in per_step], 2),
+                    ]
+                )
+    return rows
+
+
+def render_experiment_report(results_dir: Path, report_dir: Path | None = None) -> Path:
+    """Aggregate every result under ``results_dir`` into ``report.md`` + PNGs."""
+    report_dir = report_dir or results_dir / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
-    results = load_results(out)
-    warm_path = out / "warm" / "eval-v1.json"
-    warm_eval = json.loads(warm_path.read_text()) if warm_path.exists() else None
-    scores = mark_scores(results, warm_eval)
-    success = success_intervals(scores)
-    differences = {f"{a} - {b}": paired_intervals(scores, a, b) for a, b in COMPARISONS}
-    plot_success(success, report_dir / "heldout.png")
-    plot_differences(differences, report_dir / "differences.png")
-    plot_data_loop(results, report_dir / "data_loop.png")
-    plot_stages(results, report_dir / "stages.png")
-    spec_path = out / "experiment.json"
-    spec = json.loads(spec_path.read_text()) if spec_path.exists() else {}
-    (report_dir / REPORT_FILE).write_text(_markdown(results, spec, success, differences))
+    found = load_results(results_dir)
+    scores = mark_scores(found.kept, found.warm_eval)
+    ends = end_minutes(scores)
+    intervals = {name: measure_intervals(scores, index) for name, index in MEASURES}
+    differences = {
+        name: {f"{a} - {b}": paired_intervals(scores, a, b, index) for a, b in COMPARISONS}
+        for name, index in MEASURES
+    }
+    plot_measures(intervals, ends, report_dir / "heldout.png")
+    plot_differences(differences["success"], ends, report_dir / "differences.png")
+    plot_data_loop(found.kept, report_dir / "data_loop.png")
+    plot_cpu(found.kept, report_dir / "cpu.png")
+    spec = _read(results_dir / "experiment.json") or {}
+    text = _markdown(found, scores, spec, intervals, differences)
+    (report_dir / REPORT_FILE).write_text(text)
     return report_dir / REPORT_FILE
 
 
 def _markdown(
-    results: list[dict[str, Any]],
+    found: Results,
+    scores: list[MarkScore],
     spec: dict[str, Any],
-    success: dict[str, dict[float, Interval]],
-    differences: dict[str, dict[float, Interval]],
+    intervals: dict[str, dict[str, dict[str, Interval]]],
+    differences: dict[str, dict[str, dict[str, Interval]]],
 ) -> str:
+    results = found.kept
     done = ", ".join(f"{r['arm']} s{r['seed']}" for r in results) or "none yet"
     versions = sorted({str(r.get("code_version")) for r in results})
+    machines = sorted(
+        {
+            f"{m.get('cpu')} ({m.get('cores')} cores, avx512_bf16 {m.get('avx512_bf16')}, "
+            f"{m.get('dtype')})"
+            for r in results
+            if (m := r.get("machine"))
+        }
+    )
+    warm = found.warm_start
     parts = [
         "# Synthesis ablation: none vs random vs coevolve",
         "",
         f"Spec: {json.dumps(spec, sort_keys=True) if spec else 'unknown'}.",
+        "",
+        f"Warm start: sha256 `{warm['sha256']}`." if warm else "Warm start: not recorded.",
         f"Finished arm x seed: {done}.",
         f"Code: {', '.join(versions) or 'none yet'}"
         + (" (**arms ran on different code**)" if len(versions) > 1 else "."),
-        "",
-        "## Held-out success",
-        "",
-        "![held-out success](heldout.png)",
-        "",
+        f"Machines: {'; '.join(machines) or 'not recorded'}.",
     ]
-    if success:
-        minutes = sorted({m for points in success.values() for m in points})
-        arms = sorted(success, key=lambda a: ARM_ORDER.get(a, 99))
-        rows = [
-            [f"{m:g}"] + [_interval_text(success[a][m]) if m in success[a] else "-" for a in arms]
-            for m in minutes
-        ]
-        parts += [
-            "Mean across seeds [95% t interval] (seeds); minute 0 is the shared warm start.",
-            "",
-            table(["minute", *arms], rows),
-        ]
+    if found.excluded:
+        names = ", ".join(f"{r['arm']} s{r['seed']}" for r in found.excluded)
+        parts.append(
+            f"**Not pooled: {names}** started from another warm start "
+            "(their `warm_start_sha256` differs), so they are left out of every figure."
+        )
+    parts += ["", "## Held-out measures", "", "![held-out](heldout.png)", ""]
+    if any(intervals.values()):
+        for name, by_arm in intervals.items():
+            marks = sorted({m for points in by_arm.values() for m in points}, key=mark_order)
+            arms = sorted(by_arm, key=lambda a: ARM_ORDER.get(a, 99))
+            rows = [
+                [m] + [_interval_text(by_arm[a][m]) if m in by_arm[a] else "-" for a in arms]
+                for m in marks
+            ]
+            parts += [f"**{name}**: mean across seeds [95% t interval] (seeds).", ""]
+            parts += [table(["mark (minute)", *arms], rows), ""]
+        parts.append(
+            "Mark 0 is the shared warm start; `end` is where each arm stopped (its minutes, "
+            "or its learner steps)."
+        )
     else:
-        parts.append("Held-out success: none yet.")
+        parts.append("Held-out measures: none yet.")
     parts += ["", "## Paired differences", "", "![differences](differences.png)", ""]
     rows = [
-        [name, f"{m:g}", _interval_text(i), "yes" if i.excludes_zero else "no"]
-        for name, points in differences.items()
-        for m, i in points.items()
+        [comparison, name, mark, _interval_text(i), "yes" if i.excludes_zero else "no"]
+        for name, by_comparison in differences.items()
+        for comparison, points in by_comparison.items()
+        for mark, i in points.items()
     ]
     if rows:
         parts += [
             "Per seed, the difference on each held-out task both arms played; the 95% "
             "interval is a bootstrap over seeds, then tasks (n = seeds).",
             "",
-            table(["difference", "minute", "mean [95% interval]", "excludes 0"], rows),
+            table(["difference", "measure", "mark", "mean [95% interval]", "excludes 0"], rows),
         ]
     else:
         parts.append("Paired differences: none yet (need two arms of the same seed).")
-    parts += [
-        "",
-        "## Data loop and learner per arm",
-        "",
-        "![data loop](data_loop.png)",
-        "",
-    ]
+    parts += ["", "## Compute per arm", "", "![cpu](cpu.png)", ""]
+    if results:
+        parts += [
+            table(
+                [
+                    "arm",
+                    "seeds",
+                    "minutes",
+                    "ended by",
+                    "learner steps",
+                    "rollout groups",
+                    "CPU min, rollout + learner",
+                    "CPU min, LLM server",
+                    "CPU min, all",
+                ],
+                compute_rows(results),
+            ),
+            "",
+            "Means per seed, ± the half-width of the 95% t interval across seeds.",
+        ]
+    gains = gain_rows(scores, results)
+    if gains:
+        parts += [
+            "",
+            "## Gain per wall minute and per learner step",
+            "",
+            "End minus the warm start, per seed, then divided by the seed's minutes or "
+            "learner steps (x 1000); means across seeds.",
+            "",
+            table(["arm", "measure", "end - v1", "per minute x1000", "per step x1000"], gains),
+        ]
+    parts += ["", "## Data loop per arm", "", "![data loop](data_loop.png)", ""]
     if results:
         parts.append(
             table(
                 [
                     "arm",
                     "seeds",
-                    "learner steps",
-                    "policy versions",
                     "signals",
                     "candidates",
+                    "accepted",
                     "acceptance rate",
                     "pool growth",
                 ],
-                _arm_rows(results),
+                data_loop_rows(results),
             )
         )
-        parts.append("")
-        parts.append("Means per seed, ± the half-width of the 95% t interval across seeds.")
-    parts += ["", "## Time per stage", "", "![stages](stages.png)", ""]
-    return "\n".join(parts)
+    return "\n".join(parts) + "\n"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -32,17 +33,18 @@ from typing import Any
 import yaml
 
 from coevolve.experiment.ablation import (
+    arm_dir,
     code_version,
     merged,
-    prepare_arm,
     read_json,
+    run_until_v1,
     start_up,
     stop_up,
     wait_for_nats_url,
-    warm_start,
     write_json,
 )
 from coevolve.experiment.machine import machine_facts
+from coevolve.processes import share_model_cache
 from coevolve.report.compare import compare_reports
 from coevolve.report.run_data import load_run, policy_files
 from coevolve.report.run_report import summarize_run
@@ -52,6 +54,13 @@ TUNE_SUITE = "bfcl-turns-base"
 TUNE_SPLIT = "train"
 # points run their seed 0 (``<point>-s0``): the ablation's directory helpers name arms so
 SEED = 0
+# what a point copies from the warm start's run (besides the pool file): the learner
+# resumes from the checkpoint at v1 and announces v1 on the point's fresh bus
+WARM_FILES = (
+    "checkpoints/learner.pt",
+    "checkpoints/learner.groups.json",
+    "policies/v1.safetensors",
+)
 
 
 @dataclass(frozen=True)
@@ -112,7 +121,22 @@ class SweepSpec:
 
 
 def point_dir(out: Path, name: str) -> Path:
-    return out / f"{name}-s{SEED}"
+    return arm_dir(out, name, SEED)
+
+
+def prepare_point(out: Path, name: str, base_run_dir: Path) -> Path:
+    """A fresh point directory whose run holds copies of the warm start's checkpoint, v1
+    and pool (an interrupted point starts over)."""
+    directory = point_dir(out, name)
+    if directory.exists():
+        shutil.rmtree(directory)
+    run, warm = directory / "run", out / "warm" / "run"
+    for file in (*WARM_FILES, "pool.duckdb", "pool.duckdb.wal"):
+        if (warm / file).exists():
+            (run / file).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(warm / file, run / file)
+    share_model_cache(run, base_run_dir)
+    return run
 
 
 def point_result(out: Path, name: str) -> Path:
@@ -160,7 +184,7 @@ def run_point(
 ) -> dict[str, Any]:
     """One point, start to result file: the run, then its last policy on the tuning set."""
     directory = point_dir(out, point.name)
-    run = prepare_arm(out, point.name, SEED, base_run_dir)
+    run = prepare_point(out, point.name, base_run_dir)
     config = directory / "coevolve.yaml"
     config.write_text(yaml.safe_dump(merged(spec.base_settings(), point.settings())))
     log(f"[sweep] {point.name}: {spec.minutes:g} min in {run}")
@@ -213,7 +237,7 @@ def run_sweep(
         log("[sweep] every point is finished")
         return []
     config = Path(spec.base_config) if spec.base_config else None
-    warm = warm_start(out, base_run_dir, log, config)
+    warm = run_until_v1(out / "warm", base_run_dir, log, config)
     log("[sweep] scoring v1 on the tuning set")
     score_on_tuning_set(
         warm / "policies" / "v1.safetensors", warm, out / "warm" / "tune-v1.json", spec

@@ -1,7 +1,9 @@
-"""The ablation's bookkeeping: statistics, aggregation of result files, resume, pacing."""
+"""The ablation's bookkeeping: statistics, aggregation of result files, resume, pacing,
+the committed warm start."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -14,8 +16,10 @@ from coevolve.cli import app
 from coevolve.experiment.ablation import (
     ExperimentSpec,
     Pacer,
+    ResultsMismatchError,
     arm_settings,
     code_version,
+    committed_warm_start,
     pending,
     result_path,
     run_experiment,
@@ -23,9 +27,9 @@ from coevolve.experiment.ablation import (
 from coevolve.experiment.aggregate import (
     load_results,
     mark_scores,
+    measure_intervals,
     paired_intervals,
     render_experiment_report,
-    success_intervals,
 )
 from coevolve.report.stats import mean_interval, paired_bootstrap_interval
 
@@ -54,12 +58,22 @@ def test_paired_bootstrap_spans_the_seeds_and_the_tasks() -> None:
         paired_bootstrap_interval({})
 
 
+WARM = "a" * 64
+
+
 def write_result(
-    out: Path, arm: str, seed: int, scores: dict[str, float], code: str = "c0ffee"
+    results: Path,
+    arm: str,
+    seed: int,
+    scores: dict[str, float],
+    code: str = "c0ffee",
+    warm: str = WARM,
 ) -> None:
-    accuracy = sum(scores.values()) / len(scores)
+    """A finished arm: one end mark whose per-task success is ``scores`` (partial credit
+    the same, log-likelihood its negative)."""
     summary = {
         "learner_steps": 10 + seed,
+        "groups_recorded": 20,
         "policy_versions": 3,
         "signals_by_kind": {"boundary": 2} if arm == "coevolve" else {},
         "candidates": 4 if arm != "none" else 0,
@@ -67,86 +81,110 @@ def write_result(
         "pool_by_origin": {"seed": 5, "synthesized": 2 if arm != "none" else 0},
         "stage_seconds": {"learner: training steps": 120.0},
     }
+    tasks = {t: [s, s, -1.0 + s] for t, s in scores.items()}
     result = {
         "arm": arm,
         "seed": seed,
         "minutes": 10.0,
+        "end_minute": 10.0,
+        "ended_by": "minutes",
         "code_version": code,
+        "warm_start_sha256": warm,
+        "machine": {"cpu": "AMD EPYC", "cores": 2, "avx512_bf16": True, "dtype": "bfloat16"},
+        "cpu_seconds": {"rollout": 500.0, "learner": 400.0, "llm": 300.0 if arm != "none" else 0},
         "added_minutes": [3.0, 7.5] if arm != "none" else [],
         "marks": [
-            {"minute": 10.0, "policy_version": 3, "eval": {"accuracy": accuracy, "scores": scores}}
+            {"mark": "end", "minute": 10.0, "policy_version": 3, "eval": {"tasks": tasks}},
         ],
         "summary": summary,
     }
-    path = result_path(out, arm, seed)
-    path.parent.mkdir(parents=True)
+    path = result_path(results, arm, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result))
 
 
 @pytest.fixture
-def experiment_dir(tmp_path: Path) -> Path:
-    out = tmp_path / "ablation"
+def results_dir(tmp_path: Path) -> Path:
+    results = tmp_path / "results"
     per_seed = {
         0: {"coevolve": 0.75, "random": 0.5, "none": 0.5},
         1: {"coevolve": 0.9, "random": 0.5, "none": 0.25},
     }
     for seed, arms in per_seed.items():
         for arm, score in arms.items():
-            write_result(out, arm, seed, {"t1": score, "t2": score})
-    (out / "warm").mkdir()
-    (out / "warm" / "eval-v1.json").write_text(
-        json.dumps({"accuracy": 0.25, "scores": {"t1": 0.25, "t2": 0.25}})
+            write_result(results, arm, seed, {"t1": score, "t2": score})
+    (results / "warm-start.json").write_text(json.dumps({"sha256": WARM}))
+    warm_tasks = {"t1": [0.25, 0.25, -0.75], "t2": [0.25, 0.25, -0.75]}
+    (results / "eval-v1.json").write_text(
+        json.dumps({"tasks": warm_tasks, "warm_start_sha256": WARM})
     )
-    return out
+    return results
 
 
-def test_aggregation_of_result_files(experiment_dir: Path) -> None:
-    scores = mark_scores(load_results(experiment_dir), {"accuracy": 0.25, "scores": {}})
-    success = success_intervals(scores)
+def test_aggregation_of_result_files(results_dir: Path) -> None:
+    found = load_results(results_dir)
+    scores = mark_scores(found.kept, found.warm_eval)
+    success = measure_intervals(scores, 0)
 
-    coevolve = success["coevolve"][10.0]
+    coevolve = success["coevolve"]["end"]
     assert coevolve.mean == pytest.approx(0.825)
     assert coevolve.high - coevolve.mean == pytest.approx(T_975_1DF * 0.075, rel=1e-6)
-    assert success["none"][0.0].mean == 0.25  # the shared warm start
-    better = paired_intervals(scores, "coevolve", "random")[10.0]
+    assert success["none"]["0"].mean == 0.25  # the shared warm start
+    better = paired_intervals(scores, "coevolve", "random")["end"]
     assert (better.mean, better.low, better.high) == (pytest.approx(0.325), 0.25, 0.4)
-    control = paired_intervals(scores, "random", "none")[10.0]
+    control = paired_intervals(scores, "random", "none")["end"]
     assert control.mean == pytest.approx(0.125)
     assert (control.low, control.high) == (0.0, 0.25)
-    assert 0.0 not in paired_intervals(scores, "coevolve", "random")
+    assert "0" not in paired_intervals(scores, "coevolve", "random")
+    likelihood = paired_intervals(scores, "coevolve", "none", measure=2)["end"]
+    assert likelihood.mean == pytest.approx(0.45)
 
 
-def test_experiment_report_renders(experiment_dir: Path) -> None:
-    result = CliRunner().invoke(app, ["experiment", "report", str(experiment_dir)])
+def test_experiment_report_renders(results_dir: Path) -> None:
+    result = CliRunner().invoke(app, ["experiment", "report", str(results_dir)])
 
     assert result.exit_code == 0, result.output
-    report_dir = experiment_dir / "report"
+    report_dir = results_dir / "report"
     text = (report_dir / "report.md").read_text()
-    for name in ("heldout.png", "differences.png", "data_loop.png", "stages.png"):
+    for name in ("heldout.png", "differences.png", "data_loop.png", "cpu.png"):
         assert (report_dir / name).stat().st_size > 5_000, name
-    assert "| coevolve - random | 10 | 0.325 [0.250, 0.400] (n=2) | yes |" in text
-    assert "| random - none | 10 | 0.125 [0.000, 0.250] (n=2) | no |" in text
+    assert "| coevolve - random | success | end | 0.325 [0.250, 0.400] (n=2) | yes |" in text
+    assert "| random - none | success | end | 0.125 [0.000, 0.250] (n=2) | no |" in text
+    assert "| coevolve - none | log-likelihood | end | 0.450 [0.250, 0.650] (n=2) | yes |" in text
     assert "| 0 | 0.250 [0.250, 0.250] (n=2)" in text
     assert (
-        "| coevolve | 2 | 10.5 ± 6.4 | 3.0 ± 0.0 | 2.0 ± 0.0 | 4.0 ± 0.0 | 0.500 | 2.0 ± 0.0 |"
+        "| coevolve | 2 | 10.0 ± 0.0 | minutes | 10.5 ± 6.4 | 20.0 ± 0.0 | 15.0 ± 0.0 | 5.0 ± 0.0 |"
         in text
     )
     assert "| none | 2 |" in text and "none yet" in text  # no candidates in none
+    assert "| coevolve | success | 0.575 ± " in text  # end - v1 per seed: 0.5 and 0.65
     assert "Code: c0ffee." in text
+    assert f"sha256 `{WARM}`" in text and "Not pooled" not in text
 
 
 def test_the_report_says_when_arms_ran_on_different_code(tmp_path: Path) -> None:
-    out = tmp_path / "ablation"
-    write_result(out, "coevolve", 0, {"t1": 1.0}, code="c0ffee")
-    write_result(out, "random", 0, {"t1": 0.0}, code="decade+dirty")
-    text = render_experiment_report(out).read_text()
+    write_result(tmp_path, "coevolve", 0, {"t1": 1.0}, code="c0ffee")
+    write_result(tmp_path, "random", 0, {"t1": 0.0}, code="decade+dirty")
+    text = render_experiment_report(tmp_path).read_text()
     assert "Code: c0ffee, decade+dirty (**arms ran on different code**)" in text
+
+
+def test_results_from_another_warm_start_are_not_pooled(results_dir: Path) -> None:
+    write_result(results_dir, "coevolve", 2, {"t1": 0.0, "t2": 0.0}, warm="b" * 64)
+
+    found = load_results(results_dir)
+    text = render_experiment_report(results_dir).read_text()
+
+    assert [(r["arm"], r["seed"]) for r in found.excluded] == [("coevolve", 2)]
+    assert len(found.kept) == 6
+    assert "**Not pooled: coevolve s2**" in text
+    assert "| coevolve - random | success | end | 0.325 [0.250, 0.400] (n=2) | yes |" in text
 
 
 def test_report_of_an_empty_experiment(tmp_path: Path) -> None:
     text = render_experiment_report(tmp_path).read_text()
 
-    assert "Held-out success: none yet." in text
+    assert "Held-out measures: none yet." in text
     assert "Finished arm x seed: none yet." in text
 
 
@@ -160,23 +198,39 @@ def test_finished_arms_are_skipped(tmp_path: Path) -> None:
 
 
 def test_a_finished_experiment_starts_nothing(tmp_path: Path) -> None:
+    results = tmp_path / "results"
     spec = ExperimentSpec(("none", "coevolve"), (0,), minutes=10.0)
     for arm in spec.arms:
-        write_result(tmp_path, arm, 0, {"t1": 1.0})
+        write_result(results, arm, 0, {"t1": 1.0})
 
-    assert run_experiment(spec, tmp_path, tmp_path / "base", log=lambda _: None) == []
+    assert run_experiment(spec, tmp_path, results, tmp_path / "base", log=lambda _: None) == []
     assert not (tmp_path / "warm").exists()
-    with pytest.raises(ValueError, match=r"10\.0 min"):
-        run_experiment(ExperimentSpec(("none",), (0,), minutes=5.0), tmp_path, tmp_path)
+    with pytest.raises(ResultsMismatchError, match=r"minutes = 10\.0"):
+        run_experiment(ExperimentSpec(("none",), (0,), minutes=5.0), tmp_path, results, tmp_path)
 
 
-def test_marks_cover_the_run() -> None:
-    assert ExperimentSpec(("none",), (0,), 25.0, eval_every_minutes=10.0).marks() == [
-        10.0,
-        20.0,
-        25.0,
-    ]
-    assert ExperimentSpec(("none",), (0,), 3.0, eval_every_minutes=10.0).marks() == [3.0]
+def test_a_committed_warm_start_is_adopted_and_checked(tmp_path: Path) -> None:
+    blob = b"weights of v1"
+    (tmp_path / "warm-start.safetensors").write_bytes(blob)
+    digest = hashlib.sha256(blob).hexdigest()
+    (tmp_path / "warm-start.json").write_text(json.dumps({"sha256": digest}))
+
+    warm = committed_warm_start(tmp_path)
+    assert warm is not None and warm.sha256 == digest
+    config, _ = arm_settings("none", 0, None, warm)
+    adopted = config["services"]["learner"]["warm_start"]
+    assert adopted == {"from_policy": str(warm.path.resolve()), "from_policy_sha256": digest}
+
+    (tmp_path / "warm-start.safetensors").write_bytes(b"other weights")
+    with pytest.raises(ResultsMismatchError, match="does not match"):
+        committed_warm_start(tmp_path)
+    assert committed_warm_start(tmp_path / "empty") is None
+
+
+def test_marks_come_before_the_end() -> None:
+    assert ExperimentSpec(("none",), (0,), 25.0, eval_every_minutes=10.0).marks() == [10.0, 20.0]
+    assert ExperimentSpec(("none",), (0,), 20.0, eval_every_minutes=10.0).marks() == [10.0]
+    assert ExperimentSpec(("none",), (0,), 3.0, eval_every_minutes=10.0).marks() == []
 
 
 def test_pacer_matches_the_reference_curve_with_a_lead() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -57,8 +58,35 @@ def test_controller_keeps_policies_counts_tasks_and_paces(
 
     live, requests = anyio.run(drive, nats_server.url, run, spec, pacer)
 
-    assert live.mark_versions == {0.05: 2}
+    assert live.mark_versions == {}  # 3 s: no 10-minute mark before the end
+    assert (live.ended_by, live.end_version) == ("minutes", 2)
+    assert live.end_minute >= 0.05
     assert (run / "marks" / "v2.safetensors").read_bytes() == b"v2"
     assert len(live.added_minutes) == 1  # the seed task is not growth
     assert pacer.added == 1
     assert live.requests_sent == requests == 2  # three due, at most two in flight
+
+
+def test_an_arm_ends_after_its_learner_steps(nats_server: NatsServer, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "policies").mkdir(parents=True)
+    for version in (1, 2, 3):  # v3: the policy after two steps
+        (run / "policies" / f"v{version}.safetensors").write_bytes(f"v{version}".encode())
+    spec = ExperimentSpec(("none",), (0,), minutes=30.0, steps=2)
+
+    live = anyio.run(
+        control_arm,
+        nats_server.url,
+        run,
+        run / "marks",
+        spec,
+        time.monotonic(),
+        None,
+        0,
+        os.getpid(),
+    )
+
+    assert (live.ended_by, live.end_version) == ("steps", 3)
+    assert live.end_minute < 1.0
+    assert (run / "marks" / "v3.safetensors").read_bytes() == b"v3"
+    assert live.cpu.totals()  # this process, sampled as the run's root
