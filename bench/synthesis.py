@@ -40,6 +40,7 @@ import msgspec
 
 from coevolve.bench import tables
 from coevolve.bench.local_llm import served_roles
+from coevolve.experiment.machine import cpu_flags
 from coevolve.schedules.synthesis import PoolFile
 from coevolve.services.abstractor.config import AbstractorConfig
 from coevolve.services.abstractor.handler import (
@@ -104,16 +105,8 @@ def local_roles(model: str, run_dir: Path) -> AbstractAsyncContextManager[Mappin
 
 def cpu_info() -> dict[str, Any]:
     """The CPU's model name and whether it has native bfloat16 dot products."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return {"model": None, "avx512_bf16": None}
-    fields = dict(line.split(":", 1) for line in lines if ":" in line)
-    values = {key.strip(): value.strip() for key, value in fields.items()}
-    return {
-        "model": values.get("model name"),
-        "avx512_bf16": "avx512_bf16" in values.get("flags", "").split(),
-    }
+    model, flags = cpu_flags()
+    return {"model": model, "avx512_bf16": "avx512_bf16" in flags if flags else None}
 
 
 def for_labelling(task: Task) -> dict[str, Any]:

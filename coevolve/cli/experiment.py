@@ -19,6 +19,21 @@ experiment_app = typer.Typer(
 
 DEFAULT_OUT = Path("runs/experiments/ablation")
 
+BaseConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="YAML configuration every run starts from (the warm start too); each arm or "
+        "point lays its own settings over it.",
+        exists=True,
+        dir_okay=False,
+    ),
+]
+BaseRunDirOption = Annotated[
+    Path, typer.Option(help="A run directory whose converted model cache (models/) is reused.")
+]
+
 
 def _parse_arms(text: str) -> tuple[str, ...]:
     arms = tuple(a.strip() for a in text.split(",") if a.strip())
@@ -82,20 +97,8 @@ def ablation(
             show_default=False,
         ),
     ] = None,
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config",
-            "-c",
-            help="YAML configuration every run starts from (the warm start too); each arm "
-            "lays its own settings over it.",
-            exists=True,
-            dir_okay=False,
-        ),
-    ] = None,
-    base_run_dir: Annotated[
-        Path, typer.Option(help="A run directory whose converted model cache (models/) is reused.")
-    ] = Path("runs/default"),
+    config: BaseConfigOption = None,
+    base_run_dir: BaseRunDirOption = Path("runs/default"),
 ) -> None:
     """Run every arm x seed not finished yet, then write the report.
 
@@ -174,20 +177,8 @@ def sweep(
     out: Annotated[Path, typer.Option(help="The sweep directory (resumable).")] = Path(
         "runs/experiments/sweep"
     ),
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config",
-            "-c",
-            help="YAML configuration every run starts from; each point lays its learner "
-            "settings over it.",
-            exists=True,
-            dir_okay=False,
-        ),
-    ] = None,
-    base_run_dir: Annotated[
-        Path, typer.Option(help="A run directory whose converted model cache (models/) is reused.")
-    ] = Path("runs/default"),
+    config: BaseConfigOption = None,
+    base_run_dir: BaseRunDirOption = Path("runs/default"),
     report_only: Annotated[
         bool, typer.Option("--report-only", help="Only print the table of the finished points.")
     ] = False,

@@ -77,6 +77,16 @@ END_MARK = "end"
 TICK_S = 10.0
 
 
+def read_base_config(path: str | None) -> dict[str, Any]:
+    """The YAML configuration every run of an experiment starts from ({} for none)."""
+    if path is None:
+        return {}
+    loaded = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path} must hold a mapping")
+    return loaded
+
+
 class ResultsMismatchError(ValueError):
     """The results directory holds another experiment, or a damaged warm start."""
 
@@ -98,12 +108,7 @@ class ExperimentSpec:
     steps: int | None = None
 
     def base_settings(self) -> dict[str, Any]:
-        if self.base_config is None:
-            return {}
-        loaded = yaml.safe_load(Path(self.base_config).read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{self.base_config} must hold a mapping")
-        return loaded
+        return read_base_config(self.base_config)
 
     def world(self) -> list[str] | None:
         """The API classes the runs train in (``pool_store.seed_classes``; None: all)."""

@@ -36,6 +36,7 @@ from coevolve.experiment.ablation import (
     arm_dir,
     code_version,
     merged,
+    read_base_config,
     read_json,
     run_until_v1,
     start_up,
@@ -112,12 +113,7 @@ class SweepSpec:
     base_config: str | None = None
 
     def base_settings(self) -> dict[str, Any]:
-        if self.base_config is None:
-            return {}
-        loaded = yaml.safe_load(Path(self.base_config).read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{self.base_config} must hold a mapping")
-        return loaded
+        return read_base_config(self.base_config)
 
 
 def point_dir(out: Path, name: str) -> Path:
