@@ -17,7 +17,7 @@ import ctypes
 import ctypes.util
 import gc
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -96,6 +96,12 @@ def saved_for_backward() -> Iterator[list[int]]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         yield counter
+
+
+def padded_tokens(lengths: Sequence[int]) -> int:
+    """Tokens a right-padded batch of sequences of these lengths holds activations for:
+    every row is as long as the longest."""
+    return len(lengths) * max(lengths, default=0)
 
 
 def over_budget(lengths: list[int], budget: int | None) -> bool:

@@ -38,7 +38,11 @@ from tqdm import tqdm
 from coevolve.services.learner.checkpoint import load_checkpoint, save_checkpoint
 from coevolve.services.learner.config import DEFAULT_ACTIVATION_TOKENS
 from coevolve.services.learner.grpo import SharedPrefix, shared_prompt_length
-from coevolve.services.learner.memory import activation_checkpointing, over_budget
+from coevolve.services.learner.memory import (
+    activation_checkpointing,
+    over_budget,
+    padded_tokens,
+)
 from coevolve.shared.demonstrations import (
     IGNORE_INDEX,
     ReplayError,
@@ -168,7 +172,7 @@ def accumulate_sft_gradients(
         )
     if shared < min_shared_prompt:
         shared = 0
-    held = [shared, *(len(e.input_ids) - shared for e in examples)]
+    held = [shared, padded_tokens([len(e.input_ids) - shared for e in examples])]
     if over_budget(held, activation_tokens):
         total = 0.0
         with activation_checkpointing(model):

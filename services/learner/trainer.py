@@ -54,6 +54,7 @@ from coevolve.services.learner.grpo import (
 from coevolve.services.learner.memory import (
     activation_checkpointing,
     over_budget,
+    padded_tokens,
     release_freed_memory,
 )
 from coevolve.services.learner.sft import accumulate_sft_gradients, prompt_key
@@ -546,9 +547,9 @@ class GrpoLearner:
 
     def held_tokens(self, group: Sequence[Sample], prompt_length: int) -> list[int]:
         """Tokens whose activations are held at once: the shared prompt (kept until the
-        group's end) and the largest micro-batch of continuations."""
+        group's end) and a padded micro-batch of continuations as long as the longest."""
         tails = sorted((len(s.token_ids) - prompt_length for s in group), reverse=True)
-        return [prompt_length, *tails[: max(1, self.config.micro_batch_size)]]
+        return [prompt_length, padded_tokens(tails[: max(1, self.config.micro_batch_size)])]
 
     def accumulate_group(
         self,

@@ -15,6 +15,7 @@ from coevolve.services.learner.sft import (
 from coevolve.shared.demonstrations import (
     CLOSING_TEXT,
     IGNORE_INDEX,
+    SftExample,
     conversation_without_observations,
     replayed_conversation,
     tokenize_conversation,
@@ -191,3 +192,33 @@ def test_over_the_activation_budget_examples_run_checkpointed_with_the_same_grad
     assert stored.abs().sum() > 0
     assert checkpointed_loss == pytest.approx(stored_loss, rel=1e-4)
     assert float((stored - checkpointed).norm() / stored.norm()) < 1e-4
+
+
+def test_the_activation_budget_counts_the_padding_of_a_micro_batch(policy: LoadedPolicy) -> None:
+    """A long and a short example together fit the budget by their own lengths (240 of
+    240), but padded to the longest they hold 400 tokens: they run checkpointed."""
+    long, short = 200, 40
+
+    def example(length: int, first: int) -> SftExample:
+        ids = [first + i for i in range(length)]
+        return SftExample("t", ids, [IGNORE_INDEX] * (length - 8) + ids[-8:])
+
+    examples = [example(long, 500), example(short, 900)]  # no shared prompt
+    policy.model.train()
+
+    def saved_bytes(activation_tokens: int | None) -> int:
+        with saved_for_backward() as saved:
+            accumulate_sft_gradients(
+                policy.model,
+                examples,
+                0,
+                torch.device("cpu"),
+                16.0,
+                activation_tokens=activation_tokens,
+            )
+        for parameter in policy.model.parameters():
+            parameter.grad = None
+        return saved[0]
+
+    assert saved_bytes(long + short) < saved_bytes(None) / 3
+    assert saved_bytes(2 * long) > saved_bytes(long + short) * 3  # fits padded: stored

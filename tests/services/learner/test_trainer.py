@@ -228,3 +228,15 @@ def test_groups_over_the_activation_budget_give_the_same_gradient_checkpointed(
     assert stored.abs().sum() > 0
     assert checkpointed_loss == pytest.approx(stored_loss, rel=1e-4)
     assert float((stored - checkpointed).norm() / stored.norm()) < 1e-4
+
+
+def test_a_group_is_held_as_padded_micro_batches(
+    policy: LoadedPolicy, make_group: GroupFactory
+) -> None:
+    learner = GrpoLearner(policy, config(micro_batch_size=2))
+    group = learner.build_samples([make_group([1.0, 0.0, 0.5])]).groups[0]
+    group[0].token_ids = group[0].token_ids + [0] * 50  # one continuation much longer
+    longest = max(len(s.token_ids) for s in group)
+
+    assert learner.held_tokens(group, 0) == [0, 2 * longest]
+    assert learner.held_tokens(group, 10) == [10, 2 * (longest - 10)]
