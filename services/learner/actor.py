@@ -151,6 +151,7 @@ class LearnerActor(Actor):
             raise
 
     async def _warm_start(self) -> None:
+        from coevolve.services.learner.memory import peak_resident_gb
         from coevolve.services.learner.warm_start import run_warm_start
 
         learner = self.learner
@@ -172,12 +173,14 @@ class LearnerActor(Actor):
             abandon_on_cancel=True,
         )
         log.info(
-            "warm start done: %d examples, %d steps, loss %.3f -> %.3f in %.0f s",
+            "warm start done: %d examples, %d steps, loss %.3f -> %.3f in %.0f s, "
+            "peak resident %.1f GB",
             report.examples,
             report.steps,
             report.first_loss,
             report.final_loss,
             report.duration_s,
+            peak_resident_gb(),
         )
         learner.freeze_reference()
         learner.version = max(learner.version, 1)

@@ -37,6 +37,17 @@ def release_freed_memory() -> None:
         _malloc_trim(0)
 
 
+def peak_resident_gb() -> float:
+    """This process's resident-memory high-water mark, in GB (None of the OS: 0)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return 0.0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # kilobytes on Linux, bytes on macOS
+    return peak / 1e9 if sys.platform == "darwin" else peak / 1e6
+
+
 def _load_malloc_trim() -> Any:
     if not sys.platform.startswith("linux"):
         return None

@@ -55,6 +55,7 @@ from coevolve.services.learner.memory import (
     activation_checkpointing,
     over_budget,
     padded_tokens,
+    peak_resident_gb,
     release_freed_memory,
 )
 from coevolve.services.learner.sft import accumulate_sft_gradients, prompt_key
@@ -109,6 +110,9 @@ class StepMetrics:
     # mean cross-entropy per token of the replayed demonstrations (0: none replayed; see
     # LearnerConfig.demo_coef)
     demo_loss: float = 0.0
+    # the process's resident-memory high-water mark so far, in GB (the step's own peak
+    # when it is the largest yet)
+    peak_rss_gb: float = 0.0
 
     def scalars(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items() if k not in ("step", "version")}
@@ -334,6 +338,7 @@ class GrpoLearner:
             tokens_per_s=tokens / duration if duration > 0 else 0.0,
             duration_s=duration,
             demo_loss=sum(demo_losses) / len(demo_losses) if demo_losses else 0.0,
+            peak_rss_gb=peak_resident_gb(),
         )
         self.log_metrics(metrics)
         release_freed_memory()
@@ -660,7 +665,7 @@ class GrpoLearner:
     def log_metrics(self, metrics: StepMetrics) -> None:
         log.info(
             "step %d v%d reward %.3f kl %.4f clip %.3f behaviour weight %.3f (max %.3g, "
-            "capped %.3f) tokens/s %.0f dropped %d refused %d+%d",
+            "capped %.3f) tokens/s %.0f dropped %d refused %d+%d peak resident %.1f GB",
             metrics.step,
             metrics.version,
             metrics.reward_mean,
@@ -673,6 +678,7 @@ class GrpoLearner:
             metrics.dropped_stale,
             metrics.malformed,
             metrics.refused_truncated,
+            metrics.peak_rss_gb,
         )
         if self.writer is None:
             return

@@ -93,6 +93,8 @@ def test_step_moves_probability_towards_rewarded_trajectories(
     for name in ("reward_mean", "kl", "clip_fraction", "entropy", "staleness_mean", "tokens_per_s"):
         assert f"learner/{name}" in tags
     assert events.Scalars("learner/reward_mean")[0].value == pytest.approx(0.5)
+    # the loaded policy alone is hundreds of MB resident
+    assert events.Scalars("learner/peak_rss_gb")[0].value > 0.1
 
 
 def test_reference_is_the_untouched_base_model(
