@@ -7,6 +7,12 @@ completion), in training mode (the warm start: LoRA dropout active) or eval mode
 Reported: the resident size after loading, the peak, the peak over the loaded model per
 token, the resident size once the step's tensors are freed, and after
 ``release_freed_memory`` (glibc ``malloc_trim``), which the learner calls after each step.
+
+``pair`` settings run one warm-start micro-batch of two sequences (N and N/2 tokens, no
+shared prompt, all scored in their last 128) through the SFT's gradient pass: under the
+learner's activation budget (``pair``: the batch is counted padded, 2 x N tokens, so one
+over the budget runs checkpointed) and with no budget (``pair-stored``: what a count of
+the real lengths, N + N/2, let through as one stored batch).
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ from typing import Any
 
 from coevolve.bench import tables
 
-QUICK = [("train", 512, 0.05, "sdpa"), ("train", 512, 0.0, "sdpa")]
+QUICK = [("train", 512, 0.05, "sdpa"), ("train", 512, 0.0, "sdpa"), ("pair", 256, 0.05, "sdpa")]
 FULL = [
     ("train", 1024, 0.05, "sdpa"),
     ("train", 2048, 0.05, "sdpa"),
     ("eval", 2048, 0.05, "sdpa"),
     ("train", 1024, 0.0, "sdpa"),
     ("train", 2048, 0.05, "eager"),
+    ("pair", 1300, 0.05, "sdpa"),
+    ("pair-stored", 1300, 0.05, "sdpa"),
 ]
 
 
@@ -41,18 +49,21 @@ def measure(mode: str, tokens: int, dropout: float, attention: str) -> dict[str,
     torch.set_num_threads(1)
     policy = load_policy(lora=LoraSettings(dropout=dropout))
     policy.model.get_base_model().config._attn_implementation = attention
-    policy.model.train(mode == "train")
+    policy.model.train(mode != "eval")
     loaded = memory_mb()["rss_mb"]
     reset_peak_rss()  # peak from here
-    ids = torch.randint(100, 40000, (1, tokens), generator=torch.Generator().manual_seed(0))
-    scored = torch.zeros_like(ids)
-    scored[:, -128:] = 1
-    logprobs, _ = sequence_logprobs(
-        policy.model, ids, torch.ones_like(ids), 1.0, positions=scored, with_entropy=False
-    )
-    (-logprobs.sum()).backward()
+    if mode.startswith("pair"):
+        sft_pair(policy.model, tokens, stored=mode == "pair-stored")
+    else:
+        ids = torch.randint(100, 40000, (1, tokens), generator=torch.Generator().manual_seed(0))
+        scored = torch.zeros_like(ids)
+        scored[:, -128:] = 1
+        logprobs, _ = sequence_logprobs(
+            policy.model, ids, torch.ones_like(ids), 1.0, positions=scored, with_entropy=False
+        )
+        (-logprobs.sum()).backward()
+        del logprobs
     peak = memory_mb()["peak_mb"]
-    del logprobs
     policy.model.zero_grad(set_to_none=True)
     import gc
 
@@ -71,6 +82,28 @@ def measure(mode: str, tokens: int, dropout: float, attention: str) -> dict[str,
         "held_after_step_mb": round(held),
         "held_after_release_mb": round(memory_mb()["rss_mb"]),
     }
+
+
+def sft_pair(model: Any, tokens: int, *, stored: bool) -> None:
+    """The warm start's gradient pass over two examples of ``tokens`` and ``tokens // 2``
+    tokens (no shared prompt), under the learner's activation budget or none."""
+    import random
+
+    import torch
+
+    from coevolve.services.learner.config import DEFAULT_ACTIVATION_TOKENS
+    from coevolve.services.learner.sft import accumulate_sft_gradients
+    from coevolve.shared.demonstrations import IGNORE_INDEX, SftExample
+
+    rng = random.Random(0)
+    examples = []
+    for length in (tokens, tokens // 2):
+        ids = [rng.randrange(100, 40000) for _ in range(length)]
+        examples.append(SftExample("t", ids, [IGNORE_INDEX] * (length - 128) + ids[-128:]))
+    budget = None if stored else DEFAULT_ACTIVATION_TOKENS
+    accumulate_sft_gradients(
+        model, examples, 0, torch.device("cpu"), 256.0, activation_tokens=budget
+    )
 
 
 def run(quick: bool) -> dict[str, Any]:
