@@ -13,6 +13,9 @@ shared prompt, all scored in their last 128) through the SFT's gradient pass: un
 learner's activation budget (``pair``: the batch is counted padded, 2 x N tokens, so one
 over the budget runs checkpointed) and with no budget (``pair-stored``: what a count of
 the real lengths, N + N/2, let through as one stored batch).
+
+``warm_start`` runs the default warm start itself (N per-turn seed tasks of the default
+world drawn with seed 0, 2 epochs, batch 4) and reports its peak.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ FULL = [
     ("train", 2048, 0.05, "eager"),
     ("pair", 1300, 0.05, "sdpa"),
     ("pair-stored", 1300, 0.05, "sdpa"),
+    ("warm_start", 12, 0.05, "sdpa"),
 ]
 
 
@@ -52,7 +56,9 @@ def measure(mode: str, tokens: int, dropout: float, attention: str) -> dict[str,
     policy.model.train(mode != "eval")
     loaded = memory_mb()["rss_mb"]
     reset_peak_rss()  # peak from here
-    if mode.startswith("pair"):
+    if mode == "warm_start":
+        default_warm_start(policy, tasks=tokens)
+    elif mode.startswith("pair"):
         sft_pair(policy.model, tokens, stored=mode == "pair-stored")
     else:
         ids = torch.randint(100, 40000, (1, tokens), generator=torch.Generator().manual_seed(0))
@@ -78,7 +84,7 @@ def measure(mode: str, tokens: int, dropout: float, attention: str) -> dict[str,
         "dtype": policy.extra.get("dtype"),
         "loaded_mb": round(loaded),
         "peak_mb": round(peak),
-        "mb_per_token": round((peak - loaded) / tokens, 3),
+        "mb_per_token": None if mode == "warm_start" else round((peak - loaded) / tokens, 3),
         "held_after_step_mb": round(held),
         "held_after_release_mb": round(memory_mb()["rss_mb"]),
     }
@@ -104,6 +110,22 @@ def sft_pair(model: Any, tokens: int, *, stored: bool) -> None:
     accumulate_sft_gradients(
         model, examples, 0, torch.device("cpu"), 256.0, activation_tokens=budget
     )
+
+
+def default_warm_start(policy: Any, tasks: int) -> None:
+    """The warm start's SFT with its default settings on ``tasks`` seed tasks of the
+    default world (the per-turn grain), drawn with seed 0."""
+    import random
+
+    from coevolve.services.learner.config import WarmStartConfig
+    from coevolve.services.learner.warm_start import OVERSAMPLE, run_warm_start, warm_start_tasks
+    from coevolve.services.pool_store.config import default_seed_classes
+    from coevolve.shared.envs.bfcl.tasks import seed_pool
+
+    config = WarmStartConfig(tasks=tasks, threads=1)
+    pool = seed_pool(classes=default_seed_classes())
+    chosen = warm_start_tasks(random.Random(0).sample(pool, OVERSAMPLE * tasks), config)
+    run_warm_start(policy, chosen, config)
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -146,7 +168,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
                 row["attention"],
                 row["loaded_mb"],
                 row["peak_mb"],
-                f"{row['mb_per_token']:.2f}",
+                "-" if row["mb_per_token"] is None else f"{row['mb_per_token']:.2f}",
                 row["held_after_step_mb"],
                 row["held_after_release_mb"],
             )
