@@ -36,6 +36,7 @@ from coevolve.experiment.ablation import (
     arm_dir,
     code_version,
     merged,
+    per_task,
     read_base_config,
     read_json,
     run_until_v1,
@@ -171,6 +172,28 @@ def headline(report: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def as_report(tasks: Mapping[str, Sequence[float | None]]) -> dict[str, Any]:
+    """Per-task [success, partial credit, log-likelihood] as the entries of an eval report
+    (what ``compare_reports`` pairs)."""
+    return {
+        "entries": [
+            {"entry_id": task, "score": v[0], "partial_credit": v[1], "gt_logprob": v[2]}
+            for task, v in tasks.items()
+        ]
+    }
+
+
+def versus_default(result: Mapping[str, Any], default: Mapping[str, Any] | None) -> dict[str, Any]:
+    """This point's last policy minus the default point's, paired by turn ({} when either
+    lacks per-turn scores, or for the default itself)."""
+    if default is None or result is default:
+        return {}
+    mine, theirs = result["tune_last"].get("tasks"), default["tune_last"].get("tasks")
+    if not mine or not theirs:
+        return {}
+    return compare_reports(as_report(mine), as_report(theirs))
+
+
 def run_point(
     spec: SweepSpec,
     out: Path,
@@ -206,7 +229,7 @@ def run_point(
         "code_version": code_version(),
         "machine": machine_facts(),
         "last_version": last,
-        "tune_last": headline(last_report),
+        "tune_last": per_task(last_report),
         "tune_v1": headline(v1_report),
         "last_minus_v1": compare_reports(last_report, v1_report),
         "summary": asdict(summarize_run(load_run(run))),
@@ -265,10 +288,13 @@ def _interval(result: Mapping[str, Any], key: str, digits: int = 3) -> str:
 
 
 def sweep_table(results: Sequence[Mapping[str, Any]]) -> list[list[str]]:
-    """One row a point: settings, steps, groups, and last - v1 per measure."""
+    """One row a point: settings, steps, groups, last - v1 per measure, and its last
+    policy against the default point's in partial credit and log-likelihood."""
+    default = next((r for r in results if r["point"] == "default"), None)
     rows = []
     for result in results:
         summary, delta = result["summary"], result["last_minus_v1"]
+        against = versus_default(result, default)
         settings = ", ".join(f"{k}={v}" for k, v in result["overrides"].items()) or "defaults"
         rows.append(
             [
@@ -280,6 +306,8 @@ def sweep_table(results: Sequence[Mapping[str, Any]]) -> list[list[str]]:
                 _interval(delta, "delta_success"),
                 _interval(delta, "delta_partial_credit"),
                 _interval(delta, "delta_gt_logprob"),
+                _interval(against, "delta_partial_credit"),
+                _interval(against, "delta_gt_logprob"),
             ]
         )
     return rows
@@ -294,6 +322,8 @@ SWEEP_COLUMNS = (
     "success, last - v1",
     "partial credit, last - v1",
     "log-lik per token, last - v1",
+    "partial credit, last - default's last",
+    "log-lik per token, last - default's last",
 )
 
 
@@ -307,8 +337,9 @@ def render_sweep_report(out: Path) -> str:
         "",
         f"{len(results)} points, {spec.get('minutes', '?')} min each from one warm start, "
         f"scored on {spec.get('tune_tasks', '?')} train-split turns "
-        f"(seed {spec.get('tune_seed', '?')}); differences are last policy - v1, paired by "
-        "turn, with 95% bootstrap intervals and paired p-values.",
+        f"(seed {spec.get('tune_seed', '?')}); differences are paired by turn (last policy - "
+        "v1, and last policy - the default point's last), with 95% bootstrap intervals and "
+        "paired p-values.",
         "",
         "| " + " | ".join(SWEEP_COLUMNS) + " |",
         "|" + "---|" * len(SWEEP_COLUMNS),

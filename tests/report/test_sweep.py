@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from coevolve.cli import app
+from coevolve.experiment.ablation import per_task
 from coevolve.experiment.machine import machine_facts
 from coevolve.experiment.sweep import (
     POINTS,
@@ -75,6 +76,7 @@ def write_point(out: Path, name: str, last: dict[str, Any], v1: dict[str, Any]) 
         "last_version": 6,
         "machine": machine_facts(),
         "last_minus_v1": compare_reports(last, v1),
+        "tune_last": per_task(last),
         "summary": {"learner_steps": 5, "groups_recorded": 30},
     }
     path = point_result(out, name)
@@ -105,6 +107,9 @@ def test_the_report_orders_points_and_shows_paired_differences(sweep_dir: Path) 
     # 8 of 12 won, none lost: +0.667, sign test p = 2 * 0.5**8
     assert "+0.667" in default_row and "p=0.00781" in default_row
     assert "grpo.lr=0.0001" in slow_row and "+0.000" in slow_row
+    # against the default point's last policy: 0.2 - 0.6 partial credit on every turn
+    assert slow_row.rstrip(" |").split(" | ")[-2].startswith("-0.400 [-0.400, -0.400]")
+    assert default_row.endswith("| - | - |")
     assert (sweep_dir / "report.md").read_text() == text
 
 
