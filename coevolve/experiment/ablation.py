@@ -605,7 +605,10 @@ def run_arm(
     }
     for key, minute, version in marks:
         score, error = None, None
-        if version > 0:
+        if version == 1:  # the adopted warm start, scored once for every arm
+            score = read_json(results / WARM_EVAL_FILE)
+            score.pop("warm_start_sha256", None)
+        elif version > 0:
             log(f"[experiment] {arm} seed {seed}: evaluating v{version} ({key})")
             weights = directory / "marks" / f"v{version}.safetensors"
             cache = directory / "eval" / f"v{version}.json"
