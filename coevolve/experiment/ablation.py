@@ -498,6 +498,24 @@ def per_task(report: Mapping[str, Any]) -> dict[str, Any]:
     return kept
 
 
+def eval_report(
+    weights: Path, run: Path, report_path: Path, options: Sequence[str], threads: int
+) -> Any:
+    """``coevolve eval --suite bfcl-turns-base OPTIONS`` of ``weights`` in a subprocess on
+    ``threads`` threads, its full report cached in ``report_path``."""
+    if not report_path.exists():
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
+        for inherited in ("COEVOLVE_CONFIG", "COEVOLVE_RUN_DIR"):
+            env.pop(inherited, None)
+        argv = [sys.executable, "-m", "coevolve", "eval", "--suite", EVAL_SUITE, *options]
+        argv += ["--policy", str(weights), "--out", str(report_path), "--run-dir", str(run)]
+        report_path.parent.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+        if done.returncode != 0 or not report_path.exists():
+            raise RuntimeError(f"coevolve eval failed ({done.returncode}): {done.stderr[-2000:]}")
+    return read_json(report_path)
+
+
 def evaluate(
     weights: Path,
     run: Path,
@@ -506,24 +524,13 @@ def evaluate(
     max_steps: int = 4,
     classes: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Held-out per-turn BFCL scores of ``weights`` (``coevolve eval`` in a subprocess on
-    every core: nothing else runs then), per task; the full report is kept in ``cache``."""
-    if not cache.exists():
-        env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count() or 1), "HF_HUB_OFFLINE": "1"}
-        for inherited in ("COEVOLVE_CONFIG", "COEVOLVE_RUN_DIR"):
-            env.pop(inherited, None)
-        argv = [sys.executable, "-m", "coevolve", "eval", "--suite", EVAL_SUITE]
-        argv += ["--split", EVAL_SPLIT, "--policy", str(weights)]
-        if tasks is not None:  # the same seeded sample for every policy: paired across arms
-            argv += ["--sample", str(tasks), "--seed", "0"]
-        argv += ["--max-steps-per-turn", str(max_steps)]
-        argv += ["--classes", ",".join(classes) if classes is not None else "all"]
-        argv += ["--out", str(cache), "--run-dir", str(run)]
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
-        if done.returncode != 0 or not cache.exists():
-            raise RuntimeError(f"coevolve eval failed ({done.returncode}): {done.stderr[-2000:]}")
-    return per_task(read_json(cache))
+    """Held-out per-turn BFCL scores of ``weights`` (on every core: nothing else runs
+    then), per task; the full report is kept in ``cache``."""
+    options = ["--split", EVAL_SPLIT, "--max-steps-per-turn", str(max_steps)]
+    if tasks is not None:  # the same seeded sample for every policy: paired across arms
+        options += ["--sample", str(tasks), "--seed", "0"]
+    options += ["--classes", ",".join(classes) if classes is not None else "all"]
+    return per_task(eval_report(weights, run, cache, options, os.cpu_count() or 1))
 
 
 CODE_DIRS = ("coevolve", "services", "shared", "bench")

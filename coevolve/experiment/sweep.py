@@ -20,10 +20,7 @@ Layout of the sweep directory (resumable: a point with a ``result.json`` is skip
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,6 +32,7 @@ import yaml
 from coevolve.experiment.ablation import (
     arm_dir,
     code_version,
+    eval_report,
     merged,
     per_task,
     read_base_config,
@@ -52,7 +50,6 @@ from coevolve.report.run_data import load_run, policy_files
 from coevolve.report.run_report import summarize_run
 from coevolve.shared.runtime.nats_server import free_port
 
-TUNE_SUITE = "bfcl-turns-base"
 TUNE_SPLIT = "train"
 # points run their seed 0 (``<point>-s0``): the ablation's directory helpers name arms so
 SEED = 0
@@ -147,22 +144,11 @@ def pending_points(spec: SweepSpec, out: Path) -> list[str]:
 def score_on_tuning_set(weights: Path, run: Path, report_path: Path, spec: SweepSpec) -> Any:
     """``coevolve eval`` of ``weights`` on the tuning set (its full report, per task),
     cached in ``report_path``."""
-    if report_path.exists():
-        return read_json(report_path)
-    env = {**os.environ, "OMP_NUM_THREADS": str(spec.eval_threads), "HF_HUB_OFFLINE": "1"}
-    for inherited in ("COEVOLVE_CONFIG", "COEVOLVE_RUN_DIR"):
-        env.pop(inherited, None)
-    argv = [sys.executable, "-m", "coevolve", "eval", "--suite", TUNE_SUITE]
-    argv += ["--split", TUNE_SPLIT, "--policy", str(weights)]
-    argv += ["--sample", str(spec.tune_tasks), "--seed", str(spec.tune_seed)]
-    argv += ["--max-steps-per-turn", str(spec.eval_max_steps), "--run-dir", str(run)]
-    argv += ["--out", str(report_path)]
+    options = ["--split", TUNE_SPLIT, "--max-steps-per-turn", str(spec.eval_max_steps)]
+    options += ["--sample", str(spec.tune_tasks), "--seed", str(spec.tune_seed)]
     if spec.base_config is not None:
-        argv += ["--config", spec.base_config]
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
-    if done.returncode != 0 or not report_path.exists():
-        raise RuntimeError(f"coevolve eval failed ({done.returncode}): {done.stderr[-2000:]}")
-    return read_json(report_path)
+        options += ["--config", spec.base_config]
+    return eval_report(weights, run, report_path, options, spec.eval_threads)
 
 
 def headline(report: Mapping[str, Any]) -> dict[str, Any]:
