@@ -8,6 +8,8 @@ from pathlib import Path
 import yaml
 
 from coevolve.cli.serve import SERVICES
+from coevolve.shared.runtime.nats_server import NatsServer
+from coevolve.shared.runtime.subjects import STREAMS
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL = "bash deploy/install.sh"
@@ -98,3 +100,22 @@ def test_the_cluster_nodes_config_is_accepted_by_nats_server(tmp_path: Path) -> 
     assert checked.returncode == 0, checked.stderr
     routes = re.findall(r"nats-route://([\w-]+):6222", conf.read_text())
     assert set(routes) == {"nats", "nats-2", "nats-3"}
+
+
+def stated_store_bytes(config_text: str) -> int:
+    match = re.search(r"max_file_store:\s*(\d+)\s*(GB|G)?", config_text)
+    assert match, "max_file_store is not stated"
+    return int(match.group(1)) * (1024**3 if match.group(2) else 1)
+
+
+def test_every_nats_config_states_a_file_store_that_holds_the_streams_bounds(
+    tmp_path: Path,
+) -> None:
+    """Left unset, JetStream sizes its store from the disk's free space and refuses the
+    streams on a small disk."""
+    reserved = sum(spec.max_bytes for spec in STREAMS)
+    configs = [NatsServer(tmp_path).config_text()] + [
+        (ROOT / "deploy" / name).read_text() for name in ("nats.conf", "nats-cluster.conf")
+    ]
+    for text in configs:
+        assert stated_store_bytes(text) >= reserved

@@ -23,6 +23,10 @@ from typing import Any
 from coevolve.shared.runtime.child_process import die_with_parent
 from coevolve.shared.runtime.credentials import Credentials, auth_config, write_private
 
+# Stated, as in deploy/nats.conf: left unset, JetStream allows 75% of the disk's free space
+# and refuses to create the streams (their bounds reserve 6.3 GiB) on a small disk.
+MAX_FILE_STORE_BYTES = 20 * 1024**3
+
 
 class NatsServerError(RuntimeError):
     pass
@@ -135,7 +139,8 @@ class NatsServer:
         text = (
             f"listen: {self.host}:{self.port}\n"
             f"max_payload: {8 * 1024 * 1024}\n"
-            f'jetstream {{ store_dir: "{self.store_dir}" }}\n'
+            f'jetstream {{ store_dir: "{self.store_dir}", '
+            f"max_file_store: {MAX_FILE_STORE_BYTES} }}\n"
         )
         if self.credentials is not None:
             text += auth_config(self.credentials)
