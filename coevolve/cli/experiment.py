@@ -159,7 +159,8 @@ def sweep(
         str | None,
         typer.Option(
             help="Comma-separated points to run (default: every point, in order): "
-            "default, lr-1e-4, lr-1e-3, groups-2, groups-8, wait-120, kl-0.01, lr-5e-5.",
+            "default, lr-1e-4, lr-1e-3, groups-2, groups-8, wait-120, kl-0.01, lr-5e-5, "
+            "temp-0.7.",
             show_default=False,
         ),
     ] = None,

@@ -64,11 +64,12 @@ WARM_FILES = (
 
 @dataclass(frozen=True)
 class SweepPoint:
-    """One setting of the learner: ``overrides`` of the ``services.learner`` section, as
-    dotted keys (``grpo.lr``, ``max_wait_s``)."""
+    """One setting: ``overrides`` of the ``services.<service>`` section (the learner's
+    unless named), as dotted keys (``grpo.lr``, ``max_wait_s``)."""
 
     name: str
     overrides: Mapping[str, Any] = field(default_factory=dict)
+    service: str = "learner"
 
     def settings(self) -> dict[str, Any]:
         section: dict[str, Any] = {}
@@ -78,11 +79,11 @@ class SweepPoint:
             for key in parents:
                 node = node.setdefault(key, {})
             node[leaf] = value
-        return {"services": {"learner": section}}
+        return {"services": {self.service: section}}
 
 
 # one factor at a time around the defaults (lr 3e-4, kl_beta 0, 4 groups a step, 30 s
-# wait), in the order they run: the learning rate first, the costliest choice last
+# wait, sampling temperature 1), in the order they were first run
 POINTS: tuple[SweepPoint, ...] = (
     SweepPoint("default"),
     SweepPoint("lr-1e-4", {"grpo.lr": 1e-4}),
@@ -92,6 +93,7 @@ POINTS: tuple[SweepPoint, ...] = (
     SweepPoint("wait-120", {"max_wait_s": 120.0}),
     SweepPoint("kl-0.01", {"grpo.kl_beta": 0.01}),
     SweepPoint("lr-5e-5", {"grpo.lr": 5e-5}),
+    SweepPoint("temp-0.7", {"temperature": 0.7}, service="rollout"),
 )
 POINTS_BY_NAME = {point.name: point for point in POINTS}
 
@@ -210,6 +212,7 @@ def run_point(
     result: dict[str, Any] = {
         "point": point.name,
         "overrides": dict(point.overrides),
+        "service": point.service,
         "minutes": spec.minutes,
         "started_at": wall_started,
         "code_version": code_version(),
@@ -281,7 +284,10 @@ def sweep_table(results: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     for result in results:
         summary, delta = result["summary"], result["last_minus_v1"]
         against = versus_default(result, default)
-        settings = ", ".join(f"{k}={v}" for k, v in result["overrides"].items()) or "defaults"
+        prefix = "" if result.get("service", "learner") == "learner" else f"{result['service']}."
+        settings = (
+            ", ".join(f"{prefix}{k}={v}" for k, v in result["overrides"].items()) or "defaults"
+        )
         rows.append(
             [
                 result["point"],

@@ -4,6 +4,7 @@ skipped, and the report is built from the result files alone."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,14 @@ from coevolve.experiment.sweep import (
 )
 from coevolve.report.compare import compare_reports
 from coevolve.services.learner.config import LearnerServiceConfig
+from coevolve.services.rollout.config import RolloutConfig
 
 
-def test_every_point_is_a_valid_learner_section() -> None:
+def test_every_point_is_a_valid_section_of_its_service() -> None:
+    structs = {"learner": LearnerServiceConfig, "rollout": RolloutConfig}
     for point in POINTS:
-        section = point.settings()["services"]["learner"]
-        config = msgspec.convert(section, LearnerServiceConfig)
+        section = point.settings()["services"][point.service]
+        config = msgspec.convert(section, structs[point.service])
         for dotted, value in point.overrides.items():
             node: Any = config
             for key in dotted.split("."):
@@ -44,6 +47,8 @@ def test_a_point_nests_its_dotted_keys() -> None:
     assert point.settings() == {
         "services": {"learner": {"grpo": {"lr": 1e-3, "kl_beta": 0.1}, "max_wait_s": 5.0}}
     }
+    sampling = SweepPoint("t", {"temperature": 0.7}, service="rollout")
+    assert sampling.settings() == {"services": {"rollout": {"temperature": 0.7}}}
 
 
 def test_unknown_points_are_refused() -> None:
@@ -134,3 +139,10 @@ def test_the_cli_prints_the_report_and_refuses_unknown_points(sweep_dir: Path) -
     )
     assert refused.exit_code == 2
     assert "lr-9" in refused.output
+
+
+def test_the_help_names_every_point() -> None:
+    shown = CliRunner().invoke(app, ["experiment", "sweep", "--help"], terminal_width=400)
+    text = " ".join(shown.output.replace("│", " ").split())
+    for point in POINTS:
+        assert re.search(rf"(?<![\w.-]){re.escape(point.name)}(?![\w-])", text), point.name
