@@ -23,8 +23,9 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     betas: tuple[float, float] = (0.9, 0.999)
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.28
-    # 0 skips the reference forward pass (~22% of a step), which at 0.001 bought a KL term
-    # of ~2e-7; the trust region is the clip
+    # 0 skips the reference forward pass, which at 0.001 bought a KL term of ~2e-7 and at
+    # 0.01 cost more learning per wall minute than it gave (docs/learning-results.md);
+    # the trust region is the clip
     kl_beta: float = 0.0
     max_grad_norm: float = 1.0
     micro_batch_size: int = 2
