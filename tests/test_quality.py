@@ -1,6 +1,7 @@
 """ruff (lint and format) and mypy pass on the whole project, and the layout holds: one
 installed package from four folders without links, each module under one name, services
-that do not import each other and shared code that imports no service."""
+that do not import each other and shared code that imports no service, and few blocks
+copied between files."""
 
 from __future__ import annotations
 
@@ -217,3 +218,50 @@ def test_a_folder_is_importable_only_under_its_installed_name(tmp_path: Path) ->
     )
     assert result.returncode == 0, result.stderr
     assert "coevolve.shared.messages.Task" in result.stdout
+
+
+# copied blocks of six or more lines across the tracked Python files, by pylint's symilar
+# (`symilar -d 6 $(git ls-files '*.py')`); what remains are import lists and the one
+# `chat` signature its implementations share
+MIN_COPIED_LINES = 6
+MAX_COPIED_PAIRS = 10
+
+
+def copied_pairs(files: list[str], cwd: Path) -> list[list[str]]:
+    """The places of each block symilar finds in ``files``, one list per block."""
+    result = subprocess.run(
+        [str(BIN / "symilar"), "-d", str(MIN_COPIED_LINES), *files],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert "TOTAL lines=" in result.stdout, result.stdout + result.stderr
+    blocks: list[list[str]] = []
+    for line in result.stdout.splitlines():
+        if " similar lines in " in line:
+            blocks.append([])
+        elif line.startswith("==") and blocks:
+            blocks[-1].append(line[2:])
+    return blocks
+
+
+def pair_count(blocks: list[list[str]]) -> int:
+    return sum(len(places) * (len(places) - 1) // 2 for places in blocks)
+
+
+def test_the_tree_holds_few_copied_blocks() -> None:
+    tracked = run("git", "ls-files", "*.py").stdout.split()
+    assert len(tracked) > 100
+    blocks = copied_pairs(tracked, ROOT)
+    assert pair_count(blocks) <= MAX_COPIED_PAIRS, "\n".join(" ~ ".join(b) for b in blocks)
+
+
+def test_the_copy_check_counts_a_copied_block(tmp_path: Path) -> None:
+    body = "".join(f"value_{n} = compute({n}, 'x{n}')\n" for n in range(8))
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text(f"# {name}\n{body}")
+    (tmp_path / "c.py").write_text("".join(f"other_{n} = {n}\n" for n in range(8)))
+    blocks = copied_pairs(["a.py", "b.py", "c.py"], tmp_path)
+    assert pair_count(blocks) == 1
+    assert [place.split(":")[0] for place in blocks[0]] == ["a.py", "b.py"]
