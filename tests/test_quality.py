@@ -227,7 +227,7 @@ MIN_COPIED_LINES = 6
 MAX_COPIED_PAIRS = 10
 
 
-def copied_pairs(files: list[str], cwd: Path) -> list[list[str]]:
+def copied_blocks(files: list[str], cwd: Path) -> list[list[str]]:
     """The places of each block symilar finds in ``files``, one list per block."""
     result = subprocess.run(
         [str(BIN / "symilar"), "-d", str(MIN_COPIED_LINES), *files],
@@ -253,7 +253,7 @@ def pair_count(blocks: list[list[str]]) -> int:
 def test_the_tree_holds_few_copied_blocks() -> None:
     tracked = run("git", "ls-files", "*.py").stdout.split()
     assert len(tracked) > 100
-    blocks = copied_pairs(tracked, ROOT)
+    blocks = copied_blocks(tracked, ROOT)
     assert pair_count(blocks) <= MAX_COPIED_PAIRS, "\n".join(" ~ ".join(b) for b in blocks)
 
 
@@ -262,6 +262,6 @@ def test_the_copy_check_counts_a_copied_block(tmp_path: Path) -> None:
     for name in ("a.py", "b.py"):
         (tmp_path / name).write_text(f"# {name}\n{body}")
     (tmp_path / "c.py").write_text("".join(f"other_{n} = {n}\n" for n in range(8)))
-    blocks = copied_pairs(["a.py", "b.py", "c.py"], tmp_path)
+    blocks = copied_blocks(["a.py", "b.py", "c.py"], tmp_path)
     assert pair_count(blocks) == 1
     assert [place.split(":")[0] for place in blocks[0]] == ["a.py", "b.py"]
