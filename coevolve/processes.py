@@ -176,7 +176,10 @@ class CpuLedger:
                     with process.oneshot():
                         times = process.cpu_times()
                         key = (process.pid, process.create_time())
-                        part = part_of_run(" ".join(process.cmdline()))
+                        command = " ".join(process.cmdline())
+                    # An exiting process reads an empty command line: keep the part it had.
+                    known = self.seen.get(key)
+                    part = known[0] if known and not command else part_of_run(command)
                     self.seen[key] = (part, times.user + times.system)
 
     def totals(self) -> dict[str, float]:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+
+import psutil
+import pytest
 
 from coevolve.processes import CpuLedger, part_of_run
 
@@ -30,3 +34,20 @@ def test_a_child_that_exits_keeps_the_time_it_was_seen_using() -> None:
     ledger.sample(child.pid)  # gone: nothing new, nothing lost
 
     assert ledger.totals()["rollout"] >= 0.1
+
+
+def test_a_process_read_while_exiting_keeps_its_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Between exit and zombie, Linux shows an empty command line; that window cannot be
+    # hit on purpose, so the second read is made to return what the kernel returns then.
+    busy = "import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end: pass"
+    child = subprocess.Popen([sys.executable, "-c", busy, "serve", "rollout"])
+    ledger = CpuLedger()
+    try:
+        ledger.sample(child.pid)
+        time.sleep(0.5)
+        monkeypatch.setattr(psutil.Process, "cmdline", lambda self: [])
+        ledger.sample(child.pid)
+    finally:
+        child.wait(timeout=30)
+
+    assert list(ledger.totals()) == ["rollout"]
