@@ -14,12 +14,20 @@ learner's activation budget (``pair``: the batch is counted padded, 2 x N tokens
 over the budget runs checkpointed) and with no budget (``pair-stored``: what a count of
 the real lengths, N + N/2, let through as one stored batch).
 
+``train-checkpointed`` is the ``train`` pass with activation checkpointing, as the learner
+runs a sequence over its activation budget: what a checkpointed step holds per token.
+
+``heap`` ``mapped`` is the learner's allocator setting (``memory.map_large_blocks``: large
+blocks mapped and unmapped one by one); ``glibc`` leaves glibc's default, which moves them
+to the heap once one has been freed.
+
 ``warm_start`` runs the default warm start itself (N per-turn seed tasks of the default
 world drawn with seed 0, 2 epochs, batch 4) and reports its peak.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -28,34 +36,57 @@ from typing import Any
 
 from coevolve.bench import tables
 
-QUICK = [("train", 512, 0.05, "sdpa"), ("train", 512, 0.0, "sdpa"), ("pair", 256, 0.05, "sdpa")]
+QUICK = [
+    ("train", 512, 0.05, "sdpa", "glibc"),
+    ("train", 512, 0.05, "sdpa", "mapped"),
+    ("train-checkpointed", 512, 0.05, "sdpa", "mapped"),
+    ("pair", 256, 0.05, "sdpa", "mapped"),
+]
 FULL = [
-    ("train", 1024, 0.05, "sdpa"),
-    ("train", 2048, 0.05, "sdpa"),
-    ("eval", 2048, 0.05, "sdpa"),
-    ("train", 1024, 0.0, "sdpa"),
-    ("train", 2048, 0.05, "eager"),
-    ("pair", 1300, 0.05, "sdpa"),
-    ("pair-stored", 1300, 0.05, "sdpa"),
-    ("warm_start", 12, 0.05, "sdpa"),
+    ("train", 1024, 0.05, "sdpa", "mapped"),
+    ("train", 2048, 0.05, "sdpa", "glibc"),
+    ("train", 2048, 0.05, "sdpa", "mapped"),
+    ("eval", 2048, 0.05, "sdpa", "glibc"),
+    ("eval", 2048, 0.05, "sdpa", "mapped"),
+    ("train", 1024, 0.0, "sdpa", "mapped"),
+    ("train", 2048, 0.05, "eager", "mapped"),
+    ("train-checkpointed", 2048, 0.05, "sdpa", "glibc"),
+    ("train-checkpointed", 2048, 0.05, "sdpa", "mapped"),
+    ("pair", 1300, 0.05, "sdpa", "mapped"),
+    ("pair-stored", 1300, 0.05, "sdpa", "mapped"),
+    ("warm_start", 12, 0.05, "sdpa", "glibc"),
+    ("warm_start", 12, 0.05, "sdpa", "mapped"),
 ]
 
 
-def measure(mode: str, tokens: int, dropout: float, attention: str) -> dict[str, Any]:
+def measure(
+    mode: str, tokens: int, dropout: float, attention: str, heap: str = "mapped"
+) -> dict[str, Any]:
     """One setting, in this process (the child side)."""
+    import time
+
     import torch
 
     from coevolve.bench.sft import memory_mb, reset_peak_rss
-    from coevolve.services.learner.memory import release_freed_memory
+    from coevolve.services.learner.memory import (
+        activation_checkpointing,
+        map_large_blocks,
+        release_freed_memory,
+    )
     from coevolve.shared.policy import LoraSettings, load_policy
     from coevolve.shared.policy.logprobs import sequence_logprobs
 
+    if heap not in ("glibc", "mapped"):
+        raise ValueError(f"heap must be glibc or mapped, not {heap!r}")
+    if heap == "mapped":  # as the learner does
+        map_large_blocks()
     torch.set_num_threads(1)
     policy = load_policy(lora=LoraSettings(dropout=dropout))
     policy.model.get_base_model().config._attn_implementation = attention
     policy.model.train(mode != "eval")
     loaded = memory_mb()["rss_mb"]
     reset_peak_rss()  # peak from here
+    started = time.perf_counter()
     if mode == "warm_start":
         default_warm_start(policy, tasks=tokens)
     elif mode.startswith("pair"):
@@ -64,11 +95,14 @@ def measure(mode: str, tokens: int, dropout: float, attention: str) -> dict[str,
         ids = torch.randint(100, 40000, (1, tokens), generator=torch.Generator().manual_seed(0))
         scored = torch.zeros_like(ids)
         scored[:, -128:] = 1
-        logprobs, _ = sequence_logprobs(
-            policy.model, ids, torch.ones_like(ids), 1.0, positions=scored, with_entropy=False
-        )
-        (-logprobs.sum()).backward()
+        checkpointed = mode == "train-checkpointed"
+        with activation_checkpointing(policy.model) if checkpointed else contextlib.nullcontext():
+            logprobs, _ = sequence_logprobs(
+                policy.model, ids, torch.ones_like(ids), 1.0, positions=scored, with_entropy=False
+            )
+            (-logprobs.sum()).backward()
         del logprobs
+    step_s = time.perf_counter() - started
     peak = memory_mb()["peak_mb"]
     policy.model.zero_grad(set_to_none=True)
     import gc
@@ -81,12 +115,14 @@ def measure(mode: str, tokens: int, dropout: float, attention: str) -> dict[str,
         "tokens": tokens,
         "lora_dropout": dropout,
         "attention": attention,
+        "heap": heap,
         "dtype": policy.extra.get("dtype"),
         "loaded_mb": round(loaded),
         "peak_mb": round(peak),
         "mb_per_token": None if mode == "warm_start" else round((peak - loaded) / tokens, 3),
         "held_after_step_mb": round(held),
         "held_after_release_mb": round(memory_mb()["rss_mb"]),
+        "step_s": round(step_s, 1),
     }
 
 
@@ -154,11 +190,13 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
             "tokens",
             "dropout",
             "attention",
+            "heap",
             "loaded MB",
             "peak MB",
             "MB/token",
             "held MB",
             "after release MB",
+            "s",
         ),
         [
             (
@@ -166,18 +204,20 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
                 row["tokens"],
                 row["lora_dropout"],
                 row["attention"],
+                row["heap"],
                 row["loaded_mb"],
                 row["peak_mb"],
                 "-" if row["mb_per_token"] is None else f"{row['mb_per_token']:.2f}",
                 row["held_after_step_mb"],
                 row["held_after_release_mb"],
+                row["step_s"],
             )
             for row in rows
         ],
-        left=(0, 3),
+        left=(0, 3, 4),
     )
 
 
 if __name__ == "__main__":
-    mode, tokens, dropout, attention = sys.argv[1:5]
-    print(json.dumps(measure(mode, int(tokens), float(dropout), attention)))
+    mode, tokens, dropout, attention, *heap = sys.argv[1:6]
+    print(json.dumps(measure(mode, int(tokens), float(dropout), attention, *heap)))

@@ -93,6 +93,7 @@ class LearnerActor(Actor):
             grpo=msgspec.json.encode(self.config.grpo),
             run_dir=str(self.settings.run_dir),
             threads=torch.get_num_threads(),
+            map_large_blocks=self.config.map_large_blocks,
         )
 
     async def setup(self) -> None:

@@ -29,6 +29,7 @@ from coevolve.services.learner.distributed import (
     close_ranks,
     init_ranks,
 )
+from coevolve.services.learner.memory import map_large_blocks
 from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
 from coevolve.shared.messages import RolloutGroup
 from coevolve.shared.runtime.child_process import terminate_with_parent
@@ -49,11 +50,14 @@ class PolicySpec:
     grpo: bytes  # LearnerConfig as JSON
     run_dir: str
     threads: int
+    map_large_blocks: bool = False
 
 
 def build_learner(spec: PolicySpec, log_dir: Path | None = None) -> GrpoLearner:
     from coevolve.shared.policy import load_policy
 
+    if spec.map_large_blocks:
+        map_large_blocks()
     policy = load_policy(
         spec.model,
         run_dir=Path(spec.run_dir),
