@@ -61,7 +61,14 @@ _ABOUT_THE_TASK = re.compile(
 )
 # the abstractor's completion appends the values a request leaves out as "Details: ..."
 _DETAILS = re.compile(r"\bDetails:.*$", re.DOTALL)
+# words a request may put between the words of a function's name ("get the current speed")
+_ARTICLES = r"(?: (?:the|a|an|my|your|our|its|their|this|that|some))* "
 MIN_PLAIN_WORDS = 2  # "What's inside?" is a BFCL request
+
+
+def without_details(request: str) -> str:
+    """The request as written, without the "Details:" clause the abstractor appends."""
+    return _DETAILS.sub("", request)
 
 
 def name_words(function: str) -> list[str]:
@@ -94,7 +101,7 @@ def call_syntax(request: str, functions: Iterable[str]) -> list[str]:
         for name in names
         if is_identifier(name) and re.search(rf"\b{re.escape(name)}\b", request)
     ]
-    asked = _DETAILS.sub("", request)
+    asked = without_details(request)
     plain = [w for w in re.findall(r"[A-Za-z][a-z']*", asked) if w not in names]
     if len(plain) < MIN_PLAIN_WORDS:
         found.append(f"{len(plain)} plain words before its details")
@@ -103,13 +110,15 @@ def call_syntax(request: str, functions: Iterable[str]) -> list[str]:
 
 def other_function_named(request: str, called: Sequence[str], offered: Sequence[str]) -> str | None:
     """An offered function that is not called but whose name (two words or more, in
-    words: "check tire pressure") ``request`` says, while it says no called function's
-    name; None otherwise. One of BFCL's 731 base turns does this."""
+    words, articles allowed between them: "check tire pressure", "get the current speed")
+    ``request`` says, while it says no called function's name; None otherwise. Three of
+    BFCL's 373 train-split base turns do this, none of its 358 eval-split turns."""
     text = " ".join(_WORD.findall(request.lower()))
 
     def said(function: str) -> bool:
         words = name_words(function)
-        return len(words) >= 2 and re.search(rf"\b{' '.join(words)}\b", text) is not None
+        spoken = _ARTICLES.join(re.escape(word) for word in words)
+        return len(words) >= 2 and re.search(rf"\b{spoken}\b", text) is not None
 
     if any(said(name) for name in called):
         return None

@@ -14,9 +14,13 @@ They run after the replay (``replay.py``) and before any LLM, each a verdict cri
 - ``same_action``: no request asks for the opposite of its calls ("remove" for
   ``add_to_watchlist``) or names another function instead of its own ("check tire
   pressure" for ``adjustClimateControl``; ``shared/wording.py``);
-- ``intent_matches``: the task's text is closer to the functions it calls (name and
-  description) than to most other functions the environment offers (all-MiniLM-L6-v2
-  embeddings, or the n-gram cosine without the model; ``coevolve.shared.similarity``).
+- ``intent_matches``: the request, without the "Details:" clause code appended to it, is
+  closer to the functions it calls (name and description) than to most other functions
+  the environment offers (all-MiniLM-L6-v2 embeddings, or the n-gram cosine without the
+  model; ``coevolve.shared.similarity``).
+
+``names_arguments`` and ``intent_matches`` read the user turns alone, what the policy is
+asked: a task's description, which no policy sees, cannot make up for its request.
 
 They share one traced run of the calls (:func:`trace_calls`): the state before and after
 each call, what it returned, what the conversation showed before the first one, and the
@@ -37,7 +41,12 @@ from coevolve.shared.argument_values import salient_values, scalars
 from coevolve.shared.envs import Environment, state_of
 from coevolve.shared.messages import Task, ToolCall
 from coevolve.shared.similarity import Backend, NearDuplicateIndex
-from coevolve.shared.wording import call_syntax, opposite_action, other_function_named
+from coevolve.shared.wording import (
+    call_syntax,
+    opposite_action,
+    other_function_named,
+    without_details,
+)
 
 # The criteria semantic_checks reports, in its order (all checks enabled).
 SEMANTIC_CRITERIA: tuple[str, ...] = (
@@ -339,7 +348,7 @@ def check_arguments_named(task: Task, trace: CallTrace) -> CheckResult:
     of an enumerated parameter ("all doors", "in START mode") counts only when the text
     names one of its options: then it must be that one.
     """
-    text = TextIndex(_task_text(task, with_context=True))
+    text = TextIndex(_request_text(task, with_context=True))
     shown_before = [content for role, content in trace.context if role != "user"]
     enums = enum_options(trace.tools)
     unnamed: list[str] = []
@@ -373,8 +382,8 @@ def check_arguments_named(task: Task, trace: CallTrace) -> CheckResult:
     return CheckResult("names_arguments", passed, reasons, details)
 
 
-def _task_text(task: Task, with_context: bool = False) -> str:
-    parts = [task.description, *task.user_turns]
+def _request_text(task: Task, with_context: bool = False, details: bool = True) -> str:
+    parts = [turn if details else without_details(turn) for turn in task.user_turns]
     if with_context:
         prior = task.env_config.get("prior_turns") or []
         parts.extend(str(turn) for turn in prior)
@@ -429,12 +438,13 @@ def intent_score(percentiles: Mapping[str, float]) -> float:
 
 
 def check_intent(task: Task, trace: CallTrace, backend: Backend = "auto") -> CheckResult:
-    """The task's text is closer to the functions it calls than to most other functions
+    """The request is closer to the functions it calls than to most other functions
     of its environment (:func:`intent_score` >= ``MIN_INTENT_SCORE`` of the backend)."""
     used = [c.call.name for c in trace.calls]
     if len(trace.tools) < 3 or not used:
         return CheckResult("intent_matches", True, details={"skipped": "too few functions"})
-    percentiles, measured_by = intent_percentiles(_task_text(task), trace.tools, used, backend)
+    asked = _request_text(task, details=False)
+    percentiles, measured_by = intent_percentiles(asked, trace.tools, used, backend)
     score = intent_score(percentiles)
     threshold = MIN_INTENT_SCORE[measured_by]
     passed = score >= threshold

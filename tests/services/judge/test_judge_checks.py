@@ -121,21 +121,28 @@ def test_call_syntax_in_any_form_is_found(request_text: str) -> None:
     assert "plain_request" in failed_checks(task)
 
 
-def test_a_request_naming_another_function_of_its_class_is_rejected() -> None:
-    """A task a default run accepted: the request names one function, the call is another."""
-    climate = [
-        ToolCall(
-            name="adjustClimateControl",
-            arguments={"temperature": 35.0, "unit": "celsius", "fanSpeed": 12, "mode": "heat"},
-        )
-    ]
-    task = with_request(
-        with_calls(turn(DOORS), climate),
-        "Check tire pressure Details: temperature 35.0; unit 'celsius'; fanSpeed 12; mode 'heat'.",
+CLIMATE = [
+    ToolCall(
+        name="adjustClimateControl",
+        arguments={"temperature": 35.0, "unit": "celsius", "fanSpeed": 12, "mode": "heat"},
     )
+]
+CLIMATE_DETAILS = "Details: temperature 35.0; unit 'celsius'; fanSpeed 12; mode 'heat'."
+
+
+@pytest.mark.parametrize(
+    ("asked", "named"),
+    [
+        ("Check tire pressure", "check_tire_pressure"),
+        ("Get the current speed of the vehicle", "get_current_speed"),
+    ],
+)
+def test_a_request_naming_another_function_of_its_class_is_rejected(asked: str, named: str) -> None:
+    """Tasks default runs accepted: the request names one function, the call is another."""
+    task = with_request(with_calls(turn(DOORS), CLIMATE), f"{asked} {CLIMATE_DETAILS}")
     failed = failed_checks(task)
     assert "same_action" in failed
-    assert "check_tire_pressure" in failed["same_action"][0]
+    assert named in failed["same_action"][0]
     fixed = with_request(
         task, "Adjust the climate control to 35 degrees celsius, fan speed 12, in heat mode."
     )
@@ -236,6 +243,21 @@ def test_a_request_about_something_else_fails_the_intent(backend: str) -> None:
     assert not result.passed
     assert "not about the functions it calls" in result.reasons[0]
     assert check_intent(task, trace_calls(task, bfcl), backend).passed  # type: ignore[arg-type]
+
+
+def test_the_intent_is_read_from_the_request_alone() -> None:
+    """A description about the call (no policy sees it) and the values the abstractor
+    appends do not make a request about something else match its call."""
+    asked = "Open a new support ticket with priority 4 about my broken laptop screen."
+    task = msgspec.structs.replace(
+        with_request(with_calls(turn(DOORS), CLIMATE), f"{asked} {CLIMATE_DETAILS}"),
+        description="Adjust the climate control: temperature, unit, fan speed and mode.",
+    )
+    assert not check_intent(task, trace_calls(task, bfcl), "ngram").passed
+    fixed = with_request(
+        task, f"Adjust the climate control to 35 degrees celsius, fan speed 12. {CLIMATE_DETAILS}"
+    )
+    assert check_intent(fixed, trace_calls(fixed, bfcl), "ngram").passed
 
 
 @pytest.mark.parametrize("placeholder", ["your_username", "YOUR_CLIENT_ID", "<city>", "xxxx"])
