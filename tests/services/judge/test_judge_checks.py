@@ -135,6 +135,8 @@ CLIMATE_DETAILS = "Details: temperature 35.0; unit 'celsius'; fanSpeed 12; mode 
     [
         ("Check tire pressure", "check_tire_pressure"),
         ("Get the current speed of the vehicle", "get_current_speed"),
+        # also naming the called one does not excuse asking for another
+        ("Get the current speed, then adjust the climate control", "get_current_speed"),
     ],
 )
 def test_a_request_naming_another_function_of_its_class_is_rejected(asked: str, named: str) -> None:
