@@ -199,13 +199,10 @@ class Supervisor:
         now = time.monotonic()
         process = child.process
         if process is not None and process.poll() is None:
-            ready_file = child.spec.ready_file
-            if not child.ready and ready_file is not None and ready_file.exists():
-                child.ready = True
-                child.backoff.reset()
-                return True
-            return False
+            return self._saw_ready(child)
         if process is not None:
+            # a child may say it is ready and die before a look saw it (a loaded machine)
+            self._saw_ready(child)
             self._on_exit(child, process.returncode, now)
             return True
         if now >= child.next_start_at:
@@ -213,6 +210,17 @@ class Supervisor:
             self._start(child)
             return True
         return False
+
+    @staticmethod
+    def _saw_ready(child: Child) -> bool:
+        """Whether ``child`` has just said it is ready (its ready file exists): its back-off
+        resets."""
+        ready_file = child.spec.ready_file
+        if child.ready or ready_file is None or not ready_file.exists():
+            return False
+        child.ready = True
+        child.backoff.reset()
+        return True
 
     def _on_exit(self, child: Child, code: int, now: float) -> None:
         child.process = None

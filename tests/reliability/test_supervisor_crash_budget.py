@@ -30,6 +30,10 @@ READY_THEN_DIE = (
     "import os, pathlib, time, sys; pathlib.Path(os.environ['COEVOLVE_READY_FILE']).touch(); "
     "time.sleep(0.3); sys.exit(1)"
 )
+# says it is ready and exits at once, before a supervisor's look can see it running
+READY_THEN_EXIT = (
+    "import os, pathlib, sys; pathlib.Path(os.environ['COEVOLVE_READY_FILE']).touch(); sys.exit(1)"
+)
 HEALTHY = (
     "import os, pathlib, time; pathlib.Path(os.environ['COEVOLVE_READY_FILE']).touch(); "
     "time.sleep(600)"
@@ -154,6 +158,22 @@ def test_a_child_that_dies_during_start_up_keeps_backing_off(tmp_path: Path) -> 
     slow = events.starts("slow")
     assert slow[4] - slow[3] > 0.3 + 0.8
     assert supervisor.held_back() == {}
+
+
+def test_a_child_that_said_it_was_ready_keeps_the_minimum_back_off_however_soon_it_dies(
+    tmp_path: Path,
+) -> None:
+    events = Events()
+    supervisor = Supervisor(
+        [spec(tmp_path, "brief", READY_THEN_EXIT)],
+        min_backoff_s=0.1,
+        max_backoff_s=60.0,
+        max_crashes=100,
+        on_event=events,
+    )
+    with supervising(supervisor):
+        wait_until_sync(lambda: len(backoffs(events, "brief")) >= 4, 120, "four restarts")
+    assert set(backoffs(events, "brief")) == {0.1}
 
 
 def backoffs(events: Events, name: str) -> list[float]:
