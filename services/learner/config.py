@@ -109,7 +109,7 @@ class LearnerServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     # chosen once per run and kept in the run directory
     demo_tasks: int = 64
     # give each large allocation its own mapping, freed at once (``memory.map_large_blocks``):
-    # a step's peak about 2 GB lower in float32, its time 5-45% longer; off by default
+    # a step's peak about 2 GB lower in float32, its time 5-42% longer; off by default
     map_large_blocks: bool = False
 
     def __post_init__(self) -> None:

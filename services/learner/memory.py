@@ -45,7 +45,7 @@ def map_large_blocks() -> bool:
     freed; from then on a step's activation tensors come from the heap, where the holes
     they leave stay resident until the step ends. Measured on one 2,048-token pass in
     float32 (``coevolve bench learner_rss``, docs/engine.md): the peak falls by about 2 GB,
-    and the pass takes 5-45% longer (every large tensor is page-faulted in afresh).
+    and the pass takes 5-42% longer (every large tensor is page-faulted in afresh).
     """
     if _mallopt is None:
         return False
