@@ -43,7 +43,8 @@ def test_a_process_read_while_exiting_keeps_its_part(monkeypatch: pytest.MonkeyP
     child = subprocess.Popen([sys.executable, "-c", busy, "serve", "rollout"])
     ledger = CpuLedger()
     try:
-        ledger.sample(child.pid)
+        while "rollout" not in ledger.totals() and child.poll() is None:  # read after its exec
+            ledger.sample(child.pid)
         time.sleep(0.5)
         monkeypatch.setattr(psutil.Process, "cmdline", lambda self: [])
         ledger.sample(child.pid)
