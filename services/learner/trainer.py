@@ -663,6 +663,26 @@ class GrpoLearner:
     # ------------------------------------------------------------------ outputs
 
     def log_metrics(self, metrics: StepMetrics) -> None:
+        if metrics.trained:
+            self._log_step(metrics)
+        else:  # the step count and version stay: no "step" line for a batch without one
+            log.info(
+                "no update at v%d: %d groups (%d uniform, %d stale), %d malformed, %d refused",
+                metrics.version,
+                metrics.groups + metrics.dropped_stale,
+                metrics.uniform_groups,
+                metrics.dropped_stale,
+                metrics.malformed,
+                metrics.refused_truncated,
+            )
+        if self.writer is None:
+            return
+        for name, value in metrics.scalars().items():
+            self.writer.add_scalar(f"learner/{name}", value, metrics.step)
+        self.writer.flush()
+
+    @staticmethod
+    def _log_step(metrics: StepMetrics) -> None:
         log.info(
             "step %d v%d reward %.3f kl %.4f clip %.3f behaviour weight %.3f (max %.3g, "
             "capped %.3f) tokens/s %.0f dropped %d refused %d+%d peak resident %.1f GB",
@@ -680,11 +700,6 @@ class GrpoLearner:
             metrics.refused_truncated,
             metrics.peak_rss_gb,
         )
-        if self.writer is None:
-            return
-        for name, value in metrics.scalars().items():
-            self.writer.add_scalar(f"learner/{name}", value, metrics.step)
-        self.writer.flush()
 
     def export_weights(self) -> bytes:
         """The current trainable weights as safetensors bytes, for the rollout workers."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,7 @@ def reference_logprob_sums(policy: LoadedPolicy, group: RolloutGroup) -> list[fl
 
 
 def test_stale_uniform_and_malformed_groups_are_counted(
-    policy: LoadedPolicy, make_group: GroupFactory
+    policy: LoadedPolicy, make_group: GroupFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     learner = GrpoLearner(policy, config(max_staleness=1))
     learner.version = 5
@@ -138,10 +139,16 @@ def test_stale_uniform_and_malformed_groups_are_counted(
     assert metrics.staleness_mean == pytest.approx(1 / 4)
     assert metrics.version == 6
 
-    nothing = learner.step([stale, uniform])
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="coevolve.services.learner.trainer"):
+        nothing = learner.step([stale, uniform])
     assert not nothing.trained
     assert nothing.dropped_stale == 1 and nothing.uniform_groups == 1
     assert learner.version == 6 and learner.step_count == 1
+    # its log line says no update was made instead of repeating step 1's number
+    assert [r.getMessage() for r in caplog.records] == [
+        "no update at v6: 2 groups (1 uniform, 1 stale), 0 malformed, 0 refused"
+    ]
 
 
 def sampled_completion(group: RolloutGroup, index: int) -> list[int]:
