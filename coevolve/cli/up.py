@@ -19,6 +19,7 @@ from coevolve.cli.options import ConfigOption, RunDirOption, settings_from
 from coevolve.schedules.synthesis import DEFAULT_MAX_SIGNALS
 from coevolve.shared.config import NATS_CREDENTIALS_DIR, REPLICAS_ENV, Settings
 from coevolve.shared.llm.server import LLMServerError, start_for_run
+from coevolve.shared.runtime.actor import STOP_AFTER_DRAIN_S
 from coevolve.shared.runtime.bus import BusError, declare_streams
 from coevolve.shared.runtime.credentials import (
     CREDENTIALS_DIR_ENV,
@@ -33,7 +34,8 @@ from coevolve.shared.runtime.supervisor import ChildSpec, Supervisor, read_state
 UP_FILE = "up.json"
 # the supervisor's view of every service (state, exits, held back and why): `status` reads it
 SUPERVISOR_FILE = "supervisor.json"
-STOP_MARGIN_S = 4.0
+# past a service's drain: its own limits after the drain, and a second for signals and exit
+STOP_MARGIN_S = STOP_AFTER_DRAIN_S + 1.0
 
 
 def parse_scale(values: list[str]) -> dict[str, int]:
@@ -203,7 +205,7 @@ def up(
         crash_window_s=crash_window_s,
         state_path=run / SUPERVISOR_FILE,
         # a service drains for drain_timeout_s, then tears down, closes its connection and
-        # exits (about 3 s more); a kill is for one that hangs past all of that
+        # exits, each bounded (STOP_AFTER_DRAIN_S); a kill is for one that hangs past all that
         stop_timeout_s=settings.runtime.drain_timeout_s + STOP_MARGIN_S,
         on_event=(lambda line: typer.echo(f"[up] {line}", err=True))
         if quiet

@@ -22,6 +22,7 @@ per service) and its background loops. ``ActorRunner`` does the rest:
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -68,6 +69,13 @@ from coevolve.shared.runtime.supervisor import mark_ready
 from coevolve.shared.runtime.telemetry import extract, make_tracer_provider
 
 log = logging.getLogger(__name__)
+
+# After its drain a service tears down, closes its connection and exits, each within a limit;
+# ``up`` waits for the sum (STOP_AFTER_DRAIN_S) before it kills one.
+TEARDOWN_LIMIT_S = 1.5
+BUS_CLOSE_LIMIT_S = 1.5
+EXIT_GRACE_S = 3.0  # from "stopped" to the process's end (``end_process_after``)
+STOP_AFTER_DRAIN_S = TEARDOWN_LIMIT_S + BUS_CLOSE_LIMIT_S + EXIT_GRACE_S
 
 M = TypeVar("M", bound=Message)
 
@@ -253,11 +261,11 @@ class ActorRunner:
                     if self.stats.in_flight:
                         await self._drained.wait()
                 tg.cancel_scope.cancel()
-            with anyio.move_on_after(1.5, shield=True):
+            with anyio.move_on_after(TEARDOWN_LIMIT_S, shield=True):
                 await self.actor.teardown()
                 await kv.delete(self._heartbeat_key())
         finally:
-            with anyio.move_on_after(1.5, shield=True):
+            with anyio.move_on_after(BUS_CLOSE_LIMIT_S, shield=True):
                 await bus.close(timeout=1.0)
             self._provider.shutdown()
             log.info("%s %s stopped", name, self.instance)
@@ -535,8 +543,28 @@ def run_actor(actor: Actor) -> None:
         level=os.environ.get("COEVOLVE_LOG_LEVEL", "INFO"),
         format=f"%(asctime)s {actor.name} %(levelname)s %(name)s: %(message)s",
     )
-    anyio.run(ActorRunner(actor).run)
+    runner = ActorRunner(actor)
+
+    async def serve() -> None:
+        try:
+            await runner.run()
+        finally:
+            end_process_after(EXIT_GRACE_S)
+
+    anyio.run(serve)
     exit_past_abandoned_work()
+
+
+def end_process_after(grace_s: float) -> None:
+    """Past ``grace_s`` from now, write every thread's stack to stderr and end the process.
+
+    What runs after the actor stopped (the event loop's close, which in Python 3.11 waits
+    for its default executor without a limit; the interpreter's finalization) must not
+    outlast the time ``up`` gives a stop: a stack in the service's log says what held it,
+    where a kill says nothing. faulthandler's timer is a C thread, so it fires even while
+    a native call holds the GIL; it exits with status 1.
+    """
+    faulthandler.dump_traceback_later(grace_s, exit=True, file=sys.stderr)
 
 
 def exit_past_abandoned_work(grace_s: float = 0.5) -> None:

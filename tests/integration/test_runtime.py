@@ -24,7 +24,13 @@ from coevolve.shared.messages import (
     decode,
     derived_id,
 )
-from coevolve.shared.runtime.actor import Actor, ActorRunner, Consumer, Delivery
+from coevolve.shared.runtime.actor import (
+    STOP_AFTER_DRAIN_S,
+    Actor,
+    ActorRunner,
+    Consumer,
+    Delivery,
+)
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import (
     ABSTRACTOR_CONSUMER,
@@ -35,7 +41,7 @@ from coevolve.shared.runtime.subjects import (
     dead_letter_subject,
 )
 from coevolve.shared.runtime.telemetry import read_spans
-from tests.integration.probe import PROBE_CONSUMER, ProbeActor
+from tests.integration.probe import PROBE_CONSUMER, Blocking, ProbeActor
 from tests.support.wait import wait_until, wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +63,7 @@ def record_lines(path: Path) -> list[str]:
 
 
 def start_probe(
-    settings: Settings, record: Path, sleep_s: float, *, blocking: bool = False
+    settings: Settings, record: Path, sleep_s: float, *, blocking: Blocking = ""
 ) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
@@ -65,7 +71,7 @@ def start_probe(
         "COEVOLVE_RUN_DIR": str(settings.run_dir),
         "PROBE_RECORD": str(record),
         "PROBE_SLEEP_S": str(sleep_s),
-        "PROBE_BLOCKING": "1" if blocking else "0",
+        "PROBE_BLOCKING": blocking,
     }
     # its log (stderr) next to the record, for tests that read how it stopped
     with record.with_suffix(".log").open("ab") as log:
@@ -264,7 +270,7 @@ def test_sigterm_exits_within_the_drain_past_a_thread_still_busy(
         await bus.publish(CANDIDATES, candidate("busy"))
         await bus.close()
 
-    probe = start_probe(settings, record, sleep_s=120, blocking=True)
+    probe = start_probe(settings, record, sleep_s=120, blocking="worker")
     try:
         anyio.run(publish)
         wait_until_sync(lambda: "start cand-busy 1" in record_lines(record), 60, "busy taken")
@@ -272,6 +278,36 @@ def test_sigterm_exits_within_the_drain_past_a_thread_still_busy(
         assert probe.wait(90) == 0  # well before the 120 s of blocked work would end
         assert "done cand-busy" not in record_lines(record)
         assert "abandoned work" in record.with_suffix(".log").read_text()
+    finally:
+        if probe.poll() is None:
+            probe.kill()
+            probe.wait()
+
+
+def test_an_exit_held_after_stopping_ends_with_every_stack_in_the_log(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The event loop's close waits for its default executor (Python 3.11, no limit): a
+    thread busy there must not hold the process past the time ``up`` gives a stop."""
+    record = tmp_path / "record.txt"
+
+    async def publish() -> None:
+        bus = await connect(settings)
+        await bus.publish(CANDIDATES, candidate("held"))
+        await bus.close()
+
+    probe = start_probe(settings, record, sleep_s=120, blocking="executor")
+    try:
+        anyio.run(publish)
+        wait_until_sync(lambda: "start cand-held 1" in record_lines(record), 60, "held taken")
+        probe.send_signal(signal.SIGTERM)
+        # within the drain and the limits after it, as up allows, plus a start-up's slack
+        assert probe.wait(settings.runtime.drain_timeout_s + STOP_AFTER_DRAIN_S + 5) == 1
+        log = record.with_suffix(".log").read_text()
+        stopped_at = log.index("stopped")
+        assert "most recent call first" in log[stopped_at:]
+        # the stacks name what held it: the loop's close joining its default executor
+        assert "in _do_shutdown" in log[stopped_at:], log[stopped_at:]
     finally:
         if probe.poll() is None:
             probe.kill()
