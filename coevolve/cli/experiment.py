@@ -97,10 +97,19 @@ def ablation(
             show_default=False,
         ),
     ] = None,
+    max_runs: Annotated[
+        int | None,
+        typer.Option(
+            help="Run at most this many of the pending arm x seed runs, in order, then "
+            "stop: a job with a time limit takes one run at a time.",
+            min=1,
+            show_default=False,
+        ),
+    ] = None,
     config: BaseConfigOption = None,
     base_run_dir: BaseRunDirOption = Path("runs/default"),
 ) -> None:
-    """Run every arm x seed not finished yet, then write the report.
+    """Run every arm x seed not finished yet (or the first --max-runs), then write the report.
 
     One warm start (a first `coevolve up` until policy v1 exists, or the one already in
     RESULTS) is adopted by every arm's learner, its sha256 checked. Each arm x seed is a
@@ -125,7 +134,7 @@ def ablation(
     )
     results = results or out / "results"
     try:
-        run_experiment(spec, out, results, base_run_dir, log=typer.echo)
+        run_experiment(spec, out, results, base_run_dir, log=typer.echo, max_runs=max_runs)
     except ResultsMismatchError as exc:
         raise typer.BadParameter(str(exc), param_hint="--results") from exc
     typer.echo(str(render_experiment_report(results)))

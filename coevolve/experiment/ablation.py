@@ -140,11 +140,15 @@ def result_path(results: Path, arm: str, seed: int) -> Path:
     return results / f"{arm}-s{seed}.json"
 
 
-def pending(spec: ExperimentSpec, results: Path) -> list[tuple[str, int]]:
-    """The arm x seed pairs without a result file yet (finished ones are skipped)."""
-    return [
+def pending(
+    spec: ExperimentSpec, results: Path, max_runs: int | None = None
+) -> list[tuple[str, int]]:
+    """The arm x seed pairs without a result file yet (finished ones are skipped), in the
+    plan's order; the first ``max_runs`` of them when given."""
+    todo = [
         (arm, seed) for arm, seed in spec.plan() if not result_path(results, arm, seed).exists()
     ]
+    return todo[:max_runs]
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -646,9 +650,10 @@ def run_experiment(
     results: Path,
     base_run_dir: Path,
     log: Callable[[str], None] = print,
+    max_runs: int | None = None,
 ) -> list[tuple[str, int]]:
     """The warm start (committed, or made once), v1's scores once, then every pending arm
-    x seed; returns those run."""
+    x seed (the first ``max_runs`` of them, when given); returns those run."""
     # absolute: the run directory in every command line is what finds leftover processes
     out, results = out.resolve(), results.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -661,10 +666,11 @@ def run_experiment(
                     f"{results} holds an experiment with {key} = {old.get(key)}"
                 )
     write_json(spec_file, asdict(spec))
-    todo = pending(spec, results)
+    todo = pending(spec, results, max_runs)
     if not todo:
         log("[experiment] every arm x seed is finished")
         return []
+    log(f"[experiment] running {', '.join(f'{arm} s{seed}' for arm, seed in todo)}")
     config = Path(spec.base_config) if spec.base_config else None
     warm = ensure_warm_start(out, results, base_run_dir, log, config)
     if not (results / WARM_EVAL_FILE).exists():

@@ -195,6 +195,9 @@ def test_finished_arms_are_skipped(tmp_path: Path) -> None:
     write_result(tmp_path, "none", 1, {"t1": 1.0})
 
     assert pending(spec, tmp_path) == [("random", 0), ("none", 0), ("coevolve", 1), ("random", 1)]
+    # a job that takes one run at a time (--max-runs 1) takes the next in the plan
+    assert pending(spec, tmp_path, max_runs=1) == [("random", 0)]
+    assert pending(spec, tmp_path, max_runs=9) == pending(spec, tmp_path)
 
 
 def test_a_finished_experiment_starts_nothing(tmp_path: Path) -> None:
