@@ -6,7 +6,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -259,29 +260,38 @@ def test_sigterm_drains_in_flight_work_and_exits_zero(settings: Settings, tmp_pa
             probe.wait()
 
 
+@contextmanager
+def probe_stopped_mid_work(
+    settings: Settings, record: Path, name: str, blocking: Blocking
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A probe sent SIGTERM while its handler blocks a thread for 120 s (``blocking``)."""
+
+    async def publish() -> None:
+        bus = await connect(settings)
+        await bus.publish(CANDIDATES, candidate(name))
+        await bus.close()
+
+    probe = start_probe(settings, record, sleep_s=120, blocking=blocking)
+    try:
+        anyio.run(publish)
+        wait_until_sync(lambda: f"start cand-{name} 1" in record_lines(record), 60, f"{name} taken")
+        probe.send_signal(signal.SIGTERM)
+        yield probe
+    finally:
+        if probe.poll() is None:
+            probe.kill()
+            probe.wait()
+
+
 def test_sigterm_exits_within_the_drain_past_a_thread_still_busy(
     settings: Settings, tmp_path: Path
 ) -> None:
     """Work blocking a worker thread (a training step) does not hold the exit."""
     record = tmp_path / "record.txt"
-
-    async def publish() -> None:
-        bus = await connect(settings)
-        await bus.publish(CANDIDATES, candidate("busy"))
-        await bus.close()
-
-    probe = start_probe(settings, record, sleep_s=120, blocking="worker")
-    try:
-        anyio.run(publish)
-        wait_until_sync(lambda: "start cand-busy 1" in record_lines(record), 60, "busy taken")
-        probe.send_signal(signal.SIGTERM)
+    with probe_stopped_mid_work(settings, record, "busy", "worker") as probe:
         assert probe.wait(90) == 0  # well before the 120 s of blocked work would end
         assert "done cand-busy" not in record_lines(record)
         assert "abandoned work" in record.with_suffix(".log").read_text()
-    finally:
-        if probe.poll() is None:
-            probe.kill()
-            probe.wait()
 
 
 def test_an_exit_held_after_stopping_ends_with_every_stack_in_the_log(
@@ -290,17 +300,7 @@ def test_an_exit_held_after_stopping_ends_with_every_stack_in_the_log(
     """The event loop's close waits for its default executor (Python 3.11, no limit): a
     thread busy there must not hold the process past the time ``up`` gives a stop."""
     record = tmp_path / "record.txt"
-
-    async def publish() -> None:
-        bus = await connect(settings)
-        await bus.publish(CANDIDATES, candidate("held"))
-        await bus.close()
-
-    probe = start_probe(settings, record, sleep_s=120, blocking="executor")
-    try:
-        anyio.run(publish)
-        wait_until_sync(lambda: "start cand-held 1" in record_lines(record), 60, "held taken")
-        probe.send_signal(signal.SIGTERM)
+    with probe_stopped_mid_work(settings, record, "held", "executor") as probe:
         # within the drain and the limits after it, as up allows, plus a start-up's slack
         assert probe.wait(settings.runtime.drain_timeout_s + STOP_AFTER_DRAIN_S + 5) == 1
         log = record.with_suffix(".log").read_text()
@@ -308,10 +308,6 @@ def test_an_exit_held_after_stopping_ends_with_every_stack_in_the_log(
         assert "most recent call first" in log[stopped_at:]
         # the stacks name what held it: the loop's close joining its default executor
         assert "in _do_shutdown" in log[stopped_at:], log[stopped_at:]
-    finally:
-        if probe.poll() is None:
-            probe.kill()
-            probe.wait()
 
 
 def test_sigterm_naks_work_that_outlives_the_drain(settings: Settings, tmp_path: Path) -> None:
