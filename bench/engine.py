@@ -9,7 +9,8 @@ then in one process, alternating engines per task:
   (sampling at temperature 1, the rollout's 128-token budget and call stop);
   ``group_s`` is the mean wall time of a group, ``tokens_per_s`` sampled tokens / time;
 - eval: the same held-out (eval split) turns played greedily as ``coevolve eval`` plays
-  them, at each engine's eval batch size; ``eval_s_per_task``;
+  them, at each engine's eval batch size and llama.cpp's eval KV layout;
+  ``eval_s_per_task``;
 - agreement: the llama.cpp groups' behaviour log-probs against the torch policy's
   recomputation of the same tokens (what the learner does), ``logprob_abs_diff_mean``,
   and the share of tokens whose ratio ``pi_learner / pi_behaviour`` exceeds the learner's
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 
 from coevolve.bench import tables
+from coevolve.cli.eval_cmd import EVAL_BATCH_SIZE, EVAL_KV_LAYOUT
 from coevolve.services.learner.config import LearnerConfig
 from coevolve.shared.config import EngineKind
 from coevolve.shared.envs import make_environment
@@ -46,7 +48,6 @@ from coevolve.shared.toolcalls import CLOSE_TAG
 
 SUITE = "bfcl-turns-base"
 ENGINES: tuple[EngineKind, ...] = ("llama_cpp", "transformers")
-EVAL_BATCH = {"llama_cpp": 8, "transformers": 1}
 
 
 def pick(tasks: list[Task], count: int, seed: int) -> list[Task]:
@@ -105,6 +106,13 @@ def run(quick: bool, run_dir: Path | None = None) -> dict[str, Any]:
     engines = {
         kind: engine_for_policy(kind, policy, run_dir=run_dir, threads=threads) for kind in ENGINES
     }
+    # eval's llama.cpp engine has its own KV layout, as in `coevolve eval`
+    eval_engines = {
+        **engines,
+        "llama_cpp": engine_for_policy(
+            "llama_cpp", policy, run_dir=run_dir, threads=threads, kv_layout=EVAL_KV_LAYOUT
+        ),
+    }
     sampling = SamplingParams(max_new_tokens=128, temperature=1.0, stop=(CLOSE_TAG,))
     greedy = SamplingParams(max_new_tokens=128, temperature=0.0, seed=0, stop=(CLOSE_TAG,))
     group_tasks = pick(suite_tasks(SUITE, "train"), groups, seed=1)
@@ -136,14 +144,16 @@ def run(quick: bool, run_dir: Path | None = None) -> dict[str, Any]:
     eval_s: dict[str, float] = {}
     eval_success: dict[str, float] = {}
     for kind in ENGINES:
-        player = policy_player(engines[kind], lambda: make_environment("bfcl"), greedy, eval_steps)
+        player = policy_player(
+            eval_engines[kind], lambda: make_environment("bfcl"), greedy, eval_steps
+        )
         report = run_suite(
             eval_tasks,
             player,
             suite=SUITE,
             split="eval",
             policy=kind,
-            batch_size=EVAL_BATCH[kind],
+            batch_size=EVAL_BATCH_SIZE[kind],
             progress=False,
         )
         eval_s[kind] = report.total_seconds / len(eval_tasks)

@@ -17,6 +17,7 @@ BENCHMARKS = {
     "pool": "pool-store: p50/p99 of sampling 64 tasks from 1,000,000",
     "rollout": "rollout path tokens/s vs raw batched generate, same model and batch",
     "engine": "llama.cpp vs transformers engine: group s, tokens/s, eval s/task, log-prob gap",
+    "kv_layout": "llama.cpp KV layout x flash attention: CPU ms/token of groups and eval",
     "learning": "held-out success: base, after warm start, after N GRPO steps",
     "schedule": "learner steps per hour, async vs lockstep",
     "memory": "one SFT step on a BFCL example: activations stored vs checkpointed",

@@ -46,6 +46,7 @@ from coevolve.shared.toolcalls import CLOSE_TAG
 
 if TYPE_CHECKING:
     from coevolve.shared.policy import LoadedPolicy
+    from coevolve.shared.policy.llama_engine import KvLayout
 
 SPLITS = ("all", "eval", "train")
 # The rollout's budget (rollout.max_steps_per_turn, rollout.max_new_tokens): the eval asks
@@ -59,6 +60,9 @@ EVAL_STOP = (CLOSE_TAG,)  # rollout.stop: one call a message
 # tasks re-prefills every prompt at every step (measured: ~9 min per step for 8 entries).
 EVAL_BATCH_SIZE = {"llama_cpp": 8, "transformers": 1, "vllm": 8}
 EVAL_ENGINE: EngineKind = "llama_cpp"
+# A batch's tasks share little: in llama.cpp's own cache per sequence, each attends only
+# to its own history, not to every task's (a batch of 8 prefilled about twice as fast).
+EVAL_KV_LAYOUT: KvLayout = "per_sequence"
 # Where `--policy VERSION` looks for that version's exported weights (export_weights bytes).
 VERSION_WEIGHT_PATTERNS = ("policies/v{version}.safetensors", "policies/{version}.safetensors")
 
@@ -189,7 +193,9 @@ def build_player(
     from coevolve.shared.policy.factory import engine_for_policy
 
     loaded = load_policy_choice(choice, model, run_dir)
-    engine = engine_for_policy(options.engine_kind, loaded, run_dir=run_dir)
+    engine = engine_for_policy(
+        options.engine_kind, loaded, run_dir=run_dir, kv_layout=EVAL_KV_LAYOUT
+    )
     batch_size = options.batch_size or EVAL_BATCH_SIZE[options.engine_kind]
     params = SamplingParams(
         max_new_tokens=options.max_new_tokens, temperature=0.0, seed=0, stop=EVAL_STOP

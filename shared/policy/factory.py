@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from coevolve.shared.config import ENGINE_KINDS, EngineKind
 
 if TYPE_CHECKING:
+    from coevolve.shared.policy.llama_engine import KvLayout
     from coevolve.shared.policy.loading import LoadedPolicy
 
 
@@ -31,6 +32,8 @@ def llama_cpp_engine(
     threads: int | None = None,
     sequences: int = 8,
     tokenizer: Any = None,
+    kv_layout: KvLayout = "unified",
+    flash_attention: bool = False,
 ) -> Any:
     """A llama.cpp engine on the float base the learner trains (bf16 where the CPU has it)."""
     import torch
@@ -48,6 +51,8 @@ def llama_cpp_engine(
         lora_alpha_per_rank=lora.alpha / lora.rank,
         threads=threads or torch.get_num_threads(),
         sequences=sequences,
+        kv_layout=kv_layout,
+        flash_attention=flash_attention,
     )
 
 
@@ -76,8 +81,12 @@ def engine_for_policy(
     run_dir: Path,
     threads: int | None = None,
     sequences: int = 8,
+    kv_layout: KvLayout = "unified",
+    flash_attention: bool = False,
 ) -> Any:
-    """An engine of ``kind`` sampling what ``policy`` holds now (its adapters included)."""
+    """An engine of ``kind`` sampling what ``policy`` holds now (its adapters included);
+    ``kv_layout`` and ``flash_attention`` are llama.cpp's (``per_sequence`` for batches of
+    unrelated prompts)."""
     from coevolve.shared.policy.engine import TransformersEngine, VllmEngine
     from coevolve.shared.policy.loading import PolicyLoadError
     from coevolve.shared.policy.weights import export_weights, weights_kind
@@ -94,6 +103,8 @@ def engine_for_policy(
         threads=threads,
         sequences=sequences,
         tokenizer=policy.tokenizer,
+        kv_layout=kv_layout,
+        flash_attention=flash_attention,
     )
     if policy.finetune == "lora" and weights_kind(policy.model) == "lora":
         engine.load_weights(export_weights(policy.model), 1)

@@ -1,10 +1,16 @@
 """The llama.cpp engine (CPU): batched sampling with hot-swapped LoRA adapters.
 
-One model and one context hold up to ``sequences`` KV sequences in a unified cache. A
-call's prompts each take the sequence whose cached tokens share the longest prefix with
-it (an episode's next step finds its own history and prefills only the new tokens); a
-prefix every prompt shares is prefilled once and copied to the other sequences (cells
-are shared, not duplicated). All sequences then decode in one batch per token.
+One model and one context hold up to ``sequences`` KV sequences. A call's prompts each
+take the sequence whose cached tokens share the longest prefix with it (an episode's next
+step finds its own history and prefills only the new tokens); a prefix every prompt
+shares is prefilled once and copied to the other sequences. All sequences then decode in
+one batch per token.
+
+The KV layout suits the calls: ``unified`` (rollout's groups) keeps every sequence in one
+cache, so a copied prefix shares its cells, but each token attends over every sequence's
+cells (masked); ``per_sequence`` (eval's batches of unrelated tasks) gives each sequence
+its own cache, so attention covers only its own history and a copied prefix is
+duplicated.
 
 Sampling, behaviour log-probs and entropies come from each sequence's logits exactly as
 in ``TransformersEngine`` (``log_softmax(logits / temperature)``), so the learner's
@@ -22,7 +28,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
@@ -40,6 +46,11 @@ from coevolve.shared.policy.engine import (
     token_budget,
 )
 from coevolve.shared.policy.gguf_files import llama_library, write_lora_gguf
+
+KvLayout = Literal["unified", "per_sequence"]
+KV_LAYOUTS: tuple[KvLayout, ...] = ("unified", "per_sequence")
+UNIFIED_CONTEXT_TOKENS = 16384
+PER_SEQUENCE_CONTEXT_TOKENS = 4096
 
 
 class LlamaCppError(RuntimeError):
@@ -69,11 +80,23 @@ class LlamaCppEngine:
         lora_alpha_per_rank: float = 2.0,
         threads: int = 1,
         sequences: int = 8,
-        context_tokens: int = 16384,
+        kv_layout: KvLayout = "unified",
+        flash_attention: bool = False,
+        context_tokens: int | None = None,
         batch_tokens: int = 512,
         min_shared_prefix: int = 32,
         adapter_dir: Path | None = None,
     ) -> None:
+        """``context_tokens``: the KV cells of all sequences together (by default 16,384
+        unified, or 4,096 per sequence)."""
+        if kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"unknown KV layout {kv_layout!r}; choose from {KV_LAYOUTS}")
+        if context_tokens is None:
+            context_tokens = (
+                UNIFIED_CONTEXT_TOKENS
+                if kv_layout == "unified"
+                else PER_SEQUENCE_CONTEXT_TOKENS * sequences
+            )
         lib = llama_library()
         self._lib = lib
         self.policy_version = 0
@@ -82,6 +105,7 @@ class LlamaCppEngine:
         self.sequences = sequences
         self.min_shared_prefix = max(1, min_shared_prefix)
         self._batch_tokens = batch_tokens
+        self.kv_layout = kv_layout
         self._stop_ids = stop_token_ids(tokenizer)
         self._interrupt = threading.Event()
         self._adapter: Any = None
@@ -97,7 +121,8 @@ class LlamaCppEngine:
         self._n_vocab = int(lib.llama_vocab_n_tokens(vocab))
         self._n_head = int(lib.llama_model_n_head(self._model))
         self._n_head_kv = int(lib.llama_model_n_head_kv(self._model))
-        self._max_context = min(int(lib.llama_model_n_ctx_train(self._model)), context_tokens)
+        sequence_tokens = context_tokens if kv_layout == "unified" else context_tokens // sequences
+        self._max_context = min(int(lib.llama_model_n_ctx_train(self._model)), sequence_tokens)
 
         context_params = lib.llama_context_default_params()
         context_params.n_ctx = context_tokens
@@ -106,7 +131,13 @@ class LlamaCppEngine:
         context_params.n_seq_max = sequences
         context_params.n_threads = threads
         context_params.n_threads_batch = threads
-        context_params.kv_unified = True
+        context_params.kv_unified = kv_layout == "unified"
+        # off by default: on CPU it decoded groups slower (`coevolve bench kv_layout`)
+        context_params.flash_attn_type = (
+            lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if flash_attention
+            else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
         context_params.no_perf = True
         self._ctx = lib.llama_init_from_model(self._model, context_params)
         if not self._ctx:
@@ -244,11 +275,20 @@ class LlamaCppEngine:
             cached[leader] = shared
         for row, slot in enumerate(slots):
             if row != leader and cached[row] < shared:
-                self._lib.llama_memory_seq_rm(self._memory, slot.seq, -1, -1)
-                self._lib.llama_memory_seq_cp(self._memory, slots[leader].seq, slot.seq, 0, shared)
+                self._copy_prefix(slots[leader], slot, shared)
                 slot.tokens = list(prompts[row][:shared])
                 cached[row] = shared
         self.stats.prefix_prefilled_tokens += shared
+
+    def _copy_prefix(self, source: _Slot, target: _Slot, tokens: int) -> None:
+        lib, memory = self._lib, self._memory
+        lib.llama_memory_seq_rm(memory, target.seq, -1, -1)
+        if self.kv_layout == "unified":
+            lib.llama_memory_seq_cp(memory, source.seq, target.seq, 0, tokens)
+        else:
+            # llama.cpp copies between separate caches only whole: copy, then cut the tail
+            lib.llama_memory_seq_cp(memory, source.seq, target.seq, -1, -1)
+            lib.llama_memory_seq_rm(memory, target.seq, tokens, -1)
 
     def _prefill(
         self, pending: dict[int, list[int]], slots: list[_Slot], *, want_logits: bool

@@ -125,6 +125,40 @@ def test_a_group_shares_its_prompt_and_each_row_matches_a_lone_run(
         assert row.completion_ids == alone.completion_ids
 
 
+def test_the_per_sequence_layout_decodes_as_the_unified_one(
+    adapted: LoadedPolicy, llama: LlamaCppEngine, cache_dir: Path
+) -> None:
+    separate = engine_for_policy(
+        "llama_cpp", adapted, run_dir=cache_dir, threads=1, sequences=4, kv_layout="per_sequence"
+    )
+    assert separate.max_context == 4096
+    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
+    distinct = [prompt(adapted, q) for q in ("Name a river.", "What is a tool call?")]
+    question = prompt(adapted, "Describe a calendar API in one sentence.")
+    try:
+        llama.clear_cache()
+        unified = llama.generate(distinct, greedy)
+        prefilled_before = separate.stats.prefix_prefilled_tokens
+        group = separate.generate([question] * 3, greedy)
+        # the shared prefix is prefilled once and copied into the other sequences' caches
+        assert separate.stats.prefix_prefilled_tokens - prefilled_before == len(question) - 1
+        separate_distinct = separate.generate(distinct, greedy)
+    finally:
+        separate.close()
+    llama.clear_cache()
+    alone = llama.generate([question], greedy)[0]
+    for row in group:
+        assert row.completion_ids == alone.completion_ids
+    for ours, theirs in zip(separate_distinct, unified, strict=True):
+        assert ours.completion_ids == theirs.completion_ids
+        assert mean_gap(adapted, ours) < LOGPROB_MEAN_BOUND
+
+
+def test_an_unknown_kv_layout_is_refused(adapted: LoadedPolicy, cache_dir: Path) -> None:
+    with pytest.raises(ValueError, match="KV layout"):
+        engine_for_policy("llama_cpp", adapted, run_dir=cache_dir, kv_layout="paged")  # type: ignore[arg-type]
+
+
 def test_more_prompts_than_sequences_run_in_chunks(adapted: LoadedPolicy, cache_dir: Path) -> None:
     engine = engine_for_policy("llama_cpp", adapted, run_dir=cache_dir, threads=1, sequences=2)
     questions = [prompt(adapted, f"Count to {n}.") for n in range(3, 8)]
