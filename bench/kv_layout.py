@@ -11,9 +11,9 @@ attention off or on. In one process, alternating engines per task, each plays:
 
 The measure is the process's CPU time per generated token (``time.process_time``, every
 thread of the process): one engine runs at a time, and CPU time stays comparable when
-other work shares the cores, where wall time would not. ``speedup`` compares each
-workload's fastest setting with the default's (rollout: unified, flash attention off;
-eval: per_sequence, off).
+other work shares the cores, where wall time would not. ``best_over_default`` divides
+each workload's default's CPU per token (rollout: unified, flash attention off; eval:
+per_sequence, off) by its fastest setting's.
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ from coevolve.shared.episodes import run_group
 from coevolve.shared.evaluation import policy_player, run_suite
 from coevolve.shared.policy import SamplingParams, load_policy
 from coevolve.shared.policy.factory import engine_for_policy
+from coevolve.shared.policy.llama_engine import KvLayout
 from coevolve.shared.toolcalls import CLOSE_TAG
 
 SUITE = "bfcl-turns-base"
-SETTINGS: tuple[tuple[str, bool], ...] = (
+SETTINGS: tuple[tuple[KvLayout, bool], ...] = (
     ("unified", False),
     ("unified", True),
     ("per_sequence", False),
@@ -68,7 +69,7 @@ def run(quick: bool, run_dir: Path | None = None) -> dict[str, Any]:
             policy,
             run_dir=run_dir,
             threads=threads,
-            kv_layout=layout,  # type: ignore[arg-type]
+            kv_layout=layout,
             flash_attention=flash,
         )
         for layout, flash in SETTINGS
