@@ -97,20 +97,16 @@ async def watch_signals(
     count = 0
     try:
         subscription = await bus.nc.subscribe(subject)
-        deadline = None if seconds is None else time.monotonic() + seconds
-        while deadline is None or time.monotonic() < deadline:
-            wait = 1.0 if deadline is None else max(0.01, min(1.0, deadline - time.monotonic()))
-            try:
-                msg = await subscription.next_msg(timeout=wait)
-            except (TimeoutError, nats.errors.TimeoutError):
-                continue
-            try:
-                signal = decode(msg.data, Signal)
-            except DecodeError as exc:
-                typer.echo(f"(undecodable message on {msg.subject}: {exc})", err=True)
-                continue
-            on_signal(signal)
-            count += 1
+        # the iterator, not next_msg(timeout), which can lose a message as it times out
+        with anyio.move_on_after(seconds):
+            async for msg in subscription.messages:
+                try:
+                    signal = decode(msg.data, Signal)
+                except DecodeError as exc:
+                    typer.echo(f"(undecodable message on {msg.subject}: {exc})", err=True)
+                    continue
+                on_signal(signal)
+                count += 1
         await subscription.unsubscribe()
     finally:
         await bus.close(timeout=2)

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
-import nats.errors
 from anyio.abc import TaskStatus
 from nats.aio.subscription import Subscription
 
@@ -266,7 +265,7 @@ async def watch_events(
                 subscriptions = [await bus.nc.subscribe(subject) for subject in WATCHED]
                 await bus.nc.flush(timeout=int(NETWORK_TIMEOUT_S))
             for subscription in subscriptions:
-                tg.start_soon(_pump, subscription, tracker, poll_s)
+                tg.start_soon(_pump, subscription, tracker)
             task_status.started()
             while True:
                 await anyio.sleep(poll_s)
@@ -294,16 +293,9 @@ async def _connect(url: str) -> Bus:
             log.warning("event watcher: %s; retrying", exc)
 
 
-async def _pump(subscription: Subscription, tracker: EventTracker, poll_s: float) -> None:
-    while True:
-        try:
-            msg = await subscription.next_msg(timeout=max(poll_s, 1.0))
-        except (TimeoutError, nats.errors.TimeoutError):
-            continue
-        except nats.errors.Error as exc:  # closed or draining: wait for the reconnect
-            log.debug("event watcher: %s", exc)
-            await anyio.sleep(poll_s)
-            continue
+async def _pump(subscription: Subscription, tracker: EventTracker) -> None:
+    # the iterator, not next_msg(timeout): a message that arrives as next_msg times out is lost
+    async for msg in subscription.messages:
         tracker.on_message(msg.subject, msg.data, (msg.headers or {}).get(MSG_ID_HEADER))
 
 

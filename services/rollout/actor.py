@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
-import nats.errors
 from nats.js.errors import NotFoundError
 
 from coevolve.services.rollout.config import RolloutConfig
@@ -80,11 +79,8 @@ class RolloutActor(Actor):
     async def watch_policy_updates(self) -> None:
         sub = await self.bus.nc.subscribe(POLICY_UPDATES)
         try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=5)
-                except (TimeoutError, nats.errors.TimeoutError):
-                    continue
+            # the iterator, not next_msg(timeout), which can lose a message as it times out
+            async for msg in sub.messages:
                 update = decode(msg.data, PolicyVersion)
                 if self._announced is None or update.version > self._announced.version:
                     self._announced = update

@@ -381,11 +381,11 @@ class ActorRunner:
         self, bus: Bus, responder: Responder, sub: Subscription, tg: anyio.abc.TaskGroup
     ) -> None:
         slots = anyio.Semaphore(responder.concurrency)
-        while not self._stopping.is_set():
-            try:
-                msg = await sub.next_msg(timeout=self.settings.runtime.fetch_timeout_s)
-            except (TimeoutError, nats.errors.TimeoutError):
-                continue
+        # the iterator, not next_msg(timeout), which can lose a message as it times out; the
+        # task is cancelled once the drain ends
+        async for msg in sub.messages:
+            if self._stopping.is_set():
+                return
             await slots.acquire()
             self._enter()
             tg.start_soon(self._handle_request, bus, responder, msg, slots)
