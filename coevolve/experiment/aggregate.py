@@ -149,7 +149,9 @@ def paired_intervals(
             a, b = by_key.get((first, seed, mark)), by_key.get((second, seed, mark))
             if a is None or b is None:
                 continue
-            pairs = [(a.tasks[t][measure], b.tasks[t][measure]) for t in a.tasks.keys() & b.tasks]
+            # sorted: a set's order follows the string hash, which differs between processes
+            shared = sorted(a.tasks.keys() & b.tasks)
+            pairs = [(a.tasks[t][measure], b.tasks[t][measure]) for t in shared]
             found = [x - y for x, y in pairs if x is not None and y is not None]
             if found:
                 differences[seed] = found

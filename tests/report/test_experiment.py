@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +141,36 @@ def test_aggregation_of_result_files(results_dir: Path) -> None:
     assert "0" not in paired_intervals(scores, "coevolve", "random")
     likelihood = paired_intervals(scores, "coevolve", "none", measure=2)["end"]
     assert likelihood.mean == pytest.approx(0.45)
+
+
+PAIRED_INTERVAL_SCRIPT = """
+import sys
+from pathlib import Path
+from coevolve.experiment.aggregate import load_results, mark_scores, paired_intervals
+found = load_results(Path(sys.argv[1]))
+print(paired_intervals(mark_scores(found.kept, found.warm_eval), "coevolve", "random"))
+"""
+
+
+def test_paired_intervals_do_not_depend_on_the_string_hash(tmp_path: Path) -> None:
+    """Task ids are strings, whose set order changes with PYTHONHASHSEED: a report made
+    twice from the same results must not."""
+    results = tmp_path / "results"
+    for arm, step in (("coevolve", 0.37), ("random", 0.61)):
+        write_result(results, arm, 0, {f"t{i}": (i * step) % 1 for i in range(40)})
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", PAIRED_INTERVAL_SCRIPT, str(results)],
+            env={**os.environ, "PYTHONHASHSEED": str(hash_seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        ).stdout
+        for hash_seed in (1, 2, 3)
+    }
+    assert len(outputs) == 1, outputs
+    assert "Interval(" in outputs.pop()
 
 
 def test_experiment_report_renders(results_dir: Path) -> None:
