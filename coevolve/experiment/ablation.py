@@ -72,6 +72,8 @@ WARM_DONE_FILES = ("checkpoints/learner.pt", "policies/v1.safetensors")
 WARM_START_FILE = "warm-start.safetensors"
 WARM_START_RECORD = "warm-start.json"
 WARM_EVAL_FILE = "eval-v1.json"
+# in an arm's directory once its run is over: what the run saw, its evaluation pending
+RUN_RECORD = "run-record.json"
 # the key of an arm's last mark: where it ended (its minutes, or its learner steps)
 END_MARK = "end"
 TICK_S = 10.0
@@ -360,7 +362,7 @@ def ensure_warm_start(
 
 
 def prepare_arm(out: Path, arm: str, seed: int, base_run_dir: Path) -> Path:
-    """A fresh arm directory. An arm interrupted before its result file starts over: its
+    """A fresh arm directory. An arm interrupted before its run was over starts over: its
     run, kept policies and cached scores are removed (a new run's v3 is not the old
     run's v3)."""
     directory = arm_dir(out, arm, seed)
@@ -573,7 +575,66 @@ def run_arm(
     base_run_dir: Path,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """One arm x seed, start to result file."""
+    """One arm x seed, start to result file. Once its run is over, what the run saw is
+    kept in the arm's directory (``RUN_RECORD``), so an arm stopped during its held-out
+    evaluation resumes there instead of running again."""
+    directory = arm_dir(out, arm, seed)
+    record_path = directory / RUN_RECORD
+    if record_path.exists():
+        log(f"[experiment] {arm} seed {seed}: its run is over; evaluating its policies")
+        record = read_json(record_path)
+    else:
+        record = run_arm_until_end(spec, out, results, arm, seed, warm, base_run_dir, log)
+        write_json(record_path, record)
+    result = {key: value for key, value in record.items() if key != "mark_versions"}
+    result["marks"] = []
+    for key, minute, version in record["mark_versions"]:
+        score, error = None, None
+        if version == 1:  # the adopted warm start, scored once for every arm
+            score = read_json(results / WARM_EVAL_FILE)
+            score.pop("warm_start_sha256", None)
+        elif version > 0:
+            log(f"[experiment] {arm} seed {seed}: evaluating v{version} ({key})")
+            weights = directory / "marks" / f"v{version}.safetensors"
+            cache = directory / "eval" / f"v{version}.json"
+            try:
+                score = evaluate(
+                    weights,
+                    directory / "run",
+                    spec.eval_tasks,
+                    cache,
+                    spec.eval_max_steps,
+                    spec.world(),
+                )
+            except (RuntimeError, ValueError, KeyError) as exc:  # recorded, not fatal
+                error = str(exc)
+                log(f"[experiment] {arm} seed {seed}: evaluation of v{version} failed: {exc}")
+        mark: dict[str, Any] = {
+            "mark": key,
+            "minute": minute,
+            "policy_version": version,
+            "eval": score,
+        }
+        if error is not None:
+            mark["eval_error"] = error
+        result["marks"].append(mark)
+    result["summary"] = asdict(summarize_run(load_run(directory / "run")))
+    write_json(result_path(results, arm, seed), result)
+    return result
+
+
+def run_arm_until_end(
+    spec: ExperimentSpec,
+    out: Path,
+    results: Path,
+    arm: str,
+    seed: int,
+    warm: WarmStart,
+    base_run_dir: Path,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """The arm's run, from a fresh directory until its minutes or steps: what it saw, with
+    ``mark_versions`` (mark, minute, policy version) still to be evaluated."""
     directory = arm_dir(out, arm, seed)
     run = prepare_arm(out, arm, seed, base_run_dir)
     settings, scale = arm_settings(arm, seed, spec.base_settings(), warm)
@@ -598,7 +659,7 @@ def run_arm(
         stop_up(process, run)
     marks = [(f"{m:g}", m, v) for m, v in sorted(live.mark_versions.items())]
     marks.append((END_MARK, live.end_minute, live.end_version))
-    result: dict[str, Any] = {
+    return {
         "arm": arm,
         "seed": seed,
         "minutes": spec.minutes,
@@ -612,36 +673,8 @@ def run_arm(
         "requests_sent": live.requests_sent,
         "added_minutes": live.added_minutes,
         "cpu_seconds": live.cpu.totals(),
-        "marks": [],
+        "mark_versions": marks,
     }
-    for key, minute, version in marks:
-        score, error = None, None
-        if version == 1:  # the adopted warm start, scored once for every arm
-            score = read_json(results / WARM_EVAL_FILE)
-            score.pop("warm_start_sha256", None)
-        elif version > 0:
-            log(f"[experiment] {arm} seed {seed}: evaluating v{version} ({key})")
-            weights = directory / "marks" / f"v{version}.safetensors"
-            cache = directory / "eval" / f"v{version}.json"
-            try:
-                score = evaluate(
-                    weights, run, spec.eval_tasks, cache, spec.eval_max_steps, spec.world()
-                )
-            except (RuntimeError, ValueError, KeyError) as exc:  # recorded, not fatal
-                error = str(exc)
-                log(f"[experiment] {arm} seed {seed}: evaluation of v{version} failed: {exc}")
-        record: dict[str, Any] = {
-            "mark": key,
-            "minute": minute,
-            "policy_version": version,
-            "eval": score,
-        }
-        if error is not None:
-            record["eval_error"] = error
-        result["marks"].append(record)
-    result["summary"] = asdict(summarize_run(load_run(run)))
-    write_json(result_path(results, arm, seed), result)
-    return result
 
 
 def run_experiment(

@@ -16,15 +16,20 @@ import pytest
 from typer.testing import CliRunner
 
 from coevolve.cli import app
+from coevolve.experiment import ablation
 from coevolve.experiment.ablation import (
+    RUN_RECORD,
     ExperimentSpec,
     Pacer,
     ResultsMismatchError,
+    WarmStart,
+    arm_dir,
     arm_settings,
     code_version,
     committed_warm_start,
     pending,
     result_path,
+    run_arm,
     run_experiment,
 )
 from coevolve.experiment.aggregate import (
@@ -243,6 +248,46 @@ def test_a_finished_experiment_starts_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "warm").exists()
     with pytest.raises(ResultsMismatchError, match=r"minutes = 10\.0"):
         run_experiment(ExperimentSpec(("none",), (0,), minutes=5.0), tmp_path, results, tmp_path)
+
+
+def test_an_arm_whose_run_is_over_resumes_at_its_evaluation(
+    tmp_path: Path, pool_only_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped after its run but before its result file, an arm is evaluated from its run
+    record, not run again."""
+    out, results = tmp_path / "out", tmp_path / "results"
+    directory = arm_dir(out, "none", 0)
+    directory.mkdir(parents=True)
+    pool_only_run.rename(directory / "run")
+    record = {
+        "arm": "none",
+        "seed": 0,
+        "ended_by": "minutes",
+        "end_minute": 140.0,
+        "cpu_seconds": {"learner": 1.0},
+        "mark_versions": [["end", 140.0, 1]],  # no step taken: the end policy is v1
+    }
+    (directory / RUN_RECORD).write_text(json.dumps(record))
+    warm_tasks = {"t1": [0.0, 0.25, -0.75]}
+    results.mkdir()
+    (results / "eval-v1.json").write_text(
+        json.dumps({"tasks": warm_tasks, "warm_start_sha256": WARM})
+    )
+
+    def no_second_run(*args: object) -> None:
+        raise AssertionError("the arm's run started again")
+
+    monkeypatch.setattr(ablation, "start_up", no_second_run)
+    spec = ExperimentSpec(("none",), (0,), minutes=140.0)
+    warm = WarmStart(results / "warm-start.safetensors", WARM)
+    result = run_arm(spec, out, results, "none", 0, warm, tmp_path / "base", log=lambda _: None)
+
+    assert json.loads(result_path(results, "none", 0).read_text()) == result
+    assert result["cpu_seconds"] == {"learner": 1.0} and "mark_versions" not in result
+    assert result["marks"] == [
+        {"mark": "end", "minute": 140.0, "policy_version": 1, "eval": {"tasks": warm_tasks}}
+    ]
+    assert result["summary"]["pool_by_origin"] == {"seed": 4}
 
 
 def test_a_committed_warm_start_is_adopted_and_checked(tmp_path: Path) -> None:
