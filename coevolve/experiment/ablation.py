@@ -24,6 +24,7 @@ taken ``steps`` steps (equal compute for the learner), whichever comes first.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -77,6 +78,8 @@ RUN_RECORD = "run-record.json"
 # the key of an arm's last mark: where it ended (its minutes, or its learner steps)
 END_MARK = "end"
 TICK_S = 10.0
+# how often a running arm prints where it is
+PROGRESS_EVERY_MINUTES = 5.0
 
 
 def read_base_config(path: str | None) -> dict[str, Any]:
@@ -390,6 +393,21 @@ class ArmLive:
     cpu: CpuLedger = field(default_factory=CpuLedger)
 
 
+def progress_line(minute: float, spec: ExperimentSpec, version: int, live: ArmLive) -> str:
+    """Where a running arm is: its minute, policy, tasks added and CPU so far."""
+    cpu_minutes = sum(live.cpu.totals().values()) / 60.0
+    steps = str(max(version - 1, 0))  # policy v(N+1) comes from the N-th step
+    if spec.steps is not None:
+        steps += f" of {spec.steps}"
+    line = (
+        f"minute {minute:.1f} of {spec.minutes:g}: policy v{version} after {steps} learner "
+        f"steps, {len(live.added_minutes)} tasks added"
+    )
+    if live.requests_sent:
+        line += f" ({live.requests_sent} exploration requests sent)"
+    return line + f", {cpu_minutes:.1f} CPU minutes"
+
+
 async def control_arm(
     url: str,
     run: Path,
@@ -399,10 +417,13 @@ async def control_arm(
     pacer: Pacer | None,
     seed: int,
     up_pid: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    progress_every_minutes: float = PROGRESS_EVERY_MINUTES,
 ) -> ArmLive:
     """Until ``spec.minutes`` (or ``spec.steps`` learner steps): keep the policy file
     current at each mark and at the end, count tasks added, sample the CPU time of the
-    run's processes, and (random arm) send the paced exploration requests."""
+    run's processes, (random arm) send the paced exploration requests, and every
+    ``progress_every_minutes`` tell ``progress`` where the arm is."""
     live = ArmLive()
     world = spec.world()  # read once: the pacer's loop sends requests every few seconds
     bus = await Bus.connect(run_bus_settings(run, url), name="experiment")
@@ -439,10 +460,14 @@ async def control_arm(
             tg.start_soon(count_added)
             tg.start_soon(count_explorations)
             marks = list(spec.marks())
+            next_progress = progress_every_minutes
             while True:
                 now = minute()
                 if up_pid is not None:
                     live.cpu.sample(up_pid)
+                if progress is not None and now >= next_progress:
+                    progress(progress_line(now, spec, max(policy_files(run), default=0), live))
+                    next_progress = now + progress_every_minutes
                 while marks and now >= marks[0]:
                     live.mark_versions[marks[0]] = keep_current_policy(run, marks_dir)
                     marks.pop(0)
@@ -653,7 +678,18 @@ def run_arm_until_end(
     try:
         url = wait_for_nats_url(run, process)
         live = anyio.run(
-            control_arm, url, run, directory / "marks", spec, started, pacer, seed, process.pid
+            functools.partial(
+                control_arm,
+                progress=lambda line: log(f"[experiment] {arm} seed {seed}: {line}"),
+            ),
+            url,
+            run,
+            directory / "marks",
+            spec,
+            started,
+            pacer,
+            seed,
+            process.pid,
         )
     finally:
         stop_up(process, run)

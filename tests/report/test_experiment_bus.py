@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import time
 from pathlib import Path
 
@@ -74,8 +76,9 @@ def test_an_arm_ends_after_its_learner_steps(nats_server: NatsServer, tmp_path: 
         (run / "policies" / f"v{version}.safetensors").write_bytes(f"v{version}".encode())
     spec = ExperimentSpec(("none",), (0,), minutes=30.0, steps=2)
 
+    lines: list[str] = []
     live = anyio.run(
-        control_arm,
+        functools.partial(control_arm, progress=lines.append, progress_every_minutes=0.0),
         nats_server.url,
         run,
         run / "marks",
@@ -90,3 +93,8 @@ def test_an_arm_ends_after_its_learner_steps(nats_server: NatsServer, tmp_path: 
     assert live.end_minute < 1.0
     assert (run / "marks" / "v3.safetensors").read_bytes() == b"v3"
     assert live.cpu.totals()  # this process, sampled as the run's root
+    assert lines and re.fullmatch(
+        r"minute \d+\.\d of 30: policy v3 after 2 of 2 learner steps, 0 tasks added, "
+        r"\d+\.\d CPU minutes",
+        lines[0],
+    ), lines
