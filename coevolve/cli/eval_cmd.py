@@ -30,7 +30,12 @@ from coevolve.shared.config import EngineKind, Settings
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import SUITES, suite_tasks
 from coevolve.shared.envs.protocol import Environment
-from coevolve.shared.envs.rendering import TOOL_RENDERINGS, configure_tool_rendering
+from coevolve.shared.envs.rendering import (
+    TOOL_RENDERINGS,
+    ToolRendering,
+    configure_tool_rendering,
+    configured_tool_rendering,
+)
 from coevolve.shared.evaluation import (
     BatchPlayer,
     GroundTruthScorer,
@@ -63,6 +68,9 @@ EVAL_ENGINE: EngineKind = "llama_cpp"
 # A batch's tasks share little: in llama.cpp's own cache per sequence, each attends only
 # to its own history, not to every task's (a batch of 8 prefilled about twice as fast).
 EVAL_KV_LAYOUT: KvLayout = "per_sequence"
+# KV cells a task's sequence holds, by tool rendering: a per-turn task's first prompt is at
+# most 2,230 tokens compact and 5,742 full (bench prompts); a turn adds up to 4 messages.
+EVAL_SEQUENCE_TOKENS: dict[ToolRendering, int] = {"compact": 4096, "full": 8192}
 # Where `--policy VERSION` looks for that version's exported weights (export_weights bytes).
 VERSION_WEIGHT_PATTERNS = ("policies/v{version}.safetensors", "policies/{version}.safetensors")
 
@@ -193,10 +201,16 @@ def build_player(
     from coevolve.shared.policy.factory import engine_for_policy
 
     loaded = load_policy_choice(choice, model, run_dir)
-    engine = engine_for_policy(
-        options.engine_kind, loaded, run_dir=run_dir, kv_layout=EVAL_KV_LAYOUT
-    )
     batch_size = options.batch_size or EVAL_BATCH_SIZE[options.engine_kind]
+    llama_options: dict[str, Any] = {}
+    if options.engine_kind == "llama_cpp":
+        sequences = max(batch_size, 1)
+        llama_options = {
+            "kv_layout": EVAL_KV_LAYOUT,
+            "sequences": sequences,
+            "context_tokens": sequences * EVAL_SEQUENCE_TOKENS[configured_tool_rendering()],
+        }
+    engine = engine_for_policy(options.engine_kind, loaded, run_dir=run_dir, **llama_options)
     params = SamplingParams(
         max_new_tokens=options.max_new_tokens, temperature=0.0, seed=0, stop=EVAL_STOP
     )
@@ -211,6 +225,7 @@ def build_player(
         "decoding": "greedy",
         "stop": list(EVAL_STOP),
         "batch_size": batch_size,
+        "max_context": engine.max_context,
     }
     writer = None
     if trajectories is not None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from coevolve.shared.config import ENGINE_KINDS, EngineKind
 
 if TYPE_CHECKING:
+    from coevolve.shared.policy.gguf_files import BaseType
     from coevolve.shared.policy.llama_engine import KvLayout
     from coevolve.shared.policy.loading import LoadedPolicy
 
@@ -34,16 +35,20 @@ def llama_cpp_engine(
     tokenizer: Any = None,
     kv_layout: KvLayout = "unified",
     flash_attention: bool = False,
+    base_type: BaseType | None = None,
+    context_tokens: int | None = None,
 ) -> Any:
-    """A llama.cpp engine on the float base the learner trains (bf16 where the CPU has it)."""
+    """A llama.cpp engine on the float base the learner trains (bf16 where the CPU has it,
+    f16 elsewhere), or on ``base_type``; ``context_tokens``: KV cells of all sequences."""
     import torch
 
-    from coevolve.shared.policy.gguf_files import BaseType, base_gguf
+    from coevolve.shared.policy.gguf_files import base_gguf
     from coevolve.shared.policy.llama_engine import LlamaCppEngine
     from coevolve.shared.policy.loading import LoraSettings, load_tokenizer, pick_dtype
 
     source = gguf_source(model)
-    base_type: BaseType = "bf16" if pick_dtype(torch.device("cpu")) == torch.bfloat16 else "f16"
+    if base_type is None:
+        base_type = "bf16" if pick_dtype(torch.device("cpu")) == torch.bfloat16 else "f16"
     lora = LoraSettings()
     return LlamaCppEngine(
         base_gguf(source, run_dir / "models", base_type),
@@ -53,6 +58,7 @@ def llama_cpp_engine(
         sequences=sequences,
         kv_layout=kv_layout,
         flash_attention=flash_attention,
+        context_tokens=context_tokens,
     )
 
 
@@ -83,10 +89,12 @@ def engine_for_policy(
     sequences: int = 8,
     kv_layout: KvLayout = "unified",
     flash_attention: bool = False,
+    base_type: BaseType | None = None,
+    context_tokens: int | None = None,
 ) -> Any:
     """An engine of ``kind`` sampling what ``policy`` holds now (its adapters included);
-    ``kv_layout`` and ``flash_attention`` are llama.cpp's (``per_sequence`` for batches of
-    unrelated prompts)."""
+    ``kv_layout``, ``flash_attention``, ``base_type`` and ``context_tokens`` are
+    llama.cpp's (``per_sequence`` for batches of unrelated prompts)."""
     from coevolve.shared.policy.engine import TransformersEngine, VllmEngine
     from coevolve.shared.policy.loading import PolicyLoadError
     from coevolve.shared.policy.weights import export_weights, weights_kind
@@ -105,6 +113,8 @@ def engine_for_policy(
         tokenizer=policy.tokenizer,
         kv_layout=kv_layout,
         flash_attention=flash_attention,
+        base_type=base_type,
+        context_tokens=context_tokens,
     )
     if policy.finetune == "lora" and weights_kind(policy.model) == "lora":
         engine.load_weights(export_weights(policy.model), 1)

@@ -2,9 +2,10 @@
 
 The base is made once from the shipped GGUF (de-quantized by llama.cpp itself, the same
 values transformers reads) in the dtype the learner trains in: bf16 where the CPU has
-native bf16, f16 elsewhere. Each policy version's adapters are written from the exported
-safetensors blob: the GRPO adapter and the frozen warm-start adapter are concatenated
-into one adapter of twice the rank (their deltas add, with the same alpha/rank scale).
+native bf16, f16 elsewhere (f32 and q8_0 on request, for benchmarks). Each policy
+version's adapters are written from the exported safetensors blob: the GRPO adapter and
+the frozen warm-start adapter are concatenated into one adapter of twice the rank (their
+deltas add, with the same alpha/rank scale).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-BaseType = Literal["f16", "bf16"]
+BaseType = Literal["f16", "bf16", "f32", "q8_0"]
+BASE_TYPES: tuple[BaseType, ...] = ("f16", "bf16", "f32", "q8_0")
 
 # transformers' module names -> llama.cpp's tensor names (Llama architecture)
 GGUF_MODULE_NAMES = {
@@ -61,6 +63,8 @@ def llama_library() -> Any:
 
 def base_gguf(source: Path, models_dir: Path, base_type: BaseType) -> Path:
     """``source`` re-encoded as an all-``base_type`` GGUF under ``models_dir`` (made once)."""
+    if base_type not in BASE_TYPES:
+        raise ValueError(f"unknown base type {base_type!r}; choose from {BASE_TYPES}")
     target = models_dir / f"{source.stem}.{base_type}.gguf"
     if target.is_file() and target.stat().st_mtime_ns >= source.stat().st_mtime_ns:
         return target
@@ -68,11 +72,12 @@ def base_gguf(source: Path, models_dir: Path, base_type: BaseType) -> Path:
     models_dir.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(f"{target.name}.partial-{os.getpid()}")
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = (
-        llama_cpp.LLAMA_FTYPE_MOSTLY_BF16
-        if base_type == "bf16"
-        else llama_cpp.LLAMA_FTYPE_MOSTLY_F16
-    )
+    params.ftype = {
+        "f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16,
+        "bf16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16,
+        "f32": llama_cpp.LLAMA_FTYPE_ALL_F32,
+        "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+    }[base_type]
     params.allow_requantize = True
     params.pure = True  # every tensor, embeddings and output included
     params.nthread = 1

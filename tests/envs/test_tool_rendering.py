@@ -10,6 +10,8 @@ from coevolve.shared.config import ConfigError, Settings, load_settings
 from coevolve.shared.envs.bfcl import BfclEnvironment, load_tasks
 from coevolve.shared.envs.bfcl.catalog import function_docs
 from coevolve.shared.envs.rendering import (
+    TOOL_RENDERINGS,
+    ToolRendering,
     configure_tool_rendering,
     configured_tool_rendering,
     short_type,
@@ -21,6 +23,7 @@ from coevolve.shared.policy.chat import (
     to_template_messages,
     tools_system_prompt,
 )
+from tests.support.cache import CACHE_DIR
 
 BOILERPLATE = "This tool belongs to"
 SMOLLM2_LIKE = TemplateSupport(tools=False, tool_role=False)
@@ -102,3 +105,22 @@ def test_a_template_with_tools_gets_them_natively_only_when_full() -> None:
     assert to_template_messages([], tools, NATIVE_TOOLS, "full") == []
     [system] = to_template_messages([], tools, NATIVE_TOOLS, "compact")
     assert system["content"] == tools_system_prompt(tools, "compact")
+
+
+@pytest.mark.parametrize("rendering", TOOL_RENDERINGS)
+def test_an_eval_sequence_holds_every_held_out_first_prompt_and_its_messages(
+    rendering: ToolRendering,
+) -> None:
+    from coevolve.bench.prompts import prompt_lengths
+    from coevolve.cli.eval_cmd import (
+        EVAL_MAX_NEW_TOKENS,
+        EVAL_MAX_STEPS_PER_TURN,
+        EVAL_SEQUENCE_TOKENS,
+    )
+    from coevolve.shared.envs.bfcl import suite_tasks
+    from coevolve.shared.policy.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(run_dir=CACHE_DIR)  # the converted model, shared by the tests
+    longest = max(prompt_lengths(tokenizer, suite_tasks("bfcl-turns-base", "eval"), rendering))
+    messages = EVAL_MAX_STEPS_PER_TURN * EVAL_MAX_NEW_TOKENS
+    assert longest + messages <= EVAL_SEQUENCE_TOKENS[rendering]

@@ -9,6 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from coevolve.cli.eval_cmd import EVAL_SEQUENCE_TOKENS, build_player
+from coevolve.shared.envs.rendering import (
+    TOOL_RENDERINGS,
+    ToolRendering,
+    configure_tool_rendering,
+    configured_tool_rendering,
+)
 from coevolve.shared.messages import ChatMessage
 from coevolve.shared.policy import (
     Engine,
@@ -19,7 +26,12 @@ from coevolve.shared.policy import (
     render_prompt_ids,
 )
 from coevolve.shared.policy.factory import engine_for_policy
-from coevolve.shared.policy.gguf_files import AdapterExportError, lora_tensors, permute_rows
+from coevolve.shared.policy.gguf_files import (
+    AdapterExportError,
+    BaseType,
+    lora_tensors,
+    permute_rows,
+)
 from coevolve.shared.policy.llama_engine import GenerationInterrupted, LlamaCppEngine
 from tests.policy.conftest import PolicyFactory, randomize_adapters
 from tests.policy.test_engine import recompute
@@ -28,6 +40,9 @@ from tests.support.wait import wait_until_sync
 # float32 torch against an f16 base (the tests pin COEVOLVE_DTYPE=float32): the mean
 # per-token log-prob difference measured 0.001-0.003; bf16 against bf16 0.002-0.007
 LOGPROB_MEAN_BOUND = 0.02
+# the other bases against float32 torch on these prompts, measured: bf16 0.013-0.015,
+# q8_0 0.097 (its 8-bit output layer); bench llama_base measures them on real groups
+OTHER_BASE_BOUNDS = {"f32": LOGPROB_MEAN_BOUND, "bf16": 0.05, "q8_0": 0.2}
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +174,29 @@ def test_an_unknown_kv_layout_is_refused(adapted: LoadedPolicy, cache_dir: Path)
         engine_for_policy("llama_cpp", adapted, run_dir=cache_dir, kv_layout="paged")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("base_type", sorted(OTHER_BASE_BOUNDS))
+def test_every_base_precision_samples_near_the_torch_policy(
+    adapted: LoadedPolicy, cache_dir: Path, base_type: BaseType
+) -> None:
+    engine = engine_for_policy(
+        "llama_cpp", adapted, run_dir=cache_dir, threads=1, base_type=base_type
+    )
+    params = SamplingParams(max_new_tokens=16, temperature=0.8, seed=2)
+    prompts = [prompt(adapted, "Name three colours."), prompt(adapted, "What is 2+2?")]
+    try:
+        assert engine.model_path.name.endswith(f".{base_type}.gguf")
+        generations = engine.generate(prompts, params)
+    finally:
+        engine.close()
+    gaps = [mean_gap(adapted, generation) for generation in generations]
+    assert max(gaps) < OTHER_BASE_BOUNDS[base_type]
+
+
+def test_an_unknown_base_precision_is_refused(adapted: LoadedPolicy, cache_dir: Path) -> None:
+    with pytest.raises(ValueError, match="base type"):
+        engine_for_policy("llama_cpp", adapted, run_dir=cache_dir, base_type="q4_k")  # type: ignore[arg-type]
+
+
 def test_more_prompts_than_sequences_run_in_chunks(adapted: LoadedPolicy, cache_dir: Path) -> None:
     engine = engine_for_policy("llama_cpp", adapted, run_dir=cache_dir, threads=1, sequences=2)
     questions = [prompt(adapted, f"Count to {n}.") for n in range(3, 8)]
@@ -202,3 +240,17 @@ def test_q_and_k_rows_are_permuted_per_head_and_other_weights_are_refused() -> N
     assert permute_rows(rows, n_head=2).ravel().tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
     with pytest.raises(AdapterExportError, match="LoRA weight"):
         lora_tensors({"model.embed_tokens.weight": rows}, n_head=2, n_head_kv=1)
+
+
+@pytest.mark.parametrize("rendering", TOOL_RENDERINGS)
+def test_the_eval_gives_each_task_the_cells_its_tool_rendering_needs(
+    cache_dir: Path, rendering: ToolRendering
+) -> None:
+    before = configured_tool_rendering()
+    configure_tool_rendering(rendering)
+    try:
+        _, batch_size, facts, _ = build_player("base", None, cache_dir)
+    finally:
+        configure_tool_rendering(before)
+    assert facts["engine"] == "llama_cpp" and batch_size == 8
+    assert facts["max_context"] == EVAL_SEQUENCE_TOKENS[rendering]
