@@ -18,6 +18,7 @@ BENCHMARKS = {
     "rollout": "rollout path tokens/s vs raw batched generate, same model and batch",
     "engine": "llama.cpp vs transformers engine: group s, tokens/s, eval s/task, log-prob gap",
     "kv_layout": "llama.cpp KV layout x flash attention: CPU ms/token of groups and eval",
+    "llama_base": "llama.cpp base f16/bf16/f32/q8_0: CPU ms/token, log-prob gap to the learner",
     "learning": "held-out success: base, after warm start, after N GRPO steps",
     "schedule": "learner steps per hour, async vs lockstep",
     "memory": "one SFT step on a BFCL example: activations stored vs checkpointed",

@@ -41,7 +41,7 @@ from tests.support.wait import wait_until_sync
 # per-token log-prob difference measured 0.001-0.003; bf16 against bf16 0.002-0.007
 LOGPROB_MEAN_BOUND = 0.02
 # the other bases against float32 torch on these prompts, measured: bf16 0.013-0.015,
-# q8_0 0.097 (its 8-bit output layer); bench llama_base measures them on real groups
+# q8_0 0.097; bench llama_base measures them on real groups
 OTHER_BASE_BOUNDS = {"f32": LOGPROB_MEAN_BOUND, "bf16": 0.05, "q8_0": 0.2}
 
 
