@@ -29,16 +29,15 @@ from coevolve.bench.llama_cpu import FULL, QUICK, play, progress_to_stderr
 from coevolve.cli.eval_cmd import EVAL_KV_LAYOUT
 from coevolve.services.learner.config import LearnerConfig
 from coevolve.shared.policy import load_policy
-from coevolve.shared.policy.factory import engine_for_policy
+from coevolve.shared.policy.factory import engine_for_policy, learner_base_type
 from coevolve.shared.policy.gguf_files import BASE_TYPES
-from coevolve.shared.policy.loading import pick_dtype
 
 
 def run(quick: bool, run_dir: Path | None = None) -> dict[str, Any]:
     sizes = QUICK if quick else FULL
     run_dir = run_dir or Path(os.environ.get("COEVOLVE_RUN_DIR") or "runs/default")
     threads = torch.get_num_threads()
-    default = "bf16" if pick_dtype(torch.device("cpu")) == torch.bfloat16 else "f16"
+    default = learner_base_type()
     policy = load_policy(run_dir=run_dir)
     random_adapter(policy)
     policy.model.eval()

@@ -26,6 +26,15 @@ def gguf_source(model: str | Path | None) -> Path:
     return source
 
 
+def learner_base_type() -> BaseType:
+    """The llama.cpp base in the learner's dtype: bf16 where the CPU has it, f16 elsewhere."""
+    import torch
+
+    from coevolve.shared.policy.loading import pick_dtype
+
+    return "bf16" if pick_dtype(torch.device("cpu")) == torch.bfloat16 else "f16"
+
+
 def llama_cpp_engine(
     model: str | Path | None,
     *,
@@ -44,14 +53,12 @@ def llama_cpp_engine(
 
     from coevolve.shared.policy.gguf_files import base_gguf
     from coevolve.shared.policy.llama_engine import LlamaCppEngine
-    from coevolve.shared.policy.loading import LoraSettings, load_tokenizer, pick_dtype
+    from coevolve.shared.policy.loading import LoraSettings, load_tokenizer
 
     source = gguf_source(model)
-    if base_type is None:
-        base_type = "bf16" if pick_dtype(torch.device("cpu")) == torch.bfloat16 else "f16"
     lora = LoraSettings()
     return LlamaCppEngine(
-        base_gguf(source, run_dir / "models", base_type),
+        base_gguf(source, run_dir / "models", base_type or learner_base_type()),
         tokenizer if tokenizer is not None else load_tokenizer(source, run_dir=run_dir),
         lora_alpha_per_rank=lora.alpha / lora.rank,
         threads=threads or torch.get_num_threads(),

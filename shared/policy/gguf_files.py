@@ -17,12 +17,12 @@ import re
 import threading
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 BaseType = Literal["f16", "bf16", "f32", "q8_0"]
-BASE_TYPES: tuple[BaseType, ...] = ("f16", "bf16", "f32", "q8_0")
+BASE_TYPES: tuple[BaseType, ...] = get_args(BaseType)
 
 # transformers' module names -> llama.cpp's tensor names (Llama architecture)
 GGUF_MODULE_NAMES = {
