@@ -2,9 +2,10 @@
 
 One model and one context hold up to ``sequences`` KV sequences. A call's prompts each
 take the sequence whose cached tokens share the longest prefix with it (an episode's next
-step finds its own history and prefills only the new tokens); a prefix every prompt
-shares is prefilled once and copied to the other sequences. All sequences then decode in
-one batch per token.
+step finds its own history and prefills only the new tokens); a prefix that several
+prompts share is prefilled once and copied to the others' sequences (eval's batches of
+one entry's turns share their tools and conversation). All sequences then decode in one
+batch per token.
 
 The KV layout suits the calls: ``unified`` (rollout's groups) keeps every sequence in one
 cache, so a copied prefix shares its cells, but each token attends over every sequence's
@@ -26,6 +27,7 @@ import ctypes
 import random
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -217,6 +219,27 @@ class LlamaCppEngine:
         self.stats.generated_tokens += sum(len(g.completion_ids) for g in results)
         return results
 
+    def token_logprobs(
+        self, sequences: list[list[int]], positions: list[list[int]]
+    ) -> list[list[float] | None]:
+        """Teacher-forced log-probs at temperature 1 of ``sequences[i][p]`` for each ``p``
+        in ``positions[i]`` (p >= 1), the sequences batched and their prefixes shared as
+        in ``generate``; None for a sequence longer than a sequence's context."""
+        for sequence, wanted in zip(sequences, positions, strict=True):
+            if not wanted or min(wanted) < 1 or max(wanted) >= len(sequence):
+                raise ValueError(f"positions must lie in 1..{len(sequence) - 1}: {wanted[:5]}")
+        self._interrupt.clear()
+        results: list[list[float] | None] = [None] * len(sequences)
+        fitting = [
+            row for row, sequence in enumerate(sequences) if len(sequence) <= self.max_context
+        ]
+        for start in range(0, len(fitting), self.sequences):
+            rows = fitting[start : start + self.sequences]
+            scores = self._score_chunk([sequences[r] for r in rows], [positions[r] for r in rows])
+            for row, row_scores in zip(rows, scores, strict=True):
+                results[row] = row_scores
+        return results
+
     # -- internals --------------------------------------------------------------------
 
     def _apply_adapter(self, adapter: Any) -> None:
@@ -258,27 +281,56 @@ class LlamaCppEngine:
             self._lib.llama_memory_seq_rm(self._memory, slot.seq, keep, -1)
             slot.tokens = slot.tokens[:keep]
 
-    def _share_prefix(
+    def _place(self, prompts: list[list[int]], ready: list[int]) -> tuple[list[_Slot], list[int]]:
+        """Each prompt's slot and how many of its tokens it holds: what its cache and the
+        prefixes it shares give, never past ``ready[row]`` tokens (the rest is prefilled for
+        its logits)."""
+        slots = self._assign_slots(prompts)
+        cached = []
+        for prompt, slot, limit in zip(prompts, slots, ready, strict=True):
+            keep = min(common_prefix_length([slot.tokens, prompt]) if slot.tokens else 0, limit)
+            self._trim(slot, keep)
+            cached.append(keep)
+        self.stats.prefix_reused_tokens += sum(cached)
+        self._share_prefixes(
+            [prompt[: limit + 1] for prompt, limit in zip(prompts, ready, strict=True)],
+            slots,
+            cached,
+        )
+        return slots, cached
+
+    def _share_prefixes(
         self, prompts: list[list[int]], slots: list[_Slot], cached: list[int]
     ) -> None:
-        """Prefill the prefix all prompts share once, then copy it to the other slots."""
+        """Prefill each prefix that prompts share once and copy it to the prompts sharing it.
+
+        In sorted order a prompt shares its longest prefix with an earlier prompt with its
+        predecessor, so each prompt copies that much of its predecessor's cache, and first
+        prefills alone the part its successor will copy from it. The rest of every prompt
+        is left to the batched prefill.
+        """
         if len(prompts) < 2:
             return
-        shared = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
-        if shared < self.min_shared_prefix or min(cached) >= shared:
-            return
-        leader = max(range(len(prompts)), key=lambda row: cached[row])
-        if cached[leader] < shared:
-            self._prefill(
-                {leader: prompts[leader][cached[leader] : shared]}, slots, want_logits=False
-            )
-            cached[leader] = shared
-        for row, slot in enumerate(slots):
-            if row != leader and cached[row] < shared:
-                self._copy_prefix(slots[leader], slot, shared)
-                slot.tokens = list(prompts[row][:shared])
-                cached[row] = shared
-        self.stats.prefix_prefilled_tokens += shared
+        order = sorted(range(len(prompts)), key=lambda row: prompts[row])
+        # shared[i]: what order[i] can copy from order[i - 1], never a whole prompt (the
+        # last token is prefilled in the batch, for its logits)
+        shared = [0] * (len(order) + 1)
+        for i in range(1, len(order)):
+            a, b = prompts[order[i - 1]], prompts[order[i]]
+            shared[i] = min(common_prefix_length([a, b]), len(a) - 1, len(b) - 1)
+
+        def worth_copying(i: int) -> bool:
+            return i < len(order) and shared[i] - cached[order[i]] >= self.min_shared_prefix
+
+        for i, row in enumerate(order):
+            if i > 0 and worth_copying(i) and cached[order[i - 1]] >= shared[i]:
+                self._copy_prefix(slots[order[i - 1]], slots[row], shared[i])
+                slots[row].tokens = list(prompts[row][: shared[i]])
+                cached[row] = shared[i]
+            if worth_copying(i + 1) and cached[row] < shared[i + 1]:
+                self._prefill({row: prompts[row][cached[row] : shared[i + 1]]}, slots)
+                self.stats.prefix_prefilled_tokens += shared[i + 1] - cached[row]
+                cached[row] = shared[i + 1]
 
     def _copy_prefix(self, source: _Slot, target: _Slot, tokens: int) -> None:
         lib, memory = self._lib, self._memory
@@ -291,29 +343,32 @@ class LlamaCppEngine:
             lib.llama_memory_seq_rm(memory, target.seq, tokens, -1)
 
     def _prefill(
-        self, pending: dict[int, list[int]], slots: list[_Slot], *, want_logits: bool
-    ) -> dict[int, np.ndarray]:
-        """Decode each row's pending tokens into its slot; logits of each row's last token."""
+        self,
+        pending: dict[int, list[int]],
+        slots: list[_Slot],
+        logits_at: dict[int, set[int]] | None = None,
+        on_logits: Callable[[int, int, np.ndarray], None] | None = None,
+    ) -> None:
+        """Decode each row's pending tokens into its slot; ``on_logits(row, position,
+        logits)`` for each position in ``logits_at[row]`` (positions in the sequence)."""
+        logits_at = logits_at or {}
         queue = [(row, token) for row, tokens in pending.items() for token in tokens]
-        last_index = {row: len(tokens) - 1 for row, tokens in pending.items()}
-        seen = dict.fromkeys(pending, -1)
-        logits: dict[int, np.ndarray] = {}
         for start in range(0, len(queue), self._batch_tokens):
             self._check_interrupt()
             chunk = queue[start : start + self._batch_tokens]
-            outputs: list[tuple[int, int]] = []
+            outputs: list[tuple[int, int, int]] = []
             for index, (row, token) in enumerate(chunk):
-                seen[row] += 1
-                is_last = want_logits and seen[row] == last_index[row]
                 slot = slots[row]
-                self._put(index, token, len(slot.tokens), slot.seq, is_last)
+                position = len(slot.tokens)
+                wanted = position in logits_at.get(row, ())
+                self._put(index, token, position, slot.seq, wanted)
                 slot.tokens.append(token)
-                if is_last:
-                    outputs.append((index, row))
+                if wanted:
+                    outputs.append((index, row, position))
             self._decode(len(chunk))
-            for index, row in outputs:
-                logits[row] = self._logits(index)
-        return logits
+            if on_logits is not None:
+                for index, row, position in outputs:
+                    on_logits(row, position, self._logits(index))
 
     def _put(self, index: int, token: int, position: int, seq: int, logits: bool) -> None:
         batch = self._batch
@@ -348,19 +403,16 @@ class LlamaCppEngine:
         budget: int,
         rng: np.random.Generator,
     ) -> list[Generation]:
-        slots = self._assign_slots(prompts)
-        cached = []
-        for prompt, slot in zip(prompts, slots, strict=True):
-            keep = min(
-                common_prefix_length([slot.tokens, prompt]) if slot.tokens else 0, len(prompt) - 1
-            )
-            self._trim(slot, keep)
-            cached.append(keep)
-        self.stats.prefix_reused_tokens += sum(cached)
-        self._share_prefix(prompts, slots, cached)
+        slots, cached = self._place(prompts, [len(prompt) - 1 for prompt in prompts])
         pending = {row: prompt[cached[row] :] for row, prompt in enumerate(prompts)}
         self.stats.suffix_prefilled_tokens += sum(len(t) for t in pending.values())
-        logits = self._prefill(pending, slots, want_logits=True)
+        logits: dict[int, np.ndarray] = {}
+        self._prefill(
+            pending,
+            slots,
+            {row: {len(prompt) - 1} for row, prompt in enumerate(prompts)},
+            lambda row, _, row_logits: logits.__setitem__(row, row_logits),
+        )
 
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
@@ -408,6 +460,27 @@ class LlamaCppEngine:
                 )
             )
         return results
+
+    def _score_chunk(
+        self, sequences: list[list[int]], positions: list[list[int]]
+    ) -> list[list[float]]:
+        slots, cached = self._place(sequences, [min(wanted) - 1 for wanted in positions])
+        pending = {row: sequence[cached[row] :] for row, sequence in enumerate(sequences)}
+        self.stats.suffix_prefilled_tokens += sum(len(t) for t in pending.values())
+        scores: list[dict[int, float]] = [{} for _ in sequences]
+
+        def take(row: int, position: int, logits: np.ndarray) -> None:
+            token = sequences[row][position + 1]
+            shifted = logits - logits.max()
+            scores[row][position + 1] = float(shifted[token] - np.log(np.exp(shifted).sum()))
+
+        self._prefill(
+            pending,
+            slots,
+            {row: {p - 1 for p in wanted} for row, wanted in enumerate(positions)},
+            take,
+        )
+        return [[scores[row][p] for p in wanted] for row, wanted in enumerate(positions)]
 
 
 def choose(
