@@ -337,29 +337,32 @@ def _report_message(env: Environment) -> str:
     return str(message)
 
 
-def ground_truth_scorer(policy: LoadedPolicy, make_env: EnvironmentFactory) -> GroundTruthScorer:
+# teacher-forced log-probs of sequences[i][p] for p in positions[i]; None: not scorable
+TokenLogprobs = Callable[[list[list[int]], list[list[int]]], list[list[float] | None]]
+
+
+def ground_truth_scorer(
+    policy: LoadedPolicy, make_env: EnvironmentFactory, token_logprobs: TokenLogprobs | None = None
+) -> GroundTruthScorer:
     """Each task's mean per-token log-likelihood of its ground-truth calls under ``policy``.
 
     The ground truth is replayed in a fresh environment one call per assistant message
     (``coevolve.shared.demonstrations``, the warm start's format), and its call messages
-    are scored teacher-forced in one forward pass at temperature 1; the closing replies
-    are in the context but not scored. A task without calls, or whose ground truth does
-    not replay, gets None.
+    are scored teacher-forced at temperature 1; the closing replies are in the context but
+    not scored. ``token_logprobs`` (the eval's llama.cpp engine) scores a batch's tasks
+    together, sharing their common prefixes; without it the torch policy makes one
+    forward pass per sequence. A task without calls, or whose ground truth does not
+    replay, gets None.
     """
-    import torch
-
     from coevolve.shared.demonstrations import (
         IGNORE_INDEX,
         ReplayError,
         replayed_conversation,
         tokenize_conversation,
     )
-    from coevolve.shared.policy.logprobs import sequence_logprobs
 
-    model = policy.model
-    device = torch.device(policy.device)
-
-    def task_likelihood(task: Task) -> tuple[float, int] | None:
+    def scored_sequences(task: Task) -> list[tuple[list[int], list[int]]] | None:
+        """(token ids, the positions of the call tokens) of each sequence of the task."""
         if not any(task.ground_truth):
             return None
         env = make_env()
@@ -369,26 +372,59 @@ def ground_truth_scorer(policy: LoadedPolicy, make_env: EnvironmentFactory) -> G
             return None
         finally:
             env.close()
-        total, count = 0.0, 0
-        for example in tokenize_conversation(
-            policy.tokenizer, conversation, supervise_closing=False
-        ):
-            ids = torch.tensor([example.input_ids], device=device)
-            wanted = torch.tensor([[label != IGNORE_INDEX for label in example.labels]])
-            wanted = wanted.to(device)
-            logprobs, _ = sequence_logprobs(
-                model, ids, torch.ones_like(ids), 1.0, positions=wanted, with_entropy=False
+        examples = tokenize_conversation(policy.tokenizer, conversation, supervise_closing=False)
+        sequences = [
+            (
+                example.input_ids,
+                [i for i, label in enumerate(example.labels) if label != IGNORE_INDEX],
             )
-            total += float(logprobs[wanted].sum())
-            count += int(wanted.sum())
-        return (total / count, count) if count else None
+            for example in examples
+        ]
+        return [(ids, wanted) for ids, wanted in sequences if wanted] or None
+
+    score_sequences = token_logprobs or _torch_token_logprobs(policy)
 
     def score(tasks: list[Task]) -> list[tuple[float, int] | None]:
+        per_task = [scored_sequences(task) for task in tasks]
+        flat = [sequence for sequences in per_task if sequences for sequence in sequences]
+        logprobs = iter(score_sequences([ids for ids, _ in flat], [wanted for _, wanted in flat]))
+        results: list[tuple[float, int] | None] = []
+        for sequences in per_task:
+            scores = [next(logprobs) for _ in sequences or ()]
+            if not scores or any(row is None for row in scores):
+                results.append(None)
+                continue
+            values = [value for row in scores if row is not None for value in row]
+            results.append((sum(values) / len(values), len(values)))
+        return results
+
+    return score
+
+
+def _torch_token_logprobs(policy: LoadedPolicy) -> TokenLogprobs:
+    """``TokenLogprobs`` from the torch policy, in eval mode, one forward pass a sequence."""
+    import torch
+
+    from coevolve.shared.policy.logprobs import sequence_logprobs
+
+    model = policy.model
+    device = torch.device(policy.device)
+
+    def one(ids: list[int], wanted: list[int]) -> list[float]:
+        tensor = torch.tensor([ids], device=device)
+        mask = torch.zeros_like(tensor, dtype=torch.bool)
+        mask[0, wanted] = True
+        logprobs, _ = sequence_logprobs(
+            model, tensor, torch.ones_like(tensor), 1.0, positions=mask, with_entropy=False
+        )
+        return [float(value) for value in logprobs[mask]]
+
+    def score(sequences: list[list[int]], positions: list[list[int]]) -> list[list[float] | None]:
         was_training = model.training
         model.eval()
         try:
             with torch.inference_mode():
-                return [task_likelihood(task) for task in tasks]
+                return [one(ids, wanted) for ids, wanted in zip(sequences, positions, strict=True)]
         finally:
             model.train(was_training)
 

@@ -233,7 +233,12 @@ def build_player(
         extra["trajectories"] = str(trajectories)
     on_step = step_reporter() if options.show_steps else None
     player = policy_player(engine, _make_bfcl, params, options.max_steps_per_turn, writer, on_step)
-    scorer = ground_truth_scorer(loaded, _make_bfcl) if options.likelihood else None
+    scorer = None
+    if options.likelihood:
+        # llama.cpp scores a batch's ground truths together, sharing their prefixes
+        token_logprobs = getattr(engine, "token_logprobs", None)
+        scorer = ground_truth_scorer(loaded, _make_bfcl, token_logprobs)
+        extra["likelihood_engine"] = options.engine_kind if token_logprobs else "torch"
     return player, batch_size, extra, scorer
 
 

@@ -4,6 +4,7 @@ log-likelihood, on real BFCL turns with the real policy and tokenizer."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,8 +19,9 @@ from coevolve.shared.envs.bfcl.tasks import suite_tasks
 from coevolve.shared.evaluation import ground_truth_scorer, policy_player, run_suite
 from coevolve.shared.messages import Task, ToolCall
 from coevolve.shared.policy import LoadedPolicy, SamplingParams, TransformersEngine
+from coevolve.shared.policy.factory import engine_for_policy
 from coevolve.shared.toolcalls import format_tool_calls
-from tests.policy.conftest import PolicyFactory
+from tests.policy.conftest import PolicyFactory, randomize_adapters
 from tests.policy.test_episodes import ScriptedPolicy
 
 
@@ -106,3 +108,26 @@ def test_the_likelihood_scores_the_calls_and_rises_when_the_policy_learns_them(
         initial_state=two_call_turn.initial_state,
     )
     assert scorer([nothing]) == [None]
+
+
+def test_the_llama_cpp_engine_scores_the_ground_truth_as_the_torch_policy_does(
+    make_policy: PolicyFactory, cache_dir: Path
+) -> None:
+    """The eval scores a batch's ground truths on its llama.cpp engine, prefixes shared."""
+    policy: LoadedPolicy = make_policy()
+    randomize_adapters(policy, seed=5)
+    engine = engine_for_policy(
+        "llama_cpp", policy, run_dir=cache_dir, threads=1, sequences=4, kv_layout="per_sequence"
+    )
+    tasks = suite_tasks("bfcl-turns-base", "eval")[:4]  # turns of one entry share a prefix
+    try:
+        by_llama = ground_truth_scorer(policy, bfcl, engine.token_logprobs)(tasks)
+        shared = engine.stats.prefix_prefilled_tokens
+    finally:
+        engine.close()
+    by_torch = ground_truth_scorer(policy, bfcl)(tasks)
+    assert shared > 0
+    for ours, theirs in zip(by_llama, by_torch, strict=True):
+        assert ours is not None and theirs is not None
+        assert ours[1] == theirs[1]
+        assert ours[0] == pytest.approx(theirs[0], abs=0.02)  # f16 base against float32
