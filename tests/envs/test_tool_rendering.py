@@ -108,19 +108,45 @@ def test_a_template_with_tools_gets_them_natively_only_when_full() -> None:
 
 
 @pytest.mark.parametrize("rendering", TOOL_RENDERINGS)
-def test_an_eval_sequence_holds_every_held_out_first_prompt_and_its_messages(
+def test_an_eval_sequence_holds_every_held_out_turn_played_or_scored(
     rendering: ToolRendering,
 ) -> None:
+    """A first prompt and its messages, and the replayed ground truth the likelihood
+    scores, each fit one of eval's llama.cpp sequences."""
     from coevolve.bench.prompts import prompt_lengths
     from coevolve.cli.eval_cmd import (
         EVAL_MAX_NEW_TOKENS,
         EVAL_MAX_STEPS_PER_TURN,
         EVAL_SEQUENCE_TOKENS,
     )
+    from coevolve.shared.demonstrations import (
+        ReplayError,
+        replayed_conversation,
+        tokenize_conversation,
+    )
     from coevolve.shared.envs.bfcl import suite_tasks
     from coevolve.shared.policy.loading import load_tokenizer
 
     tokenizer = load_tokenizer(run_dir=CACHE_DIR)  # the converted model, shared by the tests
-    longest = max(prompt_lengths(tokenizer, suite_tasks("bfcl-turns-base", "eval"), rendering))
+    tasks = suite_tasks("bfcl-turns-base", "eval")
+    longest = max(prompt_lengths(tokenizer, tasks, rendering))
     messages = EVAL_MAX_STEPS_PER_TURN * EVAL_MAX_NEW_TOKENS
     assert longest + messages <= EVAL_SEQUENCE_TOKENS[rendering]
+
+    before = configured_tool_rendering()
+    configure_tool_rendering(rendering)
+    try:
+        scored = []
+        for task in tasks:
+            env = BfclEnvironment()
+            try:
+                conversation = replayed_conversation(task, env)
+            except ReplayError:  # the scorer leaves such a turn unscored
+                continue
+            finally:
+                env.close()
+            examples = tokenize_conversation(tokenizer, conversation, supervise_closing=False)
+            scored += [len(example.input_ids) for example in examples]
+    finally:
+        configure_tool_rendering(before)
+    assert len(scored) >= 0.9 * len(tasks) and max(scored) <= EVAL_SEQUENCE_TOKENS[rendering]
