@@ -7,8 +7,9 @@ environment), and ``policy_player`` lets a policy act through ``coevolve.shared.
 (a batch of tasks at a time, so their generations share batched forward passes); it also
 records each task's partial credit (matched ground-truth calls, what the rollout reward
 uses). A *scorer* (``ground_truth_scorer``) adds the mean per-token log-likelihood of the
-ground truth's calls, teacher-forced on the replayed conversation: one forward pass per
-task, and a continuous measure that moves before a 0/1 decision does.
+ground truth's calls, teacher-forced on the replayed conversation (on the eval's llama.cpp
+engine a batch at a time, else one torch forward pass per task): a continuous measure
+that moves before a 0/1 decision does.
 A player that raises on one entry gives that entry 0 with the error recorded; the suite
 goes on. A report records the tool rendering its prompts used (``compact`` or ``full``).
 """
