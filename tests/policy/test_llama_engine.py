@@ -332,3 +332,4 @@ def test_the_eval_gives_each_task_the_cells_its_tool_rendering_needs(
         configure_tool_rendering(before)
     assert facts["engine"] == "llama_cpp" and batch_size == 8
     assert facts["max_context"] == EVAL_SEQUENCE_TOKENS[rendering]
+    assert facts["likelihood_engine"] == "llama_cpp"  # the ground truth scored on it too
