@@ -323,7 +323,7 @@ class LlamaCppEngine:
             return i < len(order) and shared[i] - cached[order[i]] >= self.min_shared_prefix
 
         for i, row in enumerate(order):
-            if i > 0 and worth_copying(i) and cached[order[i - 1]] >= shared[i]:
+            if i > 0 and worth_copying(i):  # the predecessor prefilled this much
                 self._copy_prefix(slots[order[i - 1]], slots[row], shared[i])
                 slots[row].tokens = list(prompts[row][: shared[i]])
                 cached[row] = shared[i]
@@ -471,8 +471,7 @@ class LlamaCppEngine:
 
         def take(row: int, position: int, logits: np.ndarray) -> None:
             token = sequences[row][position + 1]
-            shifted = logits - logits.max()
-            scores[row][position + 1] = float(shifted[token] - np.log(np.exp(shifted).sum()))
+            scores[row][position + 1] = float(log_softmax(logits)[token])
 
         self._prefill(
             pending,
@@ -483,14 +482,18 @@ class LlamaCppEngine:
         return [[scores[row][p] for p in wanted] for row, wanted in enumerate(positions)]
 
 
+def log_softmax(values: np.ndarray) -> np.ndarray:
+    shifted = values - values.max()
+    return shifted - np.log(np.exp(shifted).sum())
+
+
 def choose(
     logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
 ) -> tuple[int, float, float]:
     """(token, its log-prob, entropy) under ``log_softmax(logits / temperature)``."""
     greedy = params.temperature <= 0.0
     scaled = logits if greedy else logits / params.temperature
-    shifted = scaled - scaled.max()
-    logp = shifted - np.log(np.exp(shifted).sum())
+    logp = log_softmax(scaled)
     probs = np.exp(logp)
     entropy = float(-(probs * logp).sum())
     if greedy:
