@@ -198,6 +198,7 @@ def build_player(
         return ground_truth_player(_make_bfcl), 0, {}, None
     choice = resolve_policy_choice(policy, run_dir)
     from coevolve.shared.policy import SamplingParams
+    from coevolve.shared.policy.engine import TokenScorer
     from coevolve.shared.policy.factory import engine_for_policy
 
     loaded = load_policy_choice(choice, model, run_dir)
@@ -236,7 +237,7 @@ def build_player(
     scorer = None
     if options.likelihood:
         # llama.cpp scores a batch's ground truths together, sharing their prefixes
-        token_logprobs = getattr(engine, "token_logprobs", None)
+        token_logprobs = engine.token_logprobs if isinstance(engine, TokenScorer) else None
         scorer = ground_truth_scorer(loaded, _make_bfcl, token_logprobs)
         extra["likelihood_engine"] = options.engine_kind if token_logprobs else "torch"
     return player, batch_size, extra, scorer

@@ -87,6 +87,15 @@ class Engine(Protocol):
     def load_weights(self, blob: bytes, version: int) -> None: ...
 
 
+@runtime_checkable
+class TokenScorer(Protocol):
+    """An engine that also scores given tokens teacher-forced (the eval's likelihood)."""
+
+    def token_logprobs(
+        self, sequences: list[list[int]], positions: list[list[int]]
+    ) -> list[list[float] | None]: ...
+
+
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model: Any | None = None) -> set[int]:
     """EOS ids of the tokenizer and generation config, plus known end-of-turn tokens."""
     ids: set[int] = set()
