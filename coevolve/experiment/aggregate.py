@@ -24,7 +24,12 @@ from coevolve.experiment import ARMS
 from coevolve.experiment.ablation import END_MARK, WARM_EVAL_FILE, WARM_START_RECORD
 from coevolve.report import plots
 from coevolve.report.run_report import table
-from coevolve.report.stats import Interval, mean_interval, paired_bootstrap_interval
+from coevolve.report.stats import (
+    Interval,
+    mean_interval,
+    paired_bootstrap_interval,
+    paired_delta,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -135,29 +140,65 @@ def measure_intervals(scores: list[MarkScore], measure: int) -> dict[str, dict[s
     }
 
 
+def _paired_scores(
+    scores: list[MarkScore], first: str, second: str, mark: str, measure: int
+) -> dict[int, list[tuple[float, float]]]:
+    """seed -> (first, second) scores of each held-out task both arms played at ``mark``."""
+    by_key = {(s.arm, s.seed, s.mark): s for s in scores}
+    pairs_by_seed: dict[int, list[tuple[float, float]]] = {}
+    for seed in sorted({s.seed for s in scores}):
+        a, b = by_key.get((first, seed, mark)), by_key.get((second, seed, mark))
+        if a is None or b is None:
+            continue
+        # sorted: a set's order follows the string hash, which differs between processes
+        shared = sorted(a.tasks.keys() & b.tasks)
+        pairs = [
+            (x, y)
+            for t in shared
+            if (x := a.tasks[t][measure]) is not None and (y := b.tasks[t][measure]) is not None
+        ]
+        if pairs:
+            pairs_by_seed[seed] = pairs
+    return pairs_by_seed
+
+
+def _compared_marks(scores: list[MarkScore]) -> list[str]:
+    return sorted({s.mark for s in scores if s.mark != WARM_MARK}, key=mark_order)
+
+
 def paired_intervals(
     scores: list[MarkScore], first: str, second: str, measure: int = 0
 ) -> dict[str, Interval]:
     """mark -> mean of ``first - second`` over the seeds both ran, per held-out task,
     with its two-level bootstrap interval. Mark 0 (the shared warm start) is left out."""
-    by_key = {(s.arm, s.seed, s.mark): s for s in scores}
-    marks = sorted({s.mark for s in scores if s.mark != WARM_MARK}, key=mark_order)
     intervals: dict[str, Interval] = {}
-    for mark in marks:
-        differences: dict[int, list[float]] = {}
-        for seed in sorted({s.seed for s in scores}):
-            a, b = by_key.get((first, seed, mark)), by_key.get((second, seed, mark))
-            if a is None or b is None:
-                continue
-            # sorted: a set's order follows the string hash, which differs between processes
-            shared = sorted(a.tasks.keys() & b.tasks)
-            pairs = [(a.tasks[t][measure], b.tasks[t][measure]) for t in shared]
-            found = [x - y for x, y in pairs if x is not None and y is not None]
-            if found:
-                differences[seed] = found
-        if differences:
+    for mark in _compared_marks(scores):
+        pairs_by_seed = _paired_scores(scores, first, second, mark, measure)
+        if pairs_by_seed:
+            differences = {seed: [x - y for x, y in pairs] for seed, pairs in pairs_by_seed.items()}
             intervals[mark] = paired_bootstrap_interval(differences)
     return intervals
+
+
+def paired_p_values(
+    scores: list[MarkScore], first: str, second: str, measure: int = 0
+) -> dict[str, float]:
+    """mark -> two-sided p-value of ``first - second`` with every (seed, task) pair pooled.
+
+    Tasks are the units (exact sign test for success, paired permutation otherwise), so
+    unlike the interval it leaves out the seed-to-seed variation.
+    """
+    p_values: dict[str, float] = {}
+    for mark in _compared_marks(scores):
+        pairs = [
+            p
+            for seed_pairs in _paired_scores(scores, first, second, mark, measure).values()
+            for p in seed_pairs
+        ]
+        if pairs:
+            firsts, seconds = [x for x, _ in pairs], [y for _, y in pairs]
+            p_values[mark] = paired_delta(firsts, seconds, binary=measure == 0).p
+    return p_values
 
 
 def end_minutes(scores: list[MarkScore]) -> dict[str, float]:
@@ -311,6 +352,12 @@ def _interval_text(interval: Interval, digits: int = 3) -> str:
     )
 
 
+def _p_text(p: float | None) -> str:
+    if p is None:
+        return "-"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def _mean_text(values: list[float], digits: int = 1) -> str:
     if not values:
         return "-"
@@ -416,12 +463,17 @@ def render_experiment_report(results_dir: Path, report_dir: Path | None = None) 
         name: {f"{a} - {b}": paired_intervals(scores, a, b, index) for a, b in COMPARISONS}
         for name, index in MEASURES
     }
+    p_values = {
+        (f"{a} - {b}", name): paired_p_values(scores, a, b, index)
+        for a, b in COMPARISONS
+        for name, index in MEASURES
+    }
     plot_measures(intervals, ends, report_dir / "heldout.png")
     plot_differences(differences["success"], ends, report_dir / "differences.png")
     plot_data_loop(found.kept, report_dir / "data_loop.png")
     plot_cpu(found.kept, report_dir / "cpu.png")
     spec = _read(results_dir / "experiment.json") or {}
-    text = _markdown(found, scores, spec, intervals, differences)
+    text = _markdown(found, scores, spec, intervals, differences, p_values)
     (report_dir / REPORT_FILE).write_text(text)
     return report_dir / REPORT_FILE
 
@@ -432,6 +484,7 @@ def _markdown(
     spec: dict[str, Any],
     intervals: dict[str, dict[str, dict[str, Interval]]],
     differences: dict[str, dict[str, dict[str, Interval]]],
+    p_values: dict[tuple[str, str], dict[str, float]],
 ) -> str:
     results = found.kept
     done = ", ".join(f"{r['arm']} s{r['seed']}" for r in results) or "none yet"
@@ -481,7 +534,14 @@ def _markdown(
         parts.append("Held-out measures: none yet.")
     parts += ["", "## Paired differences", "", "![differences](differences.png)", ""]
     rows = [
-        [comparison, name, mark, _interval_text(i), "yes" if i.excludes_zero else "no"]
+        [
+            comparison,
+            name,
+            mark,
+            _interval_text(i),
+            "yes" if i.excludes_zero else "no",
+            _p_text(p_values.get((comparison, name), {}).get(mark)),
+        ]
         for name, by_comparison in differences.items()
         for comparison, points in by_comparison.items()
         for mark, i in points.items()
@@ -489,9 +549,15 @@ def _markdown(
     if rows:
         parts += [
             "Per seed, the difference on each held-out task both arms played; the 95% "
-            "interval is a bootstrap over seeds, then tasks (n = seeds).",
+            "interval is a bootstrap over seeds, then tasks (n = seeds). The p-value pools every "
+            "(seed, task) pair and takes tasks as the units (exact sign test on success, "
+            "paired permutation otherwise), so it leaves out the seed-to-seed variation the "
+            "interval carries (a sign-flip test over three seeds cannot go below p = 0.25).",
             "",
-            table(["difference", "measure", "mark", "mean [95% interval]", "excludes 0"], rows),
+            table(
+                ["difference", "measure", "mark", "mean [95% interval]", "excludes 0", "p, tasks"],
+                rows,
+            ),
         ]
     else:
         parts.append("Paired differences: none yet (need two arms of the same seed).")

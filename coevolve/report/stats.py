@@ -138,7 +138,8 @@ def paired_delta(
         wins = sum(1 for d in differences if d > 0)
         losses = sum(1 for d in differences if d < 0)
         p, test = sign_test(wins, losses), "exact sign test (McNemar)"
-    elif all(d == 0 for d in differences):
+    elif len(differences) == 1 or all(d == 0 for d in differences):
+        # one task's two orders give the same |difference|: the exact p-value is 1
         p, test = 1.0, "paired permutation"
     else:
         result = scipy_stats.permutation_test(

@@ -72,6 +72,11 @@ def test_the_permutation_test_sees_a_shift_the_sign_of_which_is_mixed() -> None:
     assert delta.p < 0.001 and delta.low > 0
 
 
+def test_one_paired_task_has_a_permutation_p_value_of_one() -> None:
+    delta = paired_delta([0.9], [0.2])
+    assert (delta.mean, delta.p, delta.n) == (pytest.approx(0.7), 1.0, 1)
+
+
 def test_reports_of_different_tasks_are_refused() -> None:
     a, b = constructed_pair(gain=1)
     b["entries"] = b["entries"][:-1]

@@ -37,6 +37,7 @@ from coevolve.experiment.aggregate import (
     mark_scores,
     measure_intervals,
     paired_intervals,
+    paired_p_values,
     render_experiment_report,
 )
 from coevolve.report.stats import mean_interval, paired_bootstrap_interval
@@ -148,6 +149,26 @@ def test_aggregation_of_result_files(results_dir: Path) -> None:
     assert likelihood.mean == pytest.approx(0.45)
 
 
+def test_p_values_pool_the_tasks_of_every_seed(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    tasks = [f"t{i}" for i in range(6)]
+    # seed 0: coevolve solves five tasks random does not; seed 1: four, and loses one
+    write_result(results, "coevolve", 0, dict.fromkeys(tasks[:5], 1.0) | {"t5": 0.0})
+    write_result(results, "random", 0, dict.fromkeys(tasks, 0.0))
+    write_result(results, "coevolve", 1, dict.fromkeys(tasks[:4], 1.0) | {"t4": 0.0, "t5": 0.0})
+    write_result(results, "random", 1, dict.fromkeys(tasks, 0.0) | {"t5": 1.0})
+    scores = mark_scores(load_results(results).kept, None)
+
+    success = paired_p_values(scores, "coevolve", "random")
+    # 9 gained, 1 lost over both seeds: two-sided exact sign test, 2 * 11 / 1024
+    assert success == {"end": pytest.approx(22 / 1024)}
+    # each seed alone is further from significance than the pool
+    for seed in (0, 1):
+        one_seed = [s for s in scores if s.seed == seed]
+        assert paired_p_values(one_seed, "coevolve", "random")["end"] > success["end"]
+    assert paired_p_values(scores, "coevolve", "none") == {}
+
+
 PAIRED_INTERVAL_SCRIPT = """
 import sys
 from pathlib import Path
@@ -186,9 +207,14 @@ def test_experiment_report_renders(results_dir: Path) -> None:
     text = (report_dir / "report.md").read_text()
     for name in ("heldout.png", "differences.png", "data_loop.png", "cpu.png"):
         assert (report_dir / name).stat().st_size > 5_000, name
-    assert "| coevolve - random | success | end | 0.325 [0.250, 0.400] (n=2) | yes |" in text
-    assert "| random - none | success | end | 0.125 [0.000, 0.250] (n=2) | no |" in text
-    assert "| coevolve - none | log-likelihood | end | 0.450 [0.250, 0.650] (n=2) | yes |" in text
+    assert (
+        "| coevolve - random | success | end | 0.325 [0.250, 0.400] (n=2) | yes | 0.125 |" in text
+    )
+    assert "| random - none | success | end | 0.125 [0.000, 0.250] (n=2) | no | 0.500 |" in text
+    assert (
+        "| coevolve - none | log-likelihood | end | 0.450 [0.250, 0.650] (n=2) | yes | 0.125 |"
+        in text
+    )
     assert "| 0 | 0.250 [0.250, 0.250] (n=2)" in text
     assert (
         "| coevolve | 2 | 10.0 ± 0.0 | minutes | 10.5 ± 6.4 | 20.0 ± 0.0 | 15.0 ± 0.0 | 5.0 ± 0.0 |"
@@ -216,7 +242,9 @@ def test_results_from_another_warm_start_are_not_pooled(results_dir: Path) -> No
     assert [(r["arm"], r["seed"]) for r in found.excluded] == [("coevolve", 2)]
     assert len(found.kept) == 6
     assert "**Not pooled: coevolve s2**" in text
-    assert "| coevolve - random | success | end | 0.325 [0.250, 0.400] (n=2) | yes |" in text
+    assert (
+        "| coevolve - random | success | end | 0.325 [0.250, 0.400] (n=2) | yes | 0.125 |" in text
+    )
 
 
 def test_report_of_an_empty_experiment(tmp_path: Path) -> None:
