@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 from tests.support.cache import CACHE_DIR
 
 
+@functools.cache  # one child per setting: two tests share the checkpointed 768-token pass
 def _measure(mode: str, tokens: str, heap: str = "mapped") -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COEVOLVE_RUN_DIR": str(CACHE_DIR)}
     child = subprocess.run(
@@ -38,7 +40,7 @@ def test_a_warm_start_pair_is_measured_in_its_own_process() -> None:
 def test_a_checkpointed_pass_peaks_below_a_stored_one() -> None:
     peaks = {}
     for mode in ("train", "train-checkpointed"):
-        row = _measure(mode, "768")
+        row = _measure(mode, "768", heap="mapped")
         assert row["held_after_release_mb"] <= row["held_after_step_mb"] + 50
         peaks[mode] = row["peak_mb"] - row["loaded_mb"]
 
