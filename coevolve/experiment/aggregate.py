@@ -8,7 +8,8 @@ Per arm and mark (every ``--eval-every`` minute, and the arm's end): each held-o
 measure's mean across seeds with a 95% t interval. Paired differences (coevolve -
 random, random - none, coevolve - none) per measure and mark: per seed, the difference
 on each held-out task both arms played, with a two-level bootstrap interval (seeds, then
-tasks). An interval that excludes 0 is called significant; nothing else is.
+tasks). An interval that excludes 0 is called significant; nothing else is. Beside it,
+a p-value with every (seed, task) pair pooled, which leaves the seeds' variation out.
 """
 
 from __future__ import annotations
