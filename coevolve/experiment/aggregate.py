@@ -29,7 +29,7 @@ from coevolve.report.stats import (
     Interval,
     mean_interval,
     paired_bootstrap_interval,
-    paired_delta,
+    paired_p_value,
 )
 
 if TYPE_CHECKING:
@@ -198,7 +198,7 @@ def paired_p_values(
         ]
         if pairs:
             firsts, seconds = [x for x, _ in pairs], [y for _, y in pairs]
-            p_values[mark] = paired_delta(firsts, seconds, binary=measure == 0).p
+            p_values[mark], _ = paired_p_value(firsts, seconds, binary=measure == 0)
     return p_values
 
 

@@ -134,24 +134,36 @@ def paired_delta(
         raise ValueError("no paired scores")
     differences = [a - b for a, b in zip(first, second, strict=True)]
     interval = bootstrap_mean_interval(differences, confidence, resamples, seed)
+    p, test = paired_p_value(first, second, binary=binary, resamples=resamples, seed=seed)
+    return PairedDelta(interval.mean, interval.low, interval.high, p, len(first), test)
+
+
+def paired_p_value(
+    first: Sequence[float],
+    second: Sequence[float],
+    *,
+    binary: bool = False,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, str]:
+    """Two-sided p-value of ``first - second`` over paired tasks, and the test's name."""
+    differences = [a - b for a, b in zip(first, second, strict=True)]
     if binary:
         wins = sum(1 for d in differences if d > 0)
         losses = sum(1 for d in differences if d < 0)
-        p, test = sign_test(wins, losses), "exact sign test (McNemar)"
-    elif len(differences) == 1 or all(d == 0 for d in differences):
+        return min(sign_test(wins, losses), 1.0), "exact sign test (McNemar)"
+    if len(differences) == 1 or all(d == 0 for d in differences):
         # one task's two orders give the same |difference|: the exact p-value is 1
-        p, test = 1.0, "paired permutation"
-    else:
-        result = scipy_stats.permutation_test(
-            (list(first), list(second)),
-            _mean_difference,
-            permutation_type="samples",
-            vectorized=True,
-            n_resamples=resamples,
-            random_state=seed,
-        )
-        p, test = float(result.pvalue), "paired permutation"
-    return PairedDelta(interval.mean, interval.low, interval.high, min(p, 1.0), len(first), test)
+        return 1.0, "paired permutation"
+    result = scipy_stats.permutation_test(
+        (list(first), list(second)),
+        _mean_difference,
+        permutation_type="samples",
+        vectorized=True,
+        n_resamples=resamples,
+        random_state=seed,
+    )
+    return min(float(result.pvalue), 1.0), "paired permutation"
 
 
 def _mean_difference(first: Any, second: Any, axis: int = -1) -> Any:
