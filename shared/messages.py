@@ -99,6 +99,23 @@ class ExplorationContext(Part):
     mistakes_to_avoid: list[str]
 
 
+CallProblem = Literal["missed", "wrong_function", "wrong_arguments", "wrong_order"]
+
+
+class FailedCall(Part):
+    """A ground-truth call the policy did not make as it should have in one trajectory.
+
+    ``got`` is the policy's call that stood in its place (None when it made none):
+    another function (``wrong_function``), the same function with other arguments
+    (``wrong_arguments``), or the right call after a call it should have followed
+    (``wrong_order``).
+    """
+
+    expected: ToolCall
+    problem: CallProblem
+    got: ToolCall | None = None
+
+
 class Lineage(Part):
     """How a task came to be: signal -> context -> exploration -> candidate -> verdict.
 
@@ -117,6 +134,12 @@ class Lineage(Part):
     candidate_id: str | None = None
     verdict_id: str | None = None
     trace_id: str | None = None
+    # synthesis generations from a seed task: a seed task 0, its child 1, a child's child 2
+    depth: int = 0
+    # what the policy got wrong in the parent turn whose rollout raised the signal, and
+    # the functions of those calls: a child must call at least one of them
+    failed_calls: list[FailedCall] = msgspec.field(default_factory=list)
+    target_functions: list[str] = msgspec.field(default_factory=list)
 
 
 class Task(Part):
@@ -295,6 +318,8 @@ class Exploration(Message):
     signal_id: str | None = None
     signal_kind: SignalKind | None = None
     signal_evidence: dict[str, Any] = msgspec.field(default_factory=dict)
+    # what the policy got wrong in the signal's trajectory (guided explorations)
+    failed_calls: list[FailedCall] = msgspec.field(default_factory=list)
     created_at: float = msgspec.field(default_factory=now)
 
 

@@ -8,7 +8,9 @@ import msgspec
 
 
 class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    rounds: int = 1
+    # rounds per signal, each from the parent turn's state and each first calling a
+    # function the policy got wrong: each round can give one candidate
+    rounds: int = 2
     max_steps: int = 3
     max_request_rounds: int = 8
     summary_max_tokens: int = 400
@@ -16,6 +18,18 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     on_context_rejection: Literal["explore", "drop"] = "explore"
     history_messages: int = 12
     concurrency: int = 1
+    # aim at the failure: explore a signal only when its trajectory got a ground-truth call
+    # wrong (shared/failures.py); the exploration's first step of each round calls one of
+    # those functions. false: every signal is explored, as the paper's loop does
+    require_failure: bool = True
+    # explore signals of tasks at most this many synthesis generations from a seed task
+    # (a seed task is 0): 0 explores only seed tasks' signals, so children stay variants of
+    # the labelled turns instead of drifting through children of children
+    max_parent_depth: int = 0
     # each published exploration as one JSON line in RUN_DIR/<record>-<pid>.jsonl: what
     # synthesis was given, to run through abstractor and judge again offline (null: none)
     record: str | None = "explorer/explorations"
+
+    def __post_init__(self) -> None:
+        if self.max_parent_depth < 0:
+            raise ValueError(f"max_parent_depth must be >= 0, got {self.max_parent_depth}")

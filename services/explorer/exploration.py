@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,8 +118,14 @@ async def explore_round(
     config: ExplorerConfig,
     counter: RejectionCounter,
     stats: ExplorationStats,
+    first_functions: Sequence[str] = (),
 ) -> ExplorationRound:
-    """One round of at most ``config.max_steps`` actions from the task's initial state."""
+    """One round of at most ``config.max_steps`` actions from the task's initial state.
+
+    With ``first_functions`` (the functions the policy got wrong), the round's first call
+    (the first step that makes one) is constrained to those of them the environment
+    offers, so every round tries one of them; later steps may call any function (a
+    lookup, a call that uses what the first returned)."""
     environment = make_env()
     schemas = _SchemaCache()
     try:
@@ -131,8 +137,12 @@ async def explore_round(
             tools = environment.tools()
             if not tools:
                 break
+            offered = tools
+            if not steps and first_functions:
+                wanted = set(first_functions)
+                offered = [t for t in tools if t.get("function", t).get("name") in wanted] or tools
             messages = exploration_messages(tools, goal, shown, failed=sorted(failed_calls))
-            outcome = await next_action(llm, messages, schemas.get(tools), config, failed_calls)
+            outcome = await next_action(llm, messages, schemas.get(offered), config, failed_calls)
             counter.record(outcome)
             if isinstance(outcome, Rejection):
                 stats.rejections.append(outcome)
@@ -177,11 +187,13 @@ async def explore(
     config: ExplorerConfig,
     counter: RejectionCounter,
     rounds: int | None = None,
+    first_functions: Sequence[str] = (),
 ) -> tuple[list[ExplorationRound], ExplorationStats]:
-    """``rounds`` (default ``config.rounds``) independent rounds, each in a fresh environment."""
+    """``rounds`` (default ``config.rounds``) independent rounds, each in a fresh
+    environment, each first calling one of ``first_functions`` when given."""
     stats = ExplorationStats()
     done = [
-        await explore_round(llm, make_env, task, goal, config, counter, stats)
+        await explore_round(llm, make_env, task, goal, config, counter, stats, first_functions)
         for _ in range(config.rounds if rounds is None else rounds)
     ]
     return done, stats

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+import anyio
 from opentelemetry.trace import NoOpTracer, Tracer
 
 from coevolve.services.explorer.config import ExplorerConfig
@@ -18,13 +19,15 @@ from coevolve.services.explorer.exploration import ExplorationStats, explore
 from coevolve.services.explorer.prompts import (
     CONTEXT_SCHEMA,
     GOAL_TEMPLATES,
+    aimed_goal,
     describe_signal,
     exploration_goal,
     render_task,
     summarizer_messages,
     unguided_goal,
 )
-from coevolve.shared.envs import Environment, make_environment
+from coevolve.shared.envs import Environment, make_environment, state_of
+from coevolve.shared.failures import failed_calls, target_functions
 from coevolve.shared.llm import RoleLLM
 from coevolve.shared.messages import (
     Exploration,
@@ -32,6 +35,7 @@ from coevolve.shared.messages import (
     ExplorationMode,
     ExplorationRequest,
     ExplorationRound,
+    FailedCall,
     Signal,
     Task,
     derived_id,
@@ -41,8 +45,12 @@ from coevolve.shared.structured import Rejection, RejectionCounter, ask_structur
 log = logging.getLogger(__name__)
 
 # explored: an exploration to publish; empty: no usable action; dropped_without_context:
-# the summary was unusable and ``on_context_rejection`` is ``drop``
-ExploreOutcome = Literal["explored", "empty", "dropped_without_context"]
+# the summary was unusable and ``on_context_rejection`` is ``drop``; nothing_failed: the
+# trajectory got no ground-truth call wrong (``require_failure``); too_deep: the task is
+# more synthesis generations from a seed task than ``max_parent_depth``
+ExploreOutcome = Literal[
+    "explored", "empty", "dropped_without_context", "nothing_failed", "too_deep"
+]
 
 
 @dataclass
@@ -66,34 +74,60 @@ class Explored:
 
 
 async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
-    """The summarizer's context for ``signal``, then ``rounds`` guided rounds from its task.
+    """The summarizer's context for ``signal``, then ``rounds`` guided rounds from its task,
+    aimed at what its trajectory got wrong (``shared/failures.py``).
 
-    Without a usable summary the signal's own description steers the rounds (or, with
+    A signal whose trajectory got no ground-truth call wrong (with ``require_failure``),
+    or whose task is too many generations from a seed task, is not explored. Without a
+    usable summary the signal's own description steers the rounds (or, with
     ``on_context_rejection: drop``, nothing is explored). Raises only ``LLMUnavailable``.
     """
+    config = deps.config
+    if signal.task.lineage.depth > config.max_parent_depth:
+        return Explored(None, "too_deep", ExplorationStats())
+    failed = failed_calls(signal.task, signal.trajectory)
+    if config.require_failure and not failed:
+        return Explored(None, "nothing_failed", ExplorationStats())
     with deps.tracer.start_as_current_span(
         "explorer summarize", attributes={"coevolve.detail": signal.kind}
     ):
         summary = await summarize_signal(
-            deps.summarizer, signal, deps.config.summary_max_tokens, deps.summaries
+            deps.summarizer, signal, config.summary_max_tokens, deps.summaries, failed
         )
     if isinstance(summary, Rejection):
-        if deps.config.on_context_rejection == "drop":
+        if config.on_context_rejection == "drop":
             return Explored(None, "dropped_without_context", ExplorationStats(), summary)
         context, rejection = None, summary
     else:
         context, rejection = summary, None
+    if failed:
+        state = await anyio.to_thread.run_sync(start_state, signal.task)
+        goal = aimed_goal(signal, failed, state, context)
+    else:
+        goal = guided_goal(signal, context)
     explored = await explore_task(
         deps,
         exploration_id=derived_id("exploration", signal.id),
         mode="guided",
         task=signal.task,
-        goal=guided_goal(signal, context),
-        rounds=deps.config.rounds,
+        goal=goal,
+        rounds=config.rounds,
         context=context,
         signal=signal,
+        failed=failed,
     )
     return Explored(explored.exploration, explored.outcome, explored.stats, rejection)
+
+
+def start_state(task: Task) -> dict[str, Any] | None:
+    """The state ``task`` starts in (its environment's ``state()``; None without one).
+    Blocking (run it in a worker thread)."""
+    environment = make_environment(task.environment)
+    try:
+        environment.reset(task)
+        return state_of(environment)
+    finally:
+        environment.close()
 
 
 async def explore_request(request: ExplorationRequest, deps: ExplorerDeps) -> Explored:
@@ -121,8 +155,10 @@ async def explore_task(
     rounds: int,
     context: ExplorationContext | None,
     signal: Signal | None,
+    failed: list[FailedCall] | None = None,
 ) -> Explored:
-    """``rounds`` rounds towards ``goal``, each in a fresh environment in the task's state."""
+    """``rounds`` rounds towards ``goal``, each in a fresh environment in the task's state;
+    with ``failed``, each round's first call is one of their functions."""
     environment = task.environment
 
     def make_env() -> Environment:
@@ -132,25 +168,37 @@ async def explore_task(
         "explorer explore", attributes={"coevolve.detail": mode}
     ):
         done, stats = await explore(
-            deps.explorer, make_env, task, goal, deps.config, deps.actions, rounds
+            deps.explorer,
+            make_env,
+            task,
+            goal,
+            deps.config,
+            deps.actions,
+            rounds,
+            first_functions=target_functions(failed or []),
         )
     if stats.steps == 0:
         log.warning("exploration %s: no usable action in %d rounds", exploration_id, rounds)
         return Explored(None, "empty", stats)
     exploration = exploration_message(
-        exploration_id, mode, task, done, context=context, signal=signal
+        exploration_id, mode, task, done, context=context, signal=signal, failed=failed
     )
     return Explored(exploration, "explored", stats)
 
 
 async def summarize_signal(
-    llm: RoleLLM, signal: Signal, max_tokens: int, counter: RejectionCounter
+    llm: RoleLLM,
+    signal: Signal,
+    max_tokens: int,
+    counter: RejectionCounter,
+    failed: list[FailedCall] | None = None,
 ) -> ExplorationContext | Rejection:
-    """The summarizer role's :class:`ExplorationContext` for ``signal``, or why it is
-    unusable (counted in ``counter``). Raises only ``LLMUnavailable``."""
+    """The summarizer role's :class:`ExplorationContext` for ``signal`` (told what its
+    trajectory got wrong, ``failed``), or why it is unusable (counted in ``counter``).
+    Raises only ``LLMUnavailable``."""
     return await ask_structured(
         llm,
-        summarizer_messages(signal),
+        summarizer_messages(signal, failed or []),
         ExplorationContext,
         schema=CONTEXT_SCHEMA,
         max_tokens=max_tokens,
@@ -175,8 +223,10 @@ def exploration_message(
     *,
     context: ExplorationContext | None,
     signal: Signal | None,
+    failed: list[FailedCall] | None = None,
 ) -> Exploration:
-    """The exploration as published: its rounds plus the signal (if any) that steered it."""
+    """The exploration as published: its rounds plus the signal (if any) that steered it
+    and what the signal's trajectory got wrong."""
     return Exploration(
         id=exploration_id,
         mode=mode,
@@ -186,6 +236,7 @@ def exploration_message(
         signal_id=signal.id if signal else None,
         signal_kind=signal.kind if signal else None,
         signal_evidence=dict(signal.evidence) if signal else {},
+        failed_calls=list(failed or []),
     )
 
 

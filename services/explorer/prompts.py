@@ -19,9 +19,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from coevolve.shared.failures import conversation_before, describe_failure
 from coevolve.shared.messages import (
     ChatMessage,
     ExplorationContext,
+    FailedCall,
     Signal,
     SignalKind,
     Task,
@@ -36,6 +38,8 @@ TOOL_DESCRIPTION_CHARS = 110
 TOOLS_CHARS = 3500
 OBSERVATION_CHARS = 600
 HISTORY_STEPS = 6
+CONVERSATION_CHARS = 1800
+STATE_CHARS = 1500
 
 
 # --------------------------------------------------------------------------- rendering
@@ -200,13 +204,15 @@ def describe_signal(kind: SignalKind, evidence: dict[str, Any]) -> str:
     )
 
 
-def summarizer_messages(signal: Signal) -> ChatMessages:
-    """The summarizer's prompt for ``signal`` (ask with ``CONTEXT_SCHEMA``)."""
+def summarizer_messages(signal: Signal, failed: Sequence[FailedCall] = ()) -> ChatMessages:
+    """The summarizer's prompt for ``signal`` (ask with ``CONTEXT_SCHEMA``), with what the
+    policy got wrong against the ground truth (``failed``)."""
     trajectory = signal.trajectory
     user = (
         f"{describe_signal(signal.kind, signal.evidence)}\n\n"
         f"Task given to the agent:\n{render_task(signal.task)}\n\n"
         f"Episode (reward {_num(trajectory.reward)}):\n{render_trajectory(trajectory)}\n\n"
+        f"{render_failure(failed)}"
         "Explain: what happened, why it failed or was unstable, which patterns should be "
         "explored again, and which mistakes to avoid.\n"
         f"{SUMMARIZER_FIELDS}"
@@ -315,6 +321,80 @@ def exploration_goal(kind: SignalKind, context: ExplorationContext, task: Task) 
     """The signal-kind goal with the summarized context, plus the scenario it came from."""
     goal = GOAL_TEMPLATES[kind].format(context=render_context(context))
     return f"{goal}\n\nThe environment starts in the state of this task:\n{render_task(task)}"
+
+
+def render_failure(failed: Sequence[FailedCall]) -> str:
+    """What the agent got wrong, one line per ground-truth call ("" when nothing)."""
+    if not failed:
+        return ""
+    lines = [f"- {clip(describe_failure(f), MESSAGE_CHARS)}" for f in failed]
+    return "Against the correct answer:\n" + "\n".join(lines) + "\n\n"
+
+
+def render_conversation(
+    messages: Sequence[ChatMessage], max_chars: int = CONVERSATION_CHARS
+) -> str:
+    """The conversation so far, one line per message, its most recent part kept."""
+    lines = [_render_message(m) for m in messages if m.role != "system"]
+    kept: list[str] = []
+    used = 0
+    for line in reversed(lines):
+        if used + len(line) + 1 > max_chars:
+            kept.insert(0, f"[... {len(lines) - len(kept)} earlier messages ...]")
+            break
+        kept.insert(0, line)
+        used += len(line) + 1
+    return "\n".join(kept)
+
+
+def render_state(state: dict[str, Any] | None, max_chars: int = STATE_CHARS) -> str:
+    """The environment's state as compact JSON, cut to ``max_chars`` ("" when unknown)."""
+    if not state:
+        return ""
+    text = json.dumps(state, ensure_ascii=False, default=str, separators=(",", ":"))
+    return text if len(text) <= max_chars else text[: max_chars - 5] + " ..."
+
+
+AIMED_GOAL = """Exploration goal: practise exactly what the agent got wrong, with other values.
+
+A user and the agent were in this conversation (the last user message is the request the \
+agent failed):
+{conversation}
+
+{failure}{signal}
+The environment is in the state the agent saw{state_note}
+{state}
+
+In this exploration:
+1. Call {targets} with OTHER argument values than above that are valid in this state \
+(ids, names and amounts that exist in the state or that an earlier call returned).
+2. Then, where it makes sense, continue with a call that uses what that call returned.
+3. Make the calls a user of this conversation could plausibly ask for next."""
+
+
+def aimed_goal(
+    signal: Signal,
+    failed: Sequence[FailedCall],
+    state: dict[str, Any] | None,
+    context: ExplorationContext | None,
+) -> str:
+    """The goal of a guided exploration aimed at the failure: the parent turn's
+    conversation so far, what the agent got wrong there, the state, and the functions
+    to call again with other values."""
+    targets = list(dict.fromkeys(f.expected.name for f in failed))
+    conversation = conversation_before(signal.task, signal.trajectory.messages)
+    signal_words = describe_signal(signal.kind, signal.evidence)
+    if context is not None:
+        signal_words += "\n" + render_context(context)
+    rendered_state = render_state(state)
+    return AIMED_GOAL.format(
+        conversation=render_conversation(conversation),
+        failure=render_failure(failed),
+        signal=signal_words + "\n",
+        state_note=":" if rendered_state else " (not shown).",
+        state=rendered_state,
+        targets=" or ".join(targets) if targets else "the functions the request needed",
+    )
 
 
 def unguided_goal(task: Task) -> str:

@@ -61,13 +61,18 @@ POOL_WITH_ENTRIES: dict[str, object] = {
 }
 
 
-def filesystem_seed_tasks(count: int) -> list[Task]:
+def filesystem_seed_tasks(count: int, missing: Sequence[str] = ()) -> list[Task]:
     """Seed (train-split) tasks with a file system, whose turns the eval leak guard does
-    not flag (so a copy of them is caught as a pool duplicate, not as a leak)."""
+    not flag (so a copy of them is caught as a pool duplicate, not as a leak); with
+    ``missing``, only tasks whose failed ``trajectory`` misses a call of one of these
+    functions (so an exploration aimed at the failure may call them)."""
     guard = LeakGuard(backend="ngram")
     chosen = []
     for task in seed_tasks():
         if "GorillaFileSystem" not in task.env_config["involved_classes"]:
+            continue
+        later_calls = [c.name for turn in task.ground_truth for c in turn][1:]
+        if missing and not set(missing) & set(later_calls):
             continue
         if any(guard.flags(turn)[0] for turn in task.user_turns):
             continue
@@ -130,12 +135,14 @@ def logged_exploration(
 class WellFormedBrain:
     """Answers every role with well-formed JSON a capable remote model would give.
 
-    The explorer makes a new folder named after its prompt, then lists the directory; the
-    abstractor writes the request for the calls its prompt shows (the folder's creation,
-    or a listing when nothing was created). ``requests`` makes the abstractor's n-th
-    answer another kind the pipeline must filter: ``eval_leak`` (an eval query copied),
-    ``duplicate`` (the explored task's first turn), ``malformed`` (a function's name),
-    ``code`` (the call written as code inside a sentence).
+    The explorer makes a new folder named after its prompt (a new file when its first
+    step may only call what a failed trajectory got wrong, among which ``touch``), then
+    lists the directory; the abstractor writes the request for the calls its prompt
+    shows (the folder's or file's creation, or a listing when nothing was created).
+    ``requests`` makes the abstractor's n-th answer another kind the pipeline must
+    filter: ``eval_leak`` (an eval query copied), ``duplicate`` (the explored task's
+    first turn), ``malformed`` (a function's name), ``code`` (the call written as code
+    inside a sentence).
     """
 
     def __init__(
@@ -169,9 +176,12 @@ class WellFormedBrain:
     def explorer(self, request: dict[str, Any]) -> dict[str, Any]:
         offered = offered_functions(request)
         messages = request["messages"]
-        if "mkdir" in offered and len(messages) <= 2:  # the first step: nothing done yet
+        if len(messages) <= 2:  # the first step: nothing done yet
             tag = hashlib.sha256(prompt_text(request).encode()).hexdigest()[:6]
-            return {"name": "mkdir", "arguments": {"dir_name": f"review_{tag}"}}
+            if "mkdir" in offered:
+                return {"name": "mkdir", "arguments": {"dir_name": f"review_{tag}"}}
+            if "touch" in offered:
+                return {"name": "touch", "arguments": {"file_name": f"review_{tag}.txt"}}
         name = next((n for n in ("ls", "pwd") if n in offered), offered[0])
         return {"name": name, "arguments": {}}
 
@@ -187,11 +197,18 @@ class WellFormedBrain:
         if kind == "malformed":
             return {"description": "A function name.", "request": "mkdir"}
         folder = re.search(r'dir_name = "([^"]+)"', text)
+        file = re.search(r'file_name = "([^"]+)"', text)
         if kind == "code":
             name = folder.group(1) if folder else "x"
             return {
                 "description": "A call.",
                 "request": f"Please run mkdir(dir_name='{name}') in my current folder for me.",
+            }
+        if file is not None and folder is None:
+            return {
+                "description": "Create a file in the current directory.",
+                "request": f"Please create a new empty file called '{file.group(1)}' right "
+                "here in my current working folder.",
             }
         if folder is not None:
             return {

@@ -72,7 +72,8 @@ async def test_rollout_group_to_accepted_task_with_lineage_in_one_trace(
     assert published.explorations == [derived_id("exploration", signal_id)]
     assert explorer.summaries.accepted == 1 and explorer.actions.accepted == 2
     assert fake.calls == {"summarizer": 1, "explorer": 2, "abstractor": 1, "judge": 1}
-    # the exploration made a folder, then listed it: the unit is the mkdir alone
+    # the failed attempts missed touch (among others), so the exploration made a file,
+    # then listed it: the unit is the touch alone
     assert not abstractor.dropped
     assert published.candidates == published.judged and len(published.candidates) == 1
     assert judge.outcomes == {"accepted": 1}
@@ -95,7 +96,9 @@ async def test_rollout_group_to_accepted_task_with_lineage_in_one_trace(
     assert chain["verdict"]["accepted"] and chain["signal"]["kind"] == "boundary"
     assert chain["context"]["summary"] and chain["exploration"]["steps"] == 2
     [[call]] = accepted.ground_truth
-    assert call.name == "mkdir" and call.arguments["dir_name"] in accepted.user_turns[0]
+    assert call.name == "touch" and call.arguments["file_name"] in accepted.user_turns[0]
+    assert "touch" in lineage.target_functions and lineage.depth == 1
+    assert any(f.expected.name == "touch" for f in lineage.failed_calls)
 
     # one trace: group handling, signal, exploration, candidate, verdict, pool-store
     trace_id = lineage.trace_id

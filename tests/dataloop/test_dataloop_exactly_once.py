@@ -34,7 +34,7 @@ GROUPS = 6
 
 
 async def test_three_explorers_two_judges_process_each_message_once(settings: Settings) -> None:
-    tasks = filesystem_seed_tasks(GROUPS)
+    tasks = filesystem_seed_tasks(GROUPS, missing=("touch", "mkdir"))
     # Slow answers keep each explorer and judge busy, so the queues spread the work.
     brain = WellFormedBrain(delays={"explorer": 0.15, "summarizer": 0.1, "judge": 0.2})
     # The requests differ only in a folder name; de-duplication is covered in

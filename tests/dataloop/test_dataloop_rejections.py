@@ -74,7 +74,7 @@ class FirstAnswerMalformed(WellFormedBrain):
 async def test_malformed_outputs_are_counted_rejections_and_services_go_on(
     settings: Settings,
 ) -> None:
-    tasks = filesystem_seed_tasks(3)
+    tasks = filesystem_seed_tasks(3, missing=("touch", "mkdir"))
     # the good drafts differ only in a folder name: no de-duplication between them
     fake = serve_data_loop(settings, FirstAnswerMalformed(), max_tasks=1, dedup_threshold=1.5)
     explorer, abstractor, judge = (

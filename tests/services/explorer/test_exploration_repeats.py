@@ -48,7 +48,7 @@ def run(
     section = {"default": {"base_url": endpoint.base_url, "model": "m", "temperature": 0.7}}
     clients = RoleClients(role_settings(section))
     counter = RejectionCounter()
-    config = ExplorerConfig(max_steps=steps)
+    config = ExplorerConfig(max_steps=steps, rounds=1)
 
     async def go() -> Any:
         try:

@@ -1,0 +1,171 @@
+"""Exploration aimed at the failure: the signal's trajectory against its turn's ground truth.
+
+The turn is a real BFCL train turn with earlier turns (its conversation prefix replayed by
+the real environment); the model is the shared scripted OpenAI endpoint over HTTP (what
+is under test is what the explorer asks and does, not what a model answers).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+
+from coevolve.services.explorer.config import ExplorerConfig
+from coevolve.services.explorer.handler import Explored, ExplorerDeps, explore_signal
+from coevolve.shared.envs import make_environment
+from coevolve.shared.envs.bfcl.tasks import seed_pool
+from coevolve.shared.failures import failed_calls, failed_in_turn, policy_turns
+from coevolve.shared.llm import RoleClients, role_settings
+from coevolve.shared.messages import ChatMessage, Signal, Task, ToolCall, Trajectory
+from coevolve.shared.structured import RejectionCounter
+from tests.support.fake_llm import FakeOpenAI, completion
+
+SUMMARY = {
+    "summary": "The agent called the wrong function.",
+    "failure_cause": "It did not look up the stock.",
+    "instability_pattern": "Wrong function.",
+    "focus_pattern": ["look up stock information"],
+    "mistakes_to_avoid": ["calling another function"],
+}
+
+
+def call(name: str, **arguments: Any) -> ToolCall:
+    return ToolCall(name=name, arguments=arguments)
+
+
+def test_failed_calls_name_missed_wrong_arguments_wrong_function_and_order() -> None:
+    a, b, c = call("a", x=1), call("b", y="Zeta"), call("c")
+    assert failed_in_turn([a, b], [a, b]) == []
+    assert failed_in_turn([a, b], [call("a", x=1.0), call("b", y=" zeta ")]) == []
+    [missed] = failed_in_turn([a, b], [a])
+    assert (missed.expected, missed.problem, missed.got) == (b, "missed", None)
+    [wrong] = failed_in_turn([a], [call("a", x=2)])
+    assert wrong.problem == "wrong_arguments" and wrong.got == call("a", x=2)
+    [other] = failed_in_turn([b], [c])
+    assert other.problem == "wrong_function" and other.got == c
+    [order] = failed_in_turn([a, b], [b, a])
+    assert order.problem == "wrong_order" and order.expected == b
+
+
+def prefixed_turn() -> Task:
+    """A TradingBot train turn with at least one earlier turn and one call to make."""
+    return next(
+        t
+        for t in seed_pool(classes=["TradingBot"])
+        if t.env_config.get("grain") == "turn"
+        and t.env_config.get("prior_turns")
+        and len(t.ground_truth[0]) == 1
+    )
+
+
+def failed_trajectory(task: Task, made: list[ToolCall], reward: float = 0.0) -> Trajectory:
+    """The environment's own conversation for ``task``, then the policy's ``made`` calls."""
+    environment = make_environment("bfcl")
+    try:
+        messages = environment.reset(task)
+    finally:
+        environment.close()
+    answer = ChatMessage(role="assistant", content="(calls)", tool_calls=made)
+    return Trajectory(
+        id="t0",
+        task_id=task.id,
+        messages=[*messages, answer],
+        token_ids=[],
+        logprobs=[],
+        loss_mask=[],
+        reward=reward,
+        policy_version=3,
+    )
+
+
+def test_the_policys_calls_are_those_after_the_replayed_prefix() -> None:
+    task = prefixed_turn()
+    wrong = call("get_watchlist")
+    trajectory = failed_trajectory(task, [wrong])
+    assert policy_turns(task, trajectory.messages) == [[wrong]]
+    [failure] = failed_calls(task, trajectory)
+    assert failure.expected == task.ground_truth[0][0] and failure.got == wrong
+    solved = failed_trajectory(task, list(task.ground_truth[0]), reward=1.0)
+    assert failed_calls(task, solved) == []
+
+
+@pytest.fixture
+def endpoint() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def explore(endpoint: FakeOpenAI, signal: Signal, replies: list[Any]) -> Explored:
+    endpoint.reply(*(completion(json.dumps(reply)) for reply in replies))
+    section = {"default": {"base_url": endpoint.base_url, "model": "m", "temperature": 0.7}}
+    clients = RoleClients(role_settings(section))
+    deps = ExplorerDeps(
+        summarizer=clients["summarizer"],
+        explorer=clients["explorer"],
+        config=ExplorerConfig(max_steps=1, record=None),
+        summaries=RejectionCounter(),
+        actions=RejectionCounter(),
+    )
+
+    async def go() -> Explored:
+        try:
+            return await explore_signal(signal, deps)
+        finally:
+            await clients.aclose()
+
+    return anyio.run(go)
+
+
+def signal_of(task: Task, trajectory: Trajectory) -> Signal:
+    return Signal(
+        kind="boundary",
+        task=task,
+        trajectory=trajectory,
+        group_id="g0",
+        policy_version=3,
+        evidence={"successes": 2, "failures": 6},
+    )
+
+
+def test_the_explorer_sees_the_conversation_and_the_failing_call_and_calls_it_first(
+    endpoint: FakeOpenAI,
+) -> None:
+    task = prefixed_turn()
+    expected = task.ground_truth[0][0]
+    wrong = call("get_watchlist")
+    signal = signal_of(task, failed_trajectory(task, [wrong]))
+    action = {"name": expected.name, "arguments": expected.arguments}
+    explored = explore(endpoint, signal, [SUMMARY, action])
+    summarizer_prompt = endpoint.requests[0]["messages"][-1]["content"]
+    assert expected.name in summarizer_prompt and "get_watchlist" in summarizer_prompt
+    goal = endpoint.requests[1]["messages"][1]["content"]
+    earlier_request = " ".join(task.env_config["prior_turns"][-1].split())[:60]
+    assert earlier_request in " ".join(goal.split())
+    assert " ".join(task.user_turns[0].split())[:60] in " ".join(goal.split())
+    assert f"it called get_watchlist() where {expected.name}(" in goal
+    # the first call of the round can only be the function the policy got wrong
+    schema = json.dumps(endpoint.requests[1]["response_format"])
+    assert expected.name in schema and "get_watchlist" not in schema
+    assert explored.outcome == "explored" and explored.exploration is not None
+    [failure] = explored.exploration.failed_calls
+    assert failure.expected == expected and failure.problem == "wrong_function"
+
+
+def test_signals_with_nothing_failed_or_too_deep_are_not_explored(endpoint: FakeOpenAI) -> None:
+    task = prefixed_turn()
+    solved = signal_of(task, failed_trajectory(task, list(task.ground_truth[0]), reward=1.0))
+    assert explore(endpoint, solved, []).outcome == "nothing_failed"
+    child = msgspec.structs.replace(
+        task, lineage=msgspec.structs.replace(task.lineage, depth=1), origin="synthesized"
+    )
+    deep = signal_of(child, failed_trajectory(child, [call("get_watchlist")]))
+    assert explore(endpoint, deep, []).outcome == "too_deep"
+    assert endpoint.requests == []
