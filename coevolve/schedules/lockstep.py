@@ -356,9 +356,11 @@ def run_lockstep(
         nonlocal draws
         draws += 1
         batch_seed = seed * 1_000_003 + draws
-        tasks = store.sample_batch(count, mix=mix, environment="bfcl", seed=batch_seed)
+        # jobs=True: the draws are the schedule's jobs, counted against each task's cap
+        tasks = store.sample_batch(count, mix=mix, environment="bfcl", seed=batch_seed, jobs=True)
         if not tasks:
-            raise ValueError(f"the pool has no active bfcl task (origins {sorted(mix)})")
+            origins = sorted(mix) if mix else "all"
+            raise ValueError(f"the pool has no active bfcl task (origins {origins})")
         return tasks
 
     policy = load_policy(

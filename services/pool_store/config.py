@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from coevolve.services.pool_store.sampling import SamplingConfig
+from coevolve.services.pool_store.sampling import SamplingConfig, origin_weights
 
 
 def default_seed_grains() -> dict[str, float]:
@@ -28,18 +28,21 @@ class PoolStoreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the world: seed only BFCL entries whose API classes are all in this list (default: a
     # focused three-class world, see FOCUS_CLASSES); null: every class, the full BFCL world
     seed_classes: list[str] | None = msgspec.field(default_factory=default_seed_classes)
-    mix: dict[str, float] = msgspec.field(
-        default_factory=lambda: {"seed": 0.5, "explored": 0.25, "synthesized": 0.25}
-    )
+    # origin -> share of the jobs (and of sample replies that ask for no mix), e.g.
+    # {seed: 0.5, explored: 0.25, synthesized: 0.25}; {} (the default): no per-origin
+    # shares, every task is weighed by the sampler alone (see sampling.SamplingConfig)
+    mix: dict[str, float] = msgspec.field(default_factory=dict)
     feed_jobs: bool = True
     job_queue_depth: int = 4
     group_size: int = 8
     feed_interval_s: float = 1.0
-    # which tasks of an origin jobs and sample replies get: sampler (dynamic | uniform),
-    # window, unseen_share, uniform_weight, retire_after (see sampling.SamplingConfig)
+    # which tasks jobs and sample replies get: sampler (learnability | dynamic | uniform),
+    # window, unseen_share, unseen_weight, uniform_weight, retire_after, max_task_share,
+    # share_window (see sampling.SamplingConfig)
     sampling: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
 
     def __post_init__(self) -> None:
+        origin_weights(self.mix, {})  # unknown origins, negative or infinite weights raise
         if self.seed_classes is not None:
             from coevolve.shared.envs.bfcl.tasks import check_classes
 

@@ -79,9 +79,11 @@ def record_verdict(store: PoolStore, verdict: Verdict) -> TaskAdded | None:
 def rollout_jobs(
     store: PoolStore, missing: int, config: PoolStoreConfig, queue_seq: int, first_round: int
 ) -> list[RolloutJob]:
-    """``missing`` jobs of tasks sampled with the configured mix; their ids are unique per
-    queue position (``queue_seq``) and round."""
-    tasks = store.sample_batch(missing, config.mix, None, None)
+    """Up to ``missing`` jobs of tasks sampled by the store's sampler (with the configured
+    mix, if one is set); their ids are unique per queue position (``queue_seq``) and
+    round. Under the learnability sampler no task takes more than its capped share of the
+    jobs, so fewer than ``missing`` may come back when few tasks can be drawn."""
+    tasks = store.sample_batch(missing, config.mix, None, None, jobs=True)
     return [
         RolloutJob(
             id=derived_id("job", task.id, queue_seq, first_round + i),

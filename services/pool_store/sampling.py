@@ -4,10 +4,14 @@ Tasks of one origin have dense sample keys ``low, low + 1, ..., low + used - 1``
 schema.py), so a uniform draw of keys is a uniform draw of tasks; keys of retired tasks
 or of another environment are drawn and then dropped (rejection sampling).
 
-The dynamic sampler (``SamplingConfig.sampler == "dynamic"``) splits each origin's slots
-between tasks never rolled out (drawn by key, as above) and tasks with results, drawn by
-weight from their recent scores (``RecentScores``, kept in memory by the store). Nothing
-here touches the database.
+The learnability sampler (``SamplingConfig.sampler == "learnability"``, the default) and
+the dynamic one split a batch's slots between tasks never rolled out (drawn by key, as
+above) and tasks with results, drawn by weight from their recent scores (``RecentScores``,
+kept in memory by the store). The learnability sampler treats every active task of every
+origin as one candidate unless a mix is asked for, weighs it by how much a group on it can
+teach (``TaskScores.learnability``) and caps any task's share of the jobs fed
+(``JobShares``); the dynamic one works inside each origin of the mix. Nothing here touches
+the database.
 """
 
 from __future__ import annotations
@@ -148,47 +152,85 @@ class OriginDraw:
 
 # --------------------------------------------------------------------------- dynamic sampling
 
-Sampler = Literal["uniform", "dynamic"]
+Sampler = Literal["learnability", "dynamic", "uniform"]
 
 # A trajectory with at least this score solved its task (scores lie in [0, 1]).
 SOLVED_SCORE: Final = 1.0
 
 
 class SamplingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    """How pool-store picks tasks within an origin (docs/pool-store.md, "Dynamic sampling").
+    """How pool-store picks tasks (docs/pool-store.md, "Sampling by learnability" and
+    "Dynamic sampling").
 
-    The origin mix is applied first either way; this only decides which tasks of an origin.
+    ``learnability`` (the default): every active task, whatever its origin, is one
+    candidate (an explicit mix still splits the slots by origin first); a task weighs by
+    how much a group on it can teach, an unseen task by ``unseen_weight``, and no task
+    takes more than ``max_task_share`` of the last ``share_window`` jobs fed. ``dynamic``
+    and ``uniform`` apply the origin mix first and pick within each origin.
     """
 
-    # "dynamic": prefer tasks whose recent scores differ (their groups carry a gradient);
-    # "uniform": every active task of an origin equally likely (the sampler before this one)
-    sampler: Sampler = "dynamic"
-    # recent trajectories per task that decide whether its scores differ (2 groups of 8)
+    # "learnability": weigh every task by 4 x the variance of its recent scores, pool-wide,
+    # with a cap on any task's share of jobs; "dynamic": within each origin of the mix,
+    # tasks whose recent scores differ weigh 1, the others uniform_weight; "uniform":
+    # every active task of an origin equally likely (the sampler before both)
+    sampler: Sampler = "learnability"
+    # recent trajectories per task that its weight is computed from (2 groups of 8)
     window: int = 16
-    # least share of an origin's slots for tasks never rolled out, while it has any; they
-    # also weigh like a mixed task, so in a fresh pool nearly every slot explores
+    # least share of the slots for tasks never rolled out, while there are any
     unseen_share: float = 0.25
-    # weight of a task whose recent scores are all equal (always failed, or always solved
-    # but not yet retired), against 1 for a task with differing scores; above 0 so a failed
-    # task is still tried now and then and can come back once the policy improves
+    # learnability sampler: weight of a task never rolled out (1.0: the most a task with
+    # results can weigh, so a fresh pool is explored first); dynamic: always 1
+    unseen_weight: float = 1.0
+    # the least weight of a task with results: an always-failed or always-solved task
+    # (learnability 0) is still drawn now and then and comes back once the policy changes
     uniform_weight: float = 0.05
     # retire a task (status "retired") after this many consecutive groups in which every
-    # trajectory solved it; 0 never retires. Only the dynamic sampler retires
+    # trajectory solved it; 0 never retires. The uniform sampler never retires
     retire_after: int = 3
+    # learnability sampler, jobs fed only: a task takes at most this share of any
+    # share_window consecutive jobs (floor(max_task_share x share_window) of them); with
+    # fewer than about 1/max_task_share active tasks the cap relaxes to 1/tasks
+    max_task_share: float = 0.05
+    share_window: int = 200
 
     def __post_init__(self) -> None:
         if self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window}")
         if not 0.0 <= self.unseen_share <= 1.0:
             raise ValueError(f"unseen_share must lie in [0, 1], got {self.unseen_share}")
+        if not (math.isfinite(self.unseen_weight) and self.unseen_weight > 0.0):
+            raise ValueError(f"unseen_weight must be finite and > 0, got {self.unseen_weight}")
         if not 0.0 < self.uniform_weight <= 1.0:
             raise ValueError(f"uniform_weight must lie in (0, 1], got {self.uniform_weight}")
         if self.retire_after < 0:
             raise ValueError(f"retire_after must be >= 0, got {self.retire_after}")
+        if not 0.0 < self.max_task_share <= 1.0:
+            raise ValueError(f"max_task_share must lie in (0, 1], got {self.max_task_share}")
+        if self.share_window < 1:
+            raise ValueError(f"share_window must be >= 1, got {self.share_window}")
+        if whole_jobs(self.max_task_share, self.share_window) < 1:
+            raise ValueError(
+                f"max_task_share x share_window must allow a task at least one job: "
+                f"{self.max_task_share} x {self.share_window} < 1"
+            )
 
     @property
     def dynamic(self) -> bool:
         return self.sampler == "dynamic"
+
+    @property
+    def learnability(self) -> bool:
+        return self.sampler == "learnability"
+
+    @property
+    def retires(self) -> bool:
+        """Whether recorded results retire always-solved tasks."""
+        return self.sampler != "uniform" and self.retire_after > 0
+
+
+def whole_jobs(share: float, window: int) -> int:
+    """The whole number of jobs ``share`` of ``window`` allows (float noise forgiven)."""
+    return math.floor(share * window + 1e-9)
 
 
 @dataclass(frozen=True)
@@ -207,7 +249,24 @@ class TaskScores:
         """Recent scores differ: the task's next group likely carries a gradient."""
         return min(self.recent) < max(self.recent)
 
+    @property
+    def learnability(self) -> float:
+        """How much a group on the task can teach, in [0, 1]: 4 x the (population)
+        variance of its recent scores. For 0/1 rewards with recent success rate p this is
+        4p(1-p): 1 at p = 0.5, 0 for a task always failed or always solved. For partial
+        credit it is the spread of the rewards, so a task that always earns the same
+        partial score weighs 0 too (its groups carry no gradient), where 4p(1-p) of the
+        mean score would not."""
+        count = len(self.recent)
+        if count == 0 or not self.mixed:
+            return 0.0
+        mean = sum(self.recent) / count
+        variance = sum((score - mean) ** 2 for score in self.recent) / count
+        return min(1.0, 4.0 * variance)
+
     def weight(self, config: SamplingConfig) -> float:
+        if config.learnability:
+            return max(config.uniform_weight, self.learnability)
         return 1.0 if self.mixed else config.uniform_weight
 
     def with_group(self, scores: Sequence[float], window: int) -> TaskScores:
@@ -261,17 +320,20 @@ class RecentScores:
         return frozenset(s.sample_key for s in self._by_origin[origin].values())
 
 
-def unseen_probability(unseen: int, seen_weight: float, unseen_share: float) -> float:
-    """Chance that one slot of an origin goes to a task never rolled out.
+def unseen_probability(
+    unseen: int, seen_weight: float, unseen_share: float, unseen_weight: float = 1.0
+) -> float:
+    """Chance that one slot goes to a task never rolled out.
 
-    Unseen tasks weigh 1 each, like a task with differing scores, and get at least
-    ``unseen_share`` while there are any.
+    Unseen tasks weigh ``unseen_weight`` each (1, like a task with differing scores, for
+    the dynamic sampler) and get at least ``unseen_share`` while there are any.
     """
     if unseen == 0:
         return 0.0
     if seen_weight <= 0:
         return 1.0
-    return max(unseen_share, unseen / (unseen + seen_weight))
+    weight = unseen * unseen_weight
+    return max(unseen_share, weight / (weight + seen_weight))
 
 
 def split_slots(
@@ -300,3 +362,68 @@ def weighted_sample(
     weight among those left (Efraimidis-Spirakis keys; weights > 0)."""
     keyed = ((rng.random() ** (1.0 / weight), index) for index, weight in enumerate(weights))
     return [items[index] for _, index in heapq.nlargest(count, keyed)]
+
+
+def spread_unseen(slots: int, unseen: dict[str, int], rng: random.Random) -> dict[str, int]:
+    """How many of ``slots`` unseen tasks come from each origin when every unseen task is
+    equally likely (drawn without replacement; ``slots`` <= the sum of ``unseen``)."""
+    left = {origin: count for origin, count in unseen.items() if count > 0}
+    spread: Counter[str] = Counter()
+    for _ in range(slots):
+        if not left:
+            break
+        origins = list(left)
+        origin = rng.choices(origins, weights=[left[o] for o in origins])[0]
+        spread[origin] += 1
+        left[origin] -= 1
+        if not left[origin]:
+            del left[origin]
+    return dict(spread)
+
+
+class JobShares:
+    """The tasks (sample keys) of the last jobs fed, for the learnability sampler's cap.
+
+    Keeps the last ``share_window - 1`` jobs: a task may be drawn for the next job only
+    while it holds fewer than ``limit`` of them, so it never holds more than ``limit`` of
+    any ``share_window`` consecutive jobs (a batch draws a task at most once). Kept in
+    memory by the store and rebuilt from the newest recorded groups when the file opens.
+    """
+
+    def __init__(self, config: SamplingConfig) -> None:
+        self.share = config.max_task_share
+        self.window = config.share_window
+        self._keys: deque[int] = deque()
+        self._counts: Counter[int] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def count(self, key: int) -> int:
+        """Jobs of the task among the last ``share_window - 1``."""
+        return self._counts[key]
+
+    def record(self, keys: Sequence[int]) -> None:
+        """Jobs fed, oldest first."""
+        kept = self.window - 1
+        for key in keys:
+            self._keys.append(key)
+            self._counts[key] += 1
+            while len(self._keys) > kept:
+                old = self._keys.popleft()
+                self._counts[old] -= 1
+                if not self._counts[old]:
+                    del self._counts[old]
+
+    def limit(self, tasks: int) -> int:
+        """Jobs of any ``share_window`` consecutive ones that one task may take when
+        ``tasks`` tasks can be drawn: ``max_task_share`` of them, relaxed to 1/``tasks``
+        (rounded up) when there are too few tasks to fill the window under the cap."""
+        capped = whole_jobs(self.share, self.window)
+        if tasks <= 0:
+            return capped
+        return max(capped, math.ceil(self.window / tasks))
+
+    def capped(self, limit: int) -> frozenset[int]:
+        """Keys of the tasks that may not be drawn now."""
+        return frozenset(key for key, count in self._counts.items() if count >= limit)

@@ -23,6 +23,7 @@ import duckdb
 import msgspec
 
 from coevolve.services.pool_store.sampling import (
+    JobShares,
     OriginDraw,
     PoolCounts,
     RecentScores,
@@ -31,6 +32,7 @@ from coevolve.services.pool_store.sampling import (
     origin_quotas,
     origin_weights,
     split_slots,
+    spread_unseen,
     unseen_probability,
     weighted_sample,
 )
@@ -177,8 +179,8 @@ class Transaction:
 class PoolStore:
     """The task pool in a DuckDB file. One instance per file; it is the only writer.
 
-    ``sampling`` decides how ``sample_batch`` picks tasks within an origin and whether
-    recorded results retire tasks (default: the dynamic sampler with its defaults).
+    ``sampling`` decides how ``sample_batch`` picks tasks and whether recorded results
+    retire tasks (default: the learnability sampler with its defaults).
     """
 
     def __init__(
@@ -196,6 +198,7 @@ class PoolStore:
         self._closed = False
         self._counts = PoolCounts()
         self._recent = RecentScores()
+        self._shares = JobShares(self.sampling)
         if read_only:
             if not self.path.exists():
                 raise FileNotFoundError(f"no pool-store file at {self.path}")
@@ -216,6 +219,7 @@ class PoolStore:
             self._check_schema_version()
             self._counts = self._load_counts()
             self._load_recent_scores()
+            self._load_job_shares()
         except BaseException:
             self.close()
             raise
@@ -292,6 +296,25 @@ class PoolStore:
                 origin=origin, environment=environment, sample_key=int(sample_key), recent=()
             )
             self._recent.put(task_id, previous.with_group(scores, self.sampling.window))
+
+    def _load_job_shares(self) -> None:
+        """Rebuild the window of jobs fed from the newest recorded groups (one group per
+        job); jobs fed but not reported before the file was closed are not known."""
+        kept = self.sampling.share_window - 1
+        if kept < 1:
+            return
+        rows = self._connection.execute(
+            """
+            SELECT t.sample_key
+            FROM (SELECT group_id, min(task_id) AS task_id, max(recorded_at) AS recorded
+                  FROM rollout_results GROUP BY group_id
+                  ORDER BY recorded DESC, group_id DESC LIMIT ?) AS g
+            JOIN tasks AS t ON t.id = g.task_id
+            ORDER BY g.recorded, g.group_id
+            """,
+            [kept],
+        ).fetchall()
+        self._shares.record([int(key) for (key,) in rows])
 
     def __enter__(self) -> PoolStore:
         return self
@@ -518,17 +541,26 @@ class PoolStore:
         mix: dict[str, float] | None = None,
         environment: str | None = None,
         seed: int | None = None,
+        *,
+        jobs: bool = False,
     ) -> list[Task]:
         """Draw ``size`` active tasks, mixing origins by ``mix`` weights.
 
         ``mix`` maps origin -> weight (origins left out get 0); the weights are
         renormalised over the origins that have matching active tasks. ``None`` or ``{}``
-        weighs origins by their task counts. Within an origin the store's ``sampling``
-        picks the tasks: ``uniform`` draws every matching task with equal probability;
-        ``dynamic`` prefers tasks whose recent scores differ and keeps a share for tasks
-        never rolled out. Within an origin tasks are drawn without replacement; only when
-        an origin has fewer tasks than its share of the batch are some repeated. Returns
-        [] when no task matches.
+        weighs origins by their task counts: under the ``learnability`` sampler every
+        matching task is then one candidate, whatever its origin. The store's
+        ``sampling`` picks the tasks: ``learnability`` by how much a group on each can
+        teach, with a share for tasks never rolled out; ``dynamic`` prefers tasks whose
+        recent scores differ, within each origin; ``uniform`` draws every matching task
+        of an origin with equal probability. Tasks are drawn without replacement; only
+        when there are fewer candidates than slots are some repeated. Returns [] when no
+        task matches.
+
+        ``jobs``: the tasks become rollout jobs (the job feed). Under the learnability
+        sampler a task then is not drawn while it holds its capped share of the last
+        ``share_window`` jobs, nothing is repeated (the batch may come back shorter than
+        ``size``), and the batch is counted in that window.
         """
         if size < 0:
             raise ValueError(f"batch size must be >= 0, got {size}")
@@ -539,6 +571,10 @@ class PoolStore:
             weights = origin_weights(mix, available)
             if size == 0 or not weights:
                 return []
+            if self.sampling.learnability:
+                return self._learnability_batch(
+                    size, mix, weights, available, environment, rng, jobs
+                )
             quotas = origin_quotas(weights, size, rng)
             picked: dict[str, list[int]] = defaultdict(list)
             if self.sampling.dynamic:
@@ -552,13 +588,115 @@ class PoolStore:
             for draw in draws:
                 picked[draw.origin].extend(draw.picked)
             tasks = self._fetch_by_keys([key for keys in picked.values() for key in keys])
-        batch: list[Task] = []
-        for origin, quota in quotas.items():
-            chosen = [tasks[key] for key in picked[origin]]
-            batch.extend(chosen)
-            batch.extend(rng.choices(chosen, k=quota - len(chosen)))
+            batch: list[int] = []
+            for origin, quota in quotas.items():
+                chosen = picked[origin]
+                batch.extend(chosen)
+                batch.extend(rng.choices(chosen, k=quota - len(chosen)))
+            rng.shuffle(batch)
+            if jobs:
+                self._shares.record(batch)
+        return [tasks[key] for key in batch]
+
+    def _learnability_batch(
+        self,
+        size: int,
+        mix: dict[str, float] | None,
+        weights: dict[str, float],
+        available: dict[str, int],
+        environment: str | None,
+        rng: random.Random,
+        jobs: bool,
+    ) -> list[Task]:
+        """``sample_batch`` under the learnability sampler (the store's lock held).
+
+        The candidates are the tasks of the origins ``weights`` names: all of them as one
+        set without a mix, one set per origin (with the mix's quotas) with one. In each
+        set a slot goes to an unseen task with ``unseen_probability``, otherwise to a seen
+        task drawn by weight; for jobs, tasks at their capped share are left out.
+        """
+        origins = list(weights)
+        seen = {origin: self._recent.of(origin, environment) for origin in origins}
+        excluded = {origin: self._recent.keys(origin) for origin in origins}
+        unseen = {origin: max(0, available[origin] - len(seen[origin])) for origin in origins}
+        if jobs:
+            limit = self._shares.limit(sum(available[origin] for origin in origins))
+            capped = self._shares.capped(limit)
+            if capped:
+                self._leave_out(capped, seen, excluded, unseen, environment)
+        if mix:
+            allowed = {origin: len(seen[origin]) + unseen[origin] for origin in origins}
+            if not any(allowed.values()):
+                return []
+            quotas = origin_quotas(origin_weights(mix, allowed), size, rng)
+            sets = [([origin], quota) for origin, quota in quotas.items()]
+        else:
+            sets = [(origins, size)]
+        picked: list[list[int]] = []
+        draws: list[list[OriginDraw]] = []
+        for set_origins, slots in sets:
+            candidates = [scores for origin in set_origins for scores in seen[origin]]
+            task_weights = [scores.weight(self.sampling) for scores in candidates]
+            unseen_in = {origin: unseen[origin] for origin in set_origins}
+            probability = unseen_probability(
+                sum(unseen_in.values()),
+                sum(task_weights),
+                self.sampling.unseen_share,
+                self.sampling.unseen_weight,
+            )
+            to_unseen, to_seen = split_slots(
+                slots, sum(unseen_in.values()), len(candidates), probability, rng
+            )
+            chosen = weighted_sample(candidates, task_weights, min(to_seen, len(candidates)), rng)
+            picked.append([scores.sample_key for scores in chosen])
+            spread = (
+                {set_origins[0]: to_unseen}
+                if len(set_origins) == 1
+                else spread_unseen(to_unseen, unseen_in, rng)
+            )
+            draws.append(
+                [
+                    self._origin_draw(origin, need, unseen[origin], rng, excluded[origin])
+                    for origin, need in spread.items()
+                    if need
+                ]
+            )
+        self._run_draws([draw for set_draws in draws for draw in set_draws], environment)
+        for keys, set_draws in zip(picked, draws, strict=True):
+            for draw in set_draws:
+                keys.extend(draw.picked)
+        tasks = self._fetch_by_keys([key for keys in picked for key in keys])
+        batch: list[int] = []
+        for keys, (_, slots) in zip(picked, sets, strict=True):
+            batch.extend(keys)
+            if not jobs and keys:
+                batch.extend(rng.choices(keys, k=slots - len(keys)))
         rng.shuffle(batch)
-        return batch
+        if jobs:  # in the order the jobs are fed: the window slides job by job
+            self._shares.record(batch)
+        return [tasks[key] for key in batch]
+
+    def _leave_out(
+        self,
+        capped: frozenset[int],
+        seen: dict[str, list[TaskScores]],
+        excluded: dict[str, frozenset[int]],
+        unseen: dict[str, int],
+        environment: str | None,
+    ) -> None:
+        """Take the ``capped`` tasks out of the candidates (in place): seen ones from
+        ``seen``, unseen ones from the ``unseen`` counts and, like seen ones, into the
+        keys their origin's key draw skips."""
+        for origin in seen:
+            low, high = origin_key_range(origin)
+            mine = frozenset(key for key in capped if low <= key < high)
+            if not mine:
+                continue
+            seen_keys = excluded[origin]
+            seen[origin] = [s for s in seen[origin] if s.sample_key not in mine]
+            unseen_capped = self._keys_matching(sorted(mine - seen_keys), environment)
+            unseen[origin] = max(0, unseen[origin] - len(unseen_capped))
+            excluded[origin] = seen_keys | mine
 
     def _origin_draw(
         self,
@@ -657,8 +795,8 @@ class PoolStore:
     def record_results(self, results: RolloutResults) -> bool:
         """Store a group's scores once; False when this message or group is already in.
 
-        Updates the recent scores that dynamic sampling weighs by, and with the dynamic
-        sampler retires a task once ``retire_after`` groups in a row solved it.
+        Updates the recent scores that sampling weighs by, and (except with the uniform
+        sampler) retires a task once ``retire_after`` groups in a row solved it.
         """
         group_key = f"group:{results.group_id}"
         with self._lock:
@@ -705,7 +843,7 @@ class PoolStore:
             by_task[sample.task_id].append(sample.score)
         updated: dict[str, TaskScores] = {}
         retired: list[str] = []
-        retire_after = self.sampling.retire_after if self.sampling.dynamic else 0
+        retire_after = self.sampling.retire_after if self.sampling.retires else 0
         for task_id, scores in by_task.items():
             previous = self._recent.get(task_id) or self._no_scores_yet(tx, task_id)
             if previous is None:
@@ -733,9 +871,18 @@ class PoolStore:
         )
 
     def recent_scores(self, task_id: str) -> TaskScores | None:
-        """What dynamic sampling knows of an active task; None before its first result."""
+        """What sampling knows of an active task; None before its first result."""
         with self._lock:
             return self._recent.get(task_id)
+
+    def recent_jobs(self, task_id: str) -> int:
+        """How many of the last ``share_window - 1`` jobs fed (``sample_batch(...,
+        jobs=True)``) were of this task: what the learnability sampler's cap counts."""
+        rows = self._query("SELECT sample_key FROM tasks WHERE id = ?", [task_id])
+        if not rows:
+            return 0
+        with self._lock:
+            return self._shares.count(int(rows[0][0]))
 
     def uniform_group_share(self, since: float | None = None) -> UniformGroupShare:
         """Recorded groups (recorded at or after ``since``, Unix seconds) whose scores are

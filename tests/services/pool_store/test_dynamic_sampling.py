@@ -83,11 +83,11 @@ def kind_shares(drawn: Counter[str], kinds: dict[str, str]) -> dict[str, float]:
 
 
 def test_dynamic_sampler_prefers_mixed_tasks_keeps_unseen_share_and_mix(
-    store: PoolStore, make_task: TaskFactory
+    db_path: Path, make_task: TaskFactory
 ) -> None:
-    assert store.sampling.sampler == "dynamic"  # the default
-    kinds = fill_by_kind(store, make_task)
-    drawn, origins = draw_counts(store)
+    with PoolStore(db_path, sampling=SamplingConfig(sampler="dynamic")) as store:
+        kinds = fill_by_kind(store, make_task)
+        drawn, origins = draw_counts(store)
     mixed = per_task_rate(drawn, kinds, "mixed")
     assert mixed > 10 * per_task_rate(drawn, kinds, "failed")
     assert mixed > 10 * per_task_rate(drawn, kinds, "solved")
