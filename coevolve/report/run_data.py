@@ -9,7 +9,10 @@ Sources, each optional (a missing one leaves its part empty):
 - ``traces/*.jsonl``: finished spans; their durations per service give the time per
   stage, and the explorer's spans for ``coevolve.signals.<kind>`` give signals over time
   (the signals stream is a work queue, so its messages are gone once handled).
-- ``signal_monitor/state.json``: signals emitted and suppressed per kind, in total.
+- ``signal_monitor/state.json``: signals emitted and suppressed per kind, in total, and
+  which tasks raised a signal of which kind (its rate-limit record, ``last_signal_at``).
+- ``learner/steps.jsonl``: one line per GRPO step, the groups it trained on and those it
+  dropped as stale (``services/learner/handler.py``, ``step_record``).
 - ``policies/v<N>.safetensors``, ``up.json`` (when ``up`` started) and ``logs/*.log``.
 """
 
@@ -31,6 +34,7 @@ POOL_FILE = "pool.duckdb"
 LEARNER_TENSORBOARD = "tensorboard/learner"
 SIGNAL_STATE = "signal_monitor/state.json"
 SIGNAL_SUBJECT_PREFIX = "coevolve.signals."
+LEARNER_STEPS = "learner/steps.jsonl"
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,12 @@ class TaskRow:
     # when the task joined the pool: the time of the verdict that added it (a seed task: 0)
     added_at: float
     origin: str
+    task_id: str = ""
+    # from its lineage: the task whose rollout raised the signal, the signal's kind and
+    # the synthesis generation (a seed task: None, None, 0)
+    parent_task_id: str | None = None
+    signal_kind: str | None = None
+    depth: int = 0
 
 
 @dataclass(frozen=True)
@@ -54,16 +64,44 @@ class VerdictRow:
     reasons: list[str]
     signal_kind: str | None
     origin: str
+    parent_task_id: str | None = None
 
 
 @dataclass(frozen=True)
 class GroupRow:
-    """One recorded rollout group: when, at which policy version, its score range."""
+    """One recorded rollout group: when, at which policy version, its score range, its
+    task and its scores (in sample order)."""
 
     recorded_at: float
     policy_version: int
     mean_score: float
     uniform: bool
+    task_id: str = ""
+    scores: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepGroup:
+    """A group as a learner step record names it (``learner/steps.jsonl``)."""
+
+    group_id: str
+    task_id: str
+    origin: str
+    policy_version: int
+    uniform: bool
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One GRPO step: the version after it, whether it updated (and so published) the
+    weights, the groups it trained on and those it dropped as stale."""
+
+    step: int
+    version: int
+    published: bool
+    at: float
+    groups: tuple[StepGroup, ...]
+    stale: tuple[StepGroup, ...]
 
 
 @dataclass(frozen=True)
@@ -86,6 +124,10 @@ class RunData:
     spans: list[SpanRow] = field(default_factory=list)
     signal_totals: dict[str, int] = field(default_factory=dict)
     signals_suppressed: dict[str, int] = field(default_factory=dict)
+    # kind -> the tasks that raised a signal of that kind; None: the monitor's state does
+    # not say (no state file, or one from before it recorded them)
+    signal_tasks: dict[str, set[str]] | None = None
+    steps: list[StepRecord] = field(default_factory=list)
     policy_files: dict[int, float] = field(default_factory=dict)
     log_problems: dict[str, LogProblems] = field(default_factory=dict)
 
@@ -149,7 +191,10 @@ def load_run(run_dir: Path) -> RunData:
     _load_pool(data)
     data.scalars = read_scalars(run_dir / LEARNER_TENSORBOARD)
     data.spans = read_spans(run_dir / "traces")
-    data.signal_totals, data.signals_suppressed = _signal_state(run_dir / SIGNAL_STATE)
+    data.signal_totals, data.signals_suppressed, data.signal_tasks = _signal_state(
+        run_dir / SIGNAL_STATE
+    )
+    data.steps = read_steps(run_dir / LEARNER_STEPS)
     data.policy_files = policy_files(run_dir)
     data.log_problems = log_problems(run_dir / "logs")
     return data
@@ -168,15 +213,21 @@ def readable_pool(path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
         try:
             connection = duckdb.connect(str(path), read_only=True)
         except duckdb.Error:
-            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="coevolve-")))
-            copy = scratch / path.name
-            shutil.copy2(path, copy)
-            wal = path.with_name(path.name + ".wal")
-            if wal.exists():
-                shutil.copy2(wal, copy.with_name(copy.name + ".wal"))
-            connection = duckdb.connect(str(copy), read_only=True)
+            connection = duckdb.connect(str(pool_copy(path, stack)), read_only=True)
         stack.callback(connection.close)
         yield connection
+
+
+def pool_copy(path: Path, stack: contextlib.ExitStack) -> Path:
+    """A copy of the pool file ``path`` (with its WAL) in a temporary directory that
+    ``stack`` removes."""
+    scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="coevolve-")))
+    copy = scratch / path.name
+    shutil.copy2(path, copy)
+    wal = path.with_name(path.name + ".wal")
+    if wal.exists():
+        shutil.copy2(wal, copy.with_name(copy.name + ".wal"))
+    return copy
 
 
 def _load_pool(data: RunData) -> None:
@@ -189,26 +240,42 @@ def _load_pool(data: RunData) -> None:
             # one clock for every pool event: the judge's verdict time (a task's own
             # created_at is when the abstractor drafted it, before any verdict)
             data.tasks = [
-                TaskRow(float(at), str(origin))
-                for at, origin in db.execute(
-                    "SELECT coalesce(min(v.created_at), t.created_at) AS added_at, t.origin "
+                TaskRow(float(at), str(origin), str(task_id), *_lineage_fields(lineage))
+                for at, origin, task_id, lineage in db.execute(
+                    "SELECT coalesce(min(v.created_at), t.created_at) AS added_at, t.origin, "
+                    "t.id, any_value(t.lineage) "
                     "FROM tasks t LEFT JOIN verdicts v ON v.pool_task_id = t.id AND v.added "
-                    "GROUP BY t.id, t.origin, t.created_at ORDER BY added_at"
+                    "GROUP BY t.id, t.origin, t.created_at ORDER BY added_at, t.id"
                 ).fetchall()
             ]
             data.verdicts = [
-                VerdictRow(float(at), bool(ok), json.loads(reasons), kind, str(origin))
-                for at, ok, reasons, kind, origin in db.execute(
-                    "SELECT created_at, accepted, reasons, signal_kind, origin FROM verdicts "
-                    "ORDER BY created_at"
+                VerdictRow(
+                    float(at),
+                    bool(ok),
+                    json.loads(reasons),
+                    kind,
+                    str(origin),
+                    _lineage_fields(lineage)[0],
+                )
+                for at, ok, reasons, kind, origin, lineage in db.execute(
+                    "SELECT created_at, accepted, reasons, signal_kind, origin, lineage "
+                    "FROM verdicts ORDER BY created_at"
                 ).fetchall()
             ]
             data.groups = [
-                GroupRow(float(at), int(version), float(mean), bool(uniform))
-                for at, version, mean, uniform in db.execute(
+                GroupRow(
+                    float(at),
+                    int(version),
+                    float(mean),
+                    bool(uniform),
+                    str(task_id),
+                    tuple(float(x) for x in scores),
+                )
+                for at, version, mean, uniform, task_id, scores in db.execute(
                     "SELECT max(recorded_at), max(policy_version), avg(score), "
-                    "min(score) = max(score) FROM rollout_results GROUP BY group_id "
-                    "ORDER BY 1"
+                    "min(score) = max(score), min(task_id), "
+                    "list(score ORDER BY sample_index) FROM rollout_results "
+                    "GROUP BY group_id ORDER BY 1, group_id"
                 ).fetchall()
             ]
     except (duckdb.Error, OSError) as exc:
@@ -255,14 +322,81 @@ def read_spans(directory: Path) -> list[SpanRow]:
     return spans
 
 
-def _signal_state(path: Path) -> tuple[dict[str, int], dict[str, int]]:
+def _lineage_fields(lineage: str | None) -> tuple[str | None, str | None, int]:
+    """(parent task id, signal kind, depth) of a stored lineage (JSON)."""
+    try:
+        chain = json.loads(lineage) if lineage else {}
+    except ValueError:
+        chain = {}
+    if not isinstance(chain, dict):
+        chain = {}
+    parent, kind = chain.get("parent_task_id"), chain.get("signal_kind")
+    try:
+        depth = int(chain.get("depth") or 0)
+    except (TypeError, ValueError):
+        depth = 0
+    return (
+        str(parent) if parent else None,
+        str(kind) if kind else None,
+        depth,
+    )
+
+
+def _signal_state(
+    path: Path,
+) -> tuple[dict[str, int], dict[str, int], dict[str, set[str]] | None]:
+    """(emitted per kind, suppressed per reason, kind -> tasks that raised one). The
+    tasks come from the monitor's rate-limit record: ``last_signal_at`` keys every signal
+    it let out as ``kind:task_id`` (``services/signal_monitor/state.py``)."""
     try:
         state: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError):
-        return {}, {}
+        return {}, {}, None
     emitted = {str(k): int(v) for k, v in (state.get("emitted") or {}).items()}
     suppressed = {str(k): int(v) for k, v in (state.get("suppressed") or {}).items()}
-    return emitted, suppressed
+    raised = state.get("last_signal_at")
+    if not isinstance(raised, dict):
+        return emitted, suppressed, None
+    tasks: dict[str, set[str]] = {}
+    for key in raised:
+        kind, _, task_id = str(key).partition(":")
+        if task_id:
+            tasks.setdefault(kind, set()).add(task_id)
+    return emitted, suppressed, tasks
+
+
+def read_steps(path: Path) -> list[StepRecord]:
+    """The learner's step records, in file order (unreadable lines are skipped)."""
+    steps: list[StepRecord] = []
+    if not path.is_file():
+        return steps
+    with path.open(errors="replace") as lines:
+        for line in lines:
+            try:
+                record = json.loads(line)
+                steps.append(
+                    StepRecord(
+                        step=int(record["step"]),
+                        version=int(record["version"]),
+                        published=bool(record["published"]),
+                        at=float(record["time"]),
+                        groups=tuple(_step_group(g) for g in record.get("groups") or ()),
+                        stale=tuple(_step_group(g) for g in record.get("stale") or ()),
+                    )
+                )
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+    return steps
+
+
+def _step_group(entry: dict[str, Any]) -> StepGroup:
+    return StepGroup(
+        group_id=str(entry["group_id"]),
+        task_id=str(entry["task_id"]),
+        origin=str(entry["origin"]),
+        policy_version=int(entry["policy_version"]),
+        uniform=bool(entry["uniform"]),
+    )
 
 
 def policy_files(run_dir: Path) -> dict[int, float]:

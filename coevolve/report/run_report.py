@@ -2,7 +2,9 @@
 
 The summary table comes first (is the loop alive, is it learning), then one section per
 part of the loop: learning (reward, KL, staleness, uniform groups), signals, pool growth,
-verdicts, and the time each stage took. A part with no data says "none yet".
+draws (rollout groups per origin and how concentrated they are), verdicts, repair (did
+training on a child raise its parent: ``coevolve/report/repair.py``), and the time each
+stage took. A part with no data says "none yet".
 """
 
 from __future__ import annotations
@@ -11,9 +13,19 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from coevolve.report import plots
+from coevolve.report.repair import (
+    MEASURED_FILE,
+    NO_SIGNAL,
+    ChildRow,
+    Scores,
+    child_rows,
+    draw_rows,
+    parent_groups,
+    read_measured,
+)
 from coevolve.report.run_data import RunData, Scalar, load_run
 
 if TYPE_CHECKING:
@@ -28,6 +40,7 @@ LEARNING_PANELS = (
 )
 TOP_REASONS = 8
 NONE_YET = "none yet"
+CHILD_ROWS = 100  # accepted tasks listed in the repair section at most
 
 
 @dataclass
@@ -376,11 +389,12 @@ def render_run_report(run_dir: Path, out: Path | None = None) -> Path:
     plot_pool(data, out / "pool.png")
     plot_verdicts(data, summary, out / "verdicts.png")
     plot_stages(summary, out / "stages.png")
-    (out / REPORT_FILE).write_text(run_markdown(data, summary))
+    measured = read_measured(out / MEASURED_FILE)
+    (out / REPORT_FILE).write_text(run_markdown(data, summary, measured))
     return out / REPORT_FILE
 
 
-def run_markdown(data: RunData, summary: RunSummary) -> str:
+def run_markdown(data: RunData, summary: RunSummary, measured: dict[str, Any] | None = None) -> str:
     parts = [
         f"# Run report: `{data.run_dir.name if data.run_dir.name != 'run' else data.run_dir}`",
         "",
@@ -413,11 +427,19 @@ def run_markdown(data: RunData, summary: RunSummary) -> str:
         "",
         "![pool](pool.png)",
         "",
+        "## Draws",
+        "",
+        draws_text(data),
+        "",
         "## Verdicts",
         "",
         "![verdicts](verdicts.png)",
         "",
         _verdict_text(summary),
+        "",
+        "## Repair",
+        "",
+        repair_text(data, measured),
         "",
         "## Time per stage",
         "",
@@ -491,3 +513,232 @@ def _after_level(line: str) -> str:
         if level in line:
             return level.strip() + " " + line.split(level, 1)[1]
     return line
+
+
+# ---------------------------------------------------------------------- draws and repair
+
+
+def percent(share: float | None) -> str:
+    return NONE_YET if share is None else f"{share:.1%}"
+
+
+def _groups(n: float) -> str:
+    count = f"{n:g}"
+    return f"{count} group" if n == 1 else f"{count} groups"
+
+
+def draws_text(data: RunData) -> str:
+    rows = draw_rows(data)
+    if not data.groups:
+        return f"Draws: {NONE_YET} (no rollout group recorded)."
+    recorded = rows[-1].trained is not None
+    header = [
+        "origin",
+        "rollout groups",
+        "tasks drawn / in pool",
+        "largest task",
+        "median task",
+        "largest / median",
+    ]
+    if recorded:
+        header += ["trained on (with gradient)", "dropped stale"]
+    body = []
+    for row in rows:
+        cells = [
+            f"**{row.origin}**" if row.origin == "all" else row.origin,
+            str(row.groups),
+            f"{row.tasks_drawn} / {row.tasks_in_pool}",
+            f"`{row.largest_task}`: {_groups(row.largest_groups)} ({percent(row.largest_share)})"
+            if row.largest_task is not None
+            else "-",
+            f"{_groups(row.median_groups)} ({percent(row.median_share)})" if row.groups else "-",
+            f"{row.ratio:.3g}x" if row.ratio is not None else "-",
+        ]
+        if recorded:
+            cells += [f"{row.trained} ({row.trained_with_gradient})", str(row.stale)]
+        body.append(cells)
+    note = (
+        "Rollout groups per origin of their task (pool-store's `rollout_results`). The "
+        "largest task is the most-drawn one; the median is over the tasks drawn at least "
+        "once; shares are of the row's groups."
+    )
+    if recorded:
+        note += (
+            " Trained on: the groups of learner steps that updated the weights "
+            "(`learner/steps.jsonl`), in brackets those whose rewards differed (a GRPO "
+            "gradient); dropped stale: beyond the learner's staleness bound."
+        )
+    else:
+        note += " No `learner/steps.jsonl`: what the learner trained on is not recorded."
+    return table(header, body) + "\n\n" + note
+
+
+def _scores(scores: Scores | None) -> str:
+    if scores is None:
+        return "-"
+    return f"v{scores.version}: {scores.mean:.3g} ({scores.solved}/{scores.samples} solved)"
+
+
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.3g}"
+
+
+def _pooled(samples: int, mean: float | None, solved: float | None) -> str:
+    if mean is None or solved is None:
+        return "-"
+    return f"{samples}, {mean:.3g}, {solved:.3g}"
+
+
+def repair_text(data: RunData, measured: dict[str, Any] | None) -> str:
+    children = child_rows(data)
+    if not children:
+        parts = [f"Repair: {NONE_YET} (no accepted task names a parent)."]
+    else:
+        parts = [_parents_table(data), "", _children_table(children)]
+    parts += ["", _measured_text(measured)]
+    return "\n".join(parts)
+
+
+def _parents_table(data: RunData) -> str:
+    groups, source = parent_groups(data)
+    rows = []
+    for group in groups:
+        paired = len(group.paired)
+        rows.append(
+            (
+                group.label,
+                f"{group.tasks} ({paired})",
+                _pooled(*group.pooled("before")),
+                _pooled(*group.pooled("after")),
+                _signed(group.mean_change),
+            )
+        )
+    head = (
+        "Does training on a child raise its parent? From the rollouts: each parent's "
+        "samples at the earliest policy version it was rolled out at (before) and at the "
+        "latest (after), pooled over the tasks rolled out at two versions (paired); the "
+        "change is the mean over those tasks of after minus before in mean score. Which "
+        f"tasks raised a signal: {source.source}."
+    )
+    return (
+        head
+        + "\n\n"
+        + table(
+            (
+                "group",
+                "tasks (paired)",
+                "before: samples, mean score, solved share",
+                "after: samples, mean score, solved share",
+                "mean change per task",
+            ),
+            rows,
+        )
+    )
+
+
+def _children_table(children: list[ChildRow]) -> str:
+    recorded = children[0].trained is not None
+    rows = []
+    for child in children[:CHILD_ROWS]:
+        change = child.parent_change
+        rows.append(
+            (
+                f"`{child.child}`",
+                f"`{child.parent}`",
+                child.kind,
+                str(child.depth),
+                str(child.child_groups),
+                f"{child.trained} ({child.trained_with_gradient})" if recorded else "-",
+                _scores(change.before if change else None),
+                _scores(change.after if change else None),
+                _signed(change.change if change else None),
+            )
+        )
+    text = "Accepted tasks with a parent in their lineage:\n\n" + table(
+        (
+            "child",
+            "parent",
+            "signal kind",
+            "depth",
+            "child groups rolled out",
+            "child groups trained on (with gradient)",
+            "parent before",
+            "parent after",
+            "parent change",
+        ),
+        rows,
+    )
+    if len(children) > CHILD_ROWS:
+        text += f"\n\n... and {len(children) - CHILD_ROWS} more."
+    if not recorded:
+        text += "\n\nNo `learner/steps.jsonl`: which tasks were trained on is not recorded."
+    return text
+
+
+def _change(change: dict[str, Any] | None) -> str:
+    if not change:
+        return "-"
+    return (
+        f"{change['mean']:+.3f} [{change['low']:+.3f}, {change['high']:+.3f}] p={change['p']:.2g}"
+    )
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _measured_text(measured: dict[str, Any] | None) -> str:
+    if measured is None:
+        return (
+            "Measured: not run (`coevolve report RUN_DIR --repair-samples N` plays each "
+            "parent and as many no-signal seed tasks N times with policy v1 and with the "
+            "last policy)."
+        )
+    first, last = measured["first_version"], measured["last_version"]
+    rows = [
+        (
+            row["label"],
+            str(row["tasks"]),
+            f"{row['samples_first']} / {row['samples_last']}",
+            f"{_share(row['success_first'])} -> {_share(row['success_last'])}",
+            _change(row["success_change"]),
+            f"{_share(row['partial_credit_first'])} -> {_share(row['partial_credit_last'])}",
+            _change(row["partial_credit_change"]),
+        )
+        for row in measured["rows"]
+    ]
+    head = (
+        f"Measured: each task played {measured['samples_per_task']} times by policy "
+        f"v{first} and by v{last}, sampled like rollout"
+        + (f" (engine {measured['engine']})" if measured.get("engine") else "")
+        + ". Success is BFCL's; partial credit is the share of ground-truth calls matched "
+        "(1 when solved). The change is per task (v"
+        f"{last} minus v{first}), with a 95% bootstrap interval over tasks and a paired "
+        "permutation p-value."
+    )
+    text = (
+        head
+        + "\n\n"
+        + table(
+            (
+                "group",
+                "tasks",
+                f"samples v{first} / v{last}",
+                f"success v{first} -> v{last}",
+                "success change",
+                f"partial credit v{first} -> v{last}",
+                "partial credit change",
+            ),
+            rows,
+        )
+    )
+    control = next((r for r in measured["rows"] if r["label"] == NO_SIGNAL), None)
+    control_change = (control or {}).get("success_change")
+    lines = [
+        f"- {row['label']}: success change {row['success_change']['mean']:+.3f} against "
+        f"{control_change['mean']:+.3f} for the no-signal tasks "
+        f"(difference {row['success_change']['mean'] - control_change['mean']:+.3f})"
+        for row in measured["rows"]
+        if row["label"] != NO_SIGNAL and row["success_change"] and control_change
+    ]
+    return text + ("\n\n" + "\n".join(lines) if lines else "")

@@ -3,9 +3,11 @@
 Groups are gathered until ``groups_per_step`` are in hand (or ``max_wait_s`` passed with at
 least one); one optimizer step then trains on them, the new adapter weights go to the NATS
 object store with a ``PolicyVersion`` announcement, and a checkpoint (weights, optimizer,
-step, version, the ids of the groups trained on) is written atomically. Only then are the
-groups acked, so a learner killed with SIGKILL resumes from its last step and the groups of
-the unfinished step come back to it; groups already trained on are recognised and skipped.
+step, version, the ids of the groups trained on) is written atomically; the step's record
+(the groups it trained on and dropped as stale) is appended to ``RUN_DIR/learner/
+steps.jsonl``. Only then are the groups acked, so a learner killed with SIGKILL resumes
+from its last step and the groups of the unfinished step come back to it; groups already
+trained on are recognised and skipped.
 
 Before any GRPO step the policy gets the SFT warm start on the pool's tasks with ground
 truth (``warm_start``); it cannot be skipped: while no such task is reachable the service
@@ -32,7 +34,9 @@ import msgspec
 
 from coevolve.services.learner.config import LearnerServiceConfig
 from coevolve.services.learner.handler import (
+    STEPS_FILE,
     keep_tasks,
+    record_step,
     save_checkpoint,
     saved_tasks,
     train_step,
@@ -305,6 +309,22 @@ class LearnerActor(Actor):
         assert self.learner is not None
         save_checkpoint(self.learner, self.checkpoint, self._trained)
 
+    def _record_step(
+        self, groups: list[RolloutGroup], metrics: StepMetrics, version_before: int
+    ) -> None:
+        """Append the step's line to ``steps.jsonl``; a failed write is logged, not fatal
+        (the step is checkpointed already, and its weights must still be published)."""
+        try:
+            record_step(
+                self.settings.path(STEPS_FILE),
+                groups,
+                metrics,
+                version_before=version_before,
+                max_staleness=self.config.grpo.max_staleness,
+            )
+        except OSError as exc:
+            log.warning("step %d not recorded in %s: %r", metrics.step, STEPS_FILE, exc)
+
     # ------------------------------------------------------------------ training
 
     def consumers(self) -> Sequence[Consumer[Any]]:
@@ -334,14 +354,16 @@ class LearnerActor(Actor):
             learner = self.learner
             assert learner is not None
             self.report_progress(GRPO_STEP_PHASE, detail=f"{len(batch)} groups")
+            groups = [w.group for w in batch]
+            version_before = learner.version
             try:
-                metrics = await anyio.to_thread.run_sync(
-                    self._step, [w.group for w in batch], abandon_on_cancel=True
-                )
+                metrics = await anyio.to_thread.run_sync(self._step, groups, abandon_on_cancel=True)
                 self.last_metrics = metrics
                 self._trained.extend(w.group.id for w in batch)
                 # checkpoint first: an announced version always exists on disk
                 await anyio.to_thread.run_sync(self._save_checkpoint)
+                # then the step's record (what `coevolve report` counts as trained on)
+                await anyio.to_thread.run_sync(self._record_step, groups, metrics, version_before)
                 if metrics.trained:
                     await self._publish_weights()
                 for name, value in metrics.scalars().items():

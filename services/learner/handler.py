@@ -2,20 +2,30 @@
 that records it, and which version number new weights are announced under.
 
 The GRPO update itself is ``trainer.GrpoLearner``; the warm start is ``warm_start.py``.
+
+Each step also appends one JSON line to ``RUN_DIR/learner/steps.jsonl`` (``record_step``):
+which groups it trained on (task, origin) and which it dropped as stale, for
+``coevolve report``'s draws and repair tables.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
+from coevolve.services.learner.grpo import filter_stale, group_version
 from coevolve.services.learner.ranks import Ranks
 from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
 from coevolve.shared.messages import PolicyVersion, RolloutGroup, Task
+
+# one JSON line per GRPO step, under the run directory (see ``step_record``)
+STEPS_FILE = "learner/steps.jsonl"
 
 
 def train_step(
@@ -25,6 +35,86 @@ def train_step(
     if ranks is None:
         return learner.step(groups)
     return ranks.step(learner, groups)
+
+
+def step_record(
+    groups: Sequence[RolloutGroup],
+    *,
+    step: int,
+    version: int,
+    published: bool,
+    version_before: int,
+    max_staleness: int,
+    at: float | None = None,
+) -> dict[str, Any]:
+    """What one step trained on, as the line ``record_step`` appends.
+
+    ``step`` and ``version`` are the learner's after the step; ``published`` says whether
+    it updated the weights (and so published ``version``). ``groups`` are those the step
+    was given: the ones within ``max_staleness`` of ``version_before`` (the learner's
+    version when the step began, as the trainer's own ``filter_stale`` decides) go under
+    ``groups``, each with its task, origin, policy version, mean reward and whether its
+    rewards were all equal (``uniform``: no gradient); the others under ``stale``.
+    """
+    kept, _ = filter_stale(groups, version_before, max_staleness)
+    kept_ids = {id(group) for group in kept}
+
+    def entry(group: RolloutGroup) -> dict[str, Any]:
+        rewards = group.rewards()
+        return {
+            "group_id": group.id,
+            "task_id": group.task_id,
+            "origin": group.origin,
+            "policy_version": group_version(group),
+            "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+            "uniform": not rewards or max(rewards) == min(rewards),
+        }
+
+    return {
+        "step": step,
+        "version": version,
+        "published": published,
+        "time": time.time() if at is None else at,
+        "groups": [entry(g) for g in groups if id(g) in kept_ids],
+        "stale": [entry(g) for g in groups if id(g) not in kept_ids],
+    }
+
+
+def append_step_record(path: Path, record: dict[str, Any]) -> None:
+    """Append ``record`` as one JSON line, flushed to disk. A line cut short by a crash
+    is closed first, so the next record starts on a line of its own."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(record, separators=(",", ":")).encode() + b"\n"
+    with path.open("ab") as handle:
+        if handle.tell() > 0:
+            with path.open("rb") as existing:
+                existing.seek(-1, os.SEEK_END)
+                if existing.read(1) != b"\n":
+                    line = b"\n" + line
+        handle.write(line)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def record_step(
+    path: Path,
+    groups: Sequence[RolloutGroup],
+    metrics: StepMetrics,
+    *,
+    version_before: int,
+    max_staleness: int,
+) -> dict[str, Any]:
+    """Append the record of the step that ``metrics`` describes (see ``step_record``)."""
+    record = step_record(
+        groups,
+        step=metrics.step,
+        version=metrics.version,
+        published=metrics.trained,
+        version_before=version_before,
+        max_staleness=max_staleness,
+    )
+    append_step_record(path, record)
+    return record
 
 
 def trained_ids_file(checkpoint: Path) -> Path:

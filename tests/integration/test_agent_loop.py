@@ -7,13 +7,15 @@ loads them and computes identical logits; a restarted learner resumes where it s
 
 from __future__ import annotations
 
+import json
+
 import anyio
 import pytest
 import torch
 from nats.aio.msg import Msg
 
 from coevolve.services.learner.actor import LearnerActor
-from coevolve.services.learner.handler import trained_ids_file
+from coevolve.services.learner.handler import STEPS_FILE, trained_ids_file
 from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.services.rollout.actor import RolloutActor
 from coevolve.shared.config import Settings
@@ -142,6 +144,17 @@ async def test_learner_publishes_weights_that_rollout_loads_identically(
         with anyio.fail_after(30):
             while not trained_ids_file(learner_actor.checkpoint).exists():
                 await anyio.sleep(0.1)
+        # the step's record: what `coevolve report` counts as trained on
+        steps = loop_settings.run_dir / STEPS_FILE
+        with anyio.fail_after(30):
+            while not steps.exists():
+                await anyio.sleep(0.1)
+        (record,) = [json.loads(line) for line in steps.read_text().splitlines()]
+        assert (record["step"], record["version"], record["published"]) == (1, 1, True)
+        assert [(g["group_id"], g["task_id"], g["origin"]) for g in record["groups"]] == [
+            (group.id, task.id, "seed")
+        ]
+        assert record["stale"] == []
         runner.request_stop()
 
     # a new learner (as after SIGKILL) resumes from the checkpoint and remembers the group

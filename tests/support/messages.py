@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from coevolve.shared.messages import ChatMessage, Heartbeat, Trajectory
+from coevolve.shared.messages import ChatMessage, Heartbeat, Origin, RolloutGroup, Trajectory
 
 
 def untokenized_trajectory(
@@ -29,6 +29,24 @@ def untokenized_trajectory(
         policy_version=policy_version,
         actions=list(actions),
         entropies=list(entropies),
+    )
+
+
+def rewarded_group(
+    group_id: str, task_id: str, origin: Origin, version: int, *rewards: float
+) -> RolloutGroup:
+    """A rollout group of untokenized trajectories with these rewards, for code that reads
+    a group's task, origin, version and rewards (not its tokens)."""
+    trajectories = [
+        untokenized_trajectory(f"{group_id}-{i}", task_id, reward=r, policy_version=version)
+        for i, r in enumerate(rewards)
+    ]
+    return RolloutGroup(
+        id=group_id,
+        task_id=task_id,
+        origin=origin,
+        policy_version=version,
+        trajectories=trajectories,
     )
 
 
