@@ -14,7 +14,10 @@ A labelled set from BFCL's train-split per-turn tasks (``bfcl-turns-base``):
   ``opposite_function`` (one call swapped for the function of the opposite action in its
   class: remove for add, unfollow for follow), ``unused_value`` (the request also names a
   value no call uses), ``about_the_call`` (the request replaced by a question about its
-  call, or told as what the assistant must do). One more kind is reported on its own,
+  call, or told as what the assistant must do), ``template_request`` (the request replaced
+  by a template made from its own calls: each function's name in words, a colon and its
+  description, then a "Details:" list of its argument values as the abstractor wrote it,
+  or without that list). One more kind is reported on its own,
   outside the overall reject rate: ``redundant_call`` (a state-changing call made twice in
   a row), what minimality is for.
 
@@ -53,9 +56,11 @@ from coevolve.services.judge.checks import (
     check_description_covered,
     check_intent,
     check_minimality,
+    check_not_template,
     check_plain_request,
     check_real_values,
     check_same_action,
+    tool_description,
     trace_calls,
 )
 from coevolve.services.judge.replay import replay_candidate
@@ -71,6 +76,7 @@ CORRUPTIONS: tuple[str, ...] = (
     "opposite_function",
     "unused_value",
     "about_the_call",
+    "template_request",
 )
 # reported on its own, not in the overall reject rate
 EXTRA_CORRUPTIONS: tuple[str, ...] = ("redundant_call",)
@@ -261,6 +267,34 @@ def about_the_call(task: Task, trace: CallTrace, rng: random.Random) -> Labelled
     return Labelled(corrupted, "about_the_call", task.id, request[:60])
 
 
+def template_request(task: Task, trace: CallTrace, rng: random.Random) -> Labelled | None:
+    """The request replaced by the template default runs accepted, made from the turn's own
+    calls: each function's name in words, a colon and its description ("delete message:
+    Delete the latest message sent to a receiver."), then, half of the time, a "Details:"
+    list of the calls' argument values as the abstractor appends it."""
+    from coevolve.shared.wording import name_words
+
+    if not trace.calls:
+        return None
+    described = {
+        str(tool.get("function", tool).get("name", "")): " ".join(tool_description(tool).split())
+        for tool in trace.tools
+    }
+    functions = list(dict.fromkeys(c.call.name for c in trace.calls))
+    sentences = []
+    for function in functions:
+        description = described.get(function, "").strip()
+        if description and description[-1] not in ".!?":
+            description += "."
+        sentences.append(f"{' '.join(name_words(function))}: {description}".strip())
+    request = " ".join(sentences)
+    arguments = [item for c in trace.calls for item in c.call.arguments.items()]
+    if arguments and rng.random() < 0.5:
+        request = f"{request} {details_clause(arguments)}"
+    corrupted = msgspec.structs.replace(task, id=f"{task.id}~tr", user_turns=[request])
+    return Labelled(corrupted, "template_request", task.id, request[:60])
+
+
 def unused_value(
     task: Task, pool: dict[tuple[str, str], list[Any]], rng: random.Random
 ) -> Labelled | None:
@@ -398,6 +432,9 @@ def labelled_set(
             "redundant_call": redundant_call(task, trace, rng),
             # its own generator, so the kinds above draw what they drew before it existed
             "about_the_call": about_the_call(task, trace, random.Random(f"{seed}:{task.id}")),
+            "template_request": template_request(
+                task, trace, random.Random(f"{seed}:template:{task.id}")
+            ),
         }
         for kind, negative in made.items():
             if negative is None:
@@ -454,6 +491,7 @@ def deterministic_stages(item: Labelled, backend: str) -> Outcome:
     def relevant() -> bool:
         results = (
             check_plain_request(task, trace),
+            check_not_template(task, trace),
             check_real_values(task, trace),
             check_same_action(task, trace),
             check_arguments_named(task, trace),
@@ -475,6 +513,7 @@ def deterministic_stages(item: Labelled, backend: str) -> Outcome:
 
 RELEVANCE_CHECKS = (
     "plain_request",
+    "not_template",
     "real_values",
     "same_action",
     "names_arguments",
@@ -739,6 +778,7 @@ def print_table(report: dict[str, Any]) -> None:
         "opposite_function": "opposite",
         "unused_value": "unused val",
         "about_the_call": "about call",
+        "template_request": "template",
     }
     kinds = tuple(short.get(k, k.replace("_", " ")) for k in ALL_CORRUPTIONS)
     for key, title in (

@@ -13,8 +13,19 @@ replaying the calls cannot see:
   ``add_to_watchlist``, in an environment that offers a function that removes. Its
   salient values may all be named, and its text is still close to the called function.
 
+- a template (:func:`template_request`): a request filled from a function's documentation
+  instead of said by a user: a "Details:" list of values, a function's name in words and a
+  colon opening it ("delete message: Delete the latest message sent to a receiver",
+  "message login: User 'USR002' logged in successfully."), a tool's description copied, a
+  "key value; key value" list. Default runs accepted 7 of 9 requests of this kind.
+
 On the 731 per-turn tasks of BFCL's multi_turn_base, call syntax flags none and the
 opposite action one (a turn whose ground truth cancels a booking it never mentions).
+:func:`template_request` flags none of the 3,336 user turns of BFCL's four multi-turn
+categories (200 of them, miss_func's, empty), each read against the functions,
+descriptions and parameters of its entry's classes; the most any of them copies from a
+description is 57% of its words ("Reveal the contents of a different file.", in runs of
+``COPIED_RUN`` words), against ``MIN_COPIED_SHARE`` 75%.
 """
 
 from __future__ import annotations
@@ -106,6 +117,104 @@ def call_syntax(request: str, functions: Iterable[str]) -> list[str]:
     if len(plain) < MIN_PLAIN_WORDS:
         found.append(f"{len(plain)} plain words before its details")
     return list(dict.fromkeys(found))
+
+
+# the abstractor's appended values: "... Details: receiver id 'USR005'." (capital D, as
+# completion.py writes it; BFCL's users write "the following details:" in lower case)
+_DETAILS_CLAUSE = re.compile(r"(?:^|(?<=\s))Details\s*:")
+# a label before a colon that opens the request: "delete message: ...", "message_login: ..."
+_OPENING_LABEL = re.compile(r"^\W*([A-Za-z_][A-Za-z0-9_ ]{0,60}?)\s*:")
+# one "key value" item of an argument list: "receiver id 'USR005'", "amount 250",
+# "unit: 'celsius'", "doors ['driver', 'passenger']"
+_ITEM_VALUE = (
+    r"(?:'[^']*'|\"[^\"]*\"|-?\d[\d,]*(?:\.\d+)?|True|False|None|true|false|null"
+    r"|\[[^\[\]]*\]|\{[^{}]*\})"
+)
+_ARGUMENT_ITEM = re.compile(rf"^\s*([A-Za-z][A-Za-z0-9_ ]{{0,40}}?)\s*[:=]?\s*{_ITEM_VALUE}\s*$")
+# a request that is a function's description copied: this share of its words lie in runs
+# of at least COPIED_RUN words that also run, in order, through one tool's description
+COPIED_RUN = 4
+MIN_COPIED_SHARE = 0.75
+MIN_COPIED_WORDS = 5
+
+
+def _spoken(label: str) -> list[str]:
+    """A label's words as :func:`name_words` splits a name: "Delete Message" and
+    ``delete_message`` -> [delete, message]."""
+    return [word for part in label.split() for word in name_words(part)]
+
+
+def copied_share(request: str, description: str, run: int = COPIED_RUN) -> float:
+    """The share of ``request``'s words that lie in a run of ``run`` or more consecutive
+    words found, in the same order, in ``description`` (0.0 for an empty request)."""
+    asked = _WORD.findall(request.lower())
+    text = f" {' '.join(_WORD.findall(description.lower()))} "
+    if not asked or len(text) < 3:
+        return 0.0
+    covered = [False] * len(asked)
+    start = 0
+    while start + run <= len(asked):
+        end = start + run
+        if f" {' '.join(asked[start:end])} " not in text:
+            start += 1
+            continue
+        while end < len(asked) and f" {' '.join(asked[start : end + 1])} " in text:
+            end += 1
+        covered[start:end] = [True] * (end - start)
+        start = end
+    return sum(covered) / len(asked)
+
+
+def argument_list(request: str, parameters: Iterable[str] = ()) -> bool:
+    """Whether ``request`` is a list of arguments, not a sentence: "key value" items
+    separated by ";" ("receiver id 'USR005'; message 'hi'."), two or more, or one whose
+    key is a parameter's name in words."""
+    items = [item for item in request.strip().rstrip(".").split(";") if item.strip()]
+    matches = [_ARGUMENT_ITEM.match(item) for item in items]
+    if not items or not all(matches):
+        return False
+    if len(items) >= 2:
+        return True
+    keys = {" ".join(name_words(parameter)) for parameter in parameters}
+    return any(" ".join(_spoken(m.group(1))) in keys for m in matches if m is not None)
+
+
+def template_request(
+    request: str,
+    functions: Iterable[str],
+    descriptions: Iterable[str] = (),
+    parameters: Iterable[str] = (),
+) -> str | None:
+    """Why ``request`` is a template filled from a function's documentation, not
+    something a user says; None when it is not. A template is:
+
+    - a "Details:" clause, the argument values code appends (``... Details: receiver id
+      'USR005'.``);
+    - a function's name in words (or as its identifier) opening the request before a
+      colon: "delete message: Delete the latest message ...", "message login: User
+      'USR002' logged in successfully.";
+    - one of ``descriptions`` copied: ``MIN_COPIED_SHARE`` of the request's words (at least
+      ``MIN_COPIED_WORDS``) in runs of ``COPIED_RUN`` words found in one description;
+    - a list of arguments ("receiver id 'USR005'; message 'hi'"; :func:`argument_list`).
+    """
+    details = _DETAILS_CLAUSE.search(request)
+    if details is not None:
+        return f"it carries a 'Details:' list of values: {request[details.start() :][:60]!r}"
+    label = _OPENING_LABEL.match(request)
+    if label is not None:
+        spoken = _spoken(label.group(1))
+        named = next((f for f in functions if spoken and name_words(f) == spoken), None)
+        if named is not None:
+            return f"it opens with the name of {named} and a colon: {label.group(0).strip()!r}"
+    asked = _WORD.findall(request.lower())
+    if len(asked) >= MIN_COPIED_WORDS:
+        for description in descriptions:
+            share = copied_share(request, description)
+            if share >= MIN_COPIED_SHARE:
+                return f"{share:.0%} of it is copied from a description: {description[:60]!r}"
+    if argument_list(request, parameters):
+        return f"it is a list of argument values: {request[:60]!r}"
+    return None
 
 
 def other_function_named(request: str, called: Sequence[str], offered: Sequence[str]) -> str | None:

@@ -9,8 +9,13 @@ They run after the replay (``replay.py``) and before any LLM, each a verdict cri
 - ``minimal``: dropping any single state-changing call from the ground truth changes the
   final environment state; a call whose removal leaves the final state as it was is
   redundant and the candidate is rejected naming it;
+- ``exercises_failure``: when the task's lineage names target functions (what the policy
+  got wrong in the parent turn), its calls include one of them; always run, cheapest;
 - ``plain_request``: no request carries call syntax (a call, a JSON object, a function's
   identifier) or a log line (``shared/wording.py``);
+- ``not_template``: no request is a template filled from a function's documentation: a
+  "Details:" list of values, a function's name and a colon opening it, a tool's
+  description copied, a "key value; key value" list (``shared/wording.py``);
 - ``same_action``: no request asks for the opposite of its calls ("remove" for
   ``add_to_watchlist``) or names another function instead of its own ("check tire
   pressure" for ``adjustClimateControl``; ``shared/wording.py``);
@@ -45,12 +50,15 @@ from coevolve.shared.wording import (
     call_syntax,
     opposite_action,
     other_function_named,
+    template_request,
     without_details,
 )
 
 # The criteria semantic_checks reports, in its order (all checks enabled).
 SEMANTIC_CRITERIA: tuple[str, ...] = (
+    "exercises_failure",
     "plain_request",
+    "not_template",
     "real_values",
     "same_action",
     "names_arguments",
@@ -390,18 +398,22 @@ def _request_text(task: Task, with_context: bool = False, details: bool = True) 
     return "\n".join(part for part in parts if part)
 
 
+def tool_description(tool: Mapping[str, Any]) -> str:
+    """What a function does: its compact hint (BFCL: its doc without the per-class
+    opening) when it has one, else its description."""
+    function = tool.get("function", tool)
+    hints = tool.get("compact")
+    if isinstance(hints, Mapping) and isinstance(hints.get("description"), str):
+        return str(hints["description"])
+    return str(function.get("description", ""))
+
+
 def function_text(tool: Mapping[str, Any]) -> str:
     """A function's name (split into words) and what it does, for similarity."""
     function = tool.get("function", tool)
     name = str(function.get("name", ""))
     words = re.sub(r"([a-z])([A-Z])", r"\1 \2", name).replace("_", " ").lower()
-    hints = tool.get("compact")
-    description = ""
-    if isinstance(hints, Mapping) and isinstance(hints.get("description"), str):
-        description = hints["description"]
-    else:
-        description = str(function.get("description", ""))
-    return f"{words}: {' '.join(description.split())}"
+    return f"{words}: {' '.join(tool_description(tool).split())}"
 
 
 @lru_cache(maxsize=64)
@@ -529,6 +541,57 @@ def check_plain_request(task: Task, trace: CallTrace) -> CheckResult:
     return CheckResult("plain_request", not syntax, reasons, {"turns_with_syntax": len(syntax)})
 
 
+def tool_parameters(tools: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The parameter names of the offered functions."""
+    names_found: list[str] = []
+    for tool in tools:
+        function = tool.get("function", tool)
+        schema = function.get("parameters")
+        properties = schema.get("properties") if isinstance(schema, Mapping) else None
+        if isinstance(properties, Mapping):
+            names_found.extend(str(name) for name in properties)
+    return list(dict.fromkeys(names_found))
+
+
+def check_not_template(task: Task, trace: CallTrace) -> CheckResult:
+    """No request is a template made from a function's documentation rather than something
+    a user says (``shared.wording.template_request``): a "Details:" list of values (so
+    the clause the abstractor appends fails here, though other checks read the request
+    without it), a function's name in words and a colon opening it ("delete message:
+    ..."), a tool's description copied, a "key value; key value" list."""
+    offered = offered_names(trace)
+    descriptions = [d for d in (tool_description(t) for t in trace.tools) if d.strip()]
+    parameters = tool_parameters(trace.tools)
+    reasons = []
+    for turn, request in enumerate(task.user_turns):
+        why = template_request(request, offered, descriptions, parameters)
+        if why is not None:
+            reasons.append(f"request {turn} is a template, not what a user says: {why}")
+    return CheckResult("not_template", not reasons, reasons, {"template_turns": len(reasons)})
+
+
+def check_exercises_failure(task: Task) -> CheckResult:
+    """A task synthesized from a parent turn the policy failed calls at least one of the
+    functions it got wrong (``task.lineage.target_functions``); a task without targets
+    (a seed task, an unguided exploration) passes."""
+    targets = list(dict.fromkeys(task.lineage.target_functions))
+    called = [call.name for calls in task.ground_truth for call in calls]
+    if not targets:
+        return CheckResult("exercises_failure", True, details={"targets": 0})
+    hit = sorted({name for name in called if name in targets})
+    reasons = (
+        []
+        if hit
+        else [
+            "the calls exercise none of the functions the parent turn failed: targets "
+            f"{', '.join(targets)}; calls made {', '.join(called) or 'none'}"
+        ]
+    )
+    return CheckResult(
+        "exercises_failure", bool(hit), reasons, {"targets": len(targets), "hit": hit}
+    )
+
+
 def placeholder_values(task: Task) -> list[str]:
     """The ground truth's argument values that are a template's blanks, not real values."""
     return [
@@ -581,14 +644,16 @@ def semantic_checks(
     relevance: bool = True,
     backend: Backend = "auto",
 ) -> list[CheckResult]:
-    """The enabled checks, cheapest first, over one traced run. Blocking (run it in a
-    worker thread); assumes the replay passed."""
+    """The enabled checks, cheapest first, over one traced run (``exercises_failure``
+    always, the others as enabled). Blocking (run it in a worker thread); assumes the
+    replay passed."""
+    results: list[CheckResult] = [check_exercises_failure(task)]
     if not (minimality or relevance):
-        return []
+        return results
     trace = trace_calls(task, make_env)
-    results: list[CheckResult] = []
     if relevance:
         results.append(check_plain_request(task, trace))
+        results.append(check_not_template(task, trace))
         results.append(check_real_values(task, trace))
         results.append(check_same_action(task, trace))
         results.append(check_arguments_named(task, trace))

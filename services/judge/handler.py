@@ -2,7 +2,8 @@
 
 Stages, cheapest first; the first that fails rejects the candidate and the later ones
 never run: replay (``replay.py``), the deterministic semantic checks (``checks.py``:
-arguments named, description covered, minimality, intent), the round trip if enabled
+the parent's failed functions exercised, plain and not a template, arguments named,
+description covered, minimality, intent), the round trip if enabled
 (``roundtrip.py``, an LLM solver), then the LLM judge (``prompts.py``). Each check is a
 criterion of the verdict. The judge service publishes what :func:`judge_candidate`
 returns; the lockstep schedule records it in the pool itself. Nothing here knows about

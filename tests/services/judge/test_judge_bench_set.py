@@ -14,6 +14,7 @@ from coevolve.bench.judge import (
     with_intent_threshold,
 )
 from coevolve.shared.envs.bfcl.tasks import split_of
+from coevolve.shared.wording import name_words
 
 
 def test_each_negative_differs_from_its_positive_by_one_corruption() -> None:
@@ -39,6 +40,10 @@ def test_each_negative_differs_from_its_positive_by_one_corruption() -> None:
             continue
         if item.kind == "about_the_call":
             assert after == before and task.user_turns != source.user_turns
+            continue
+        if item.kind == "template_request":
+            assert after == before and task.user_turns != source.user_turns
+            assert task.user_turns[0].startswith(" ".join(name_words(before[0].name)) + ": ")
             continue
         if item.kind == "unused_value":
             assert after == before and task.user_turns[0].startswith(source.user_turns[0])
@@ -69,7 +74,13 @@ def test_the_set_is_the_same_on_every_build() -> None:
 def test_the_errors_synthesis_made_are_in_the_set_and_rejected() -> None:
     """Each new kind applies to some turns and the judge's deterministic stages reject it."""
     items, _ = labelled_set(12, seed=5)
-    kinds = {"written_as_call", "opposite_function", "unused_value", "about_the_call"}
+    kinds = {
+        "written_as_call",
+        "opposite_function",
+        "unused_value",
+        "about_the_call",
+        "template_request",
+    }
     made = [i for i in items if i.kind in kinds]
     assert {i.kind for i in made} == kinds
     for item in made:
