@@ -8,17 +8,25 @@ after an identical one is dropped before that (``without_repeats``). A login who
 token a later call uses stays: without it that call fails. When nothing changed the state,
 the round's last call that returned a result is a question of one call.
 
+Two kinds of call stay although leaving them out changes no state: a call of a *target*
+function (one the policy got wrong in the parent turn: the reason the task exists), and
+a lookup whose result a later call uses (a later call passes a value the lookup returned
+and the request cannot have said: a zip code, then a distance). With targets, a round
+whose calls include none of them gives no unit.
+
 The abstractor's LLM then writes the request for exactly these calls, so a request can no
 longer ask for a call the exploration never made, or contradict the one it made.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
+from coevolve.shared.argument_values import salient_values
 from coevolve.shared.envs import Environment, state_of
+from coevolve.shared.failures import target_functions
 from coevolve.shared.messages import Exploration, Task, ToolCall
 
 
@@ -68,15 +76,29 @@ def without_repeats(calls: Sequence[ToolCall]) -> list[ToolCall]:
     return kept
 
 
+def feeds_later_call(position: int, calls: Sequence[ToolCall], observations: Sequence[str]) -> bool:
+    """A later call passes a salient value that call ``position`` returned and no call
+    before it passed (the later call needs what this one looked up)."""
+    returned = observations[position].lower()
+    earlier = {repr(value) for _, _, value in salient_values(calls[:position])}
+    for _, _, value in salient_values(calls[position + 1 :]):
+        text = str(value).lower()
+        if repr(value) not in earlier and len(text) >= 2 and text in returned:
+            return True
+    return False
+
+
 def minimal_calls(
     task: Task,
     calls: Sequence[ToolCall],
     make_env: Callable[[], Environment],
     replayed: _Replay,
+    keep: Set[str] = frozenset(),
 ) -> tuple[list[ToolCall], _Replay]:
     """``calls`` that replay without an error from ``task``'s initial state (``replayed``:
     their replay), minus each one whose absence changes neither the final state nor
-    another call's result."""
+    another call's result, unless it calls a function of ``keep`` or a later call uses
+    what it returned."""
     kept = [call for call, ok in zip(calls, replayed.ok, strict=True) if ok]
     if len(kept) < len(calls):
         replayed = _replay(task, kept, make_env)
@@ -84,6 +106,9 @@ def minimal_calls(
         return kept, replayed  # no state to compare: every call that ran stays
     position = 0
     while position < len(kept):
+        if kept[position].name in keep or feeds_later_call(position, kept, replayed.observations):
+            position += 1
+            continue
         without = [*kept[:position], *kept[position + 1 :]]
         trial = _replay(task, without, make_env)
         others = [*replayed.observations[:position], *replayed.observations[position + 1 :]]
@@ -95,18 +120,23 @@ def minimal_calls(
 
 
 def round_unit(
-    task: Task, calls: Sequence[ToolCall], make_env: Callable[[], Environment]
+    task: Task,
+    calls: Sequence[ToolCall],
+    make_env: Callable[[], Environment],
+    targets: Set[str] = frozenset(),
 ) -> CallUnit | None:
-    """The unit of one round's successful calls; None when none of them replays."""
+    """The unit of one round's successful calls; None when none of them replays, or, with
+    ``targets``, when the unit would call none of them."""
     answered = _replay(task, calls, make_env)
-    kept, replayed = minimal_calls(task, calls, make_env, answered)
+    kept, replayed = minimal_calls(task, calls, make_env, answered, targets)
     changes = replayed.state is None or replayed.state != replayed.initial_state
-    if kept and changes:
-        return CallUnit(kept, list(replayed.observations), changes_state=True)
+    aimed = not targets or any(call.name in targets for call in kept)
+    if kept and (changes or len(kept) > 1) and aimed:
+        return CallUnit(kept, list(replayed.observations), changes_state=changes)
     for call, ok, observation in reversed(
         list(zip(calls, answered.ok, answered.observations, strict=True))
     ):
-        if ok and observation.strip():
+        if ok and observation.strip() and (not targets or call.name in targets):
             single = _replay(task, [call], make_env)
             if single.ok == [True]:
                 return CallUnit([call], list(single.observations), changes_state=False)
@@ -117,7 +147,9 @@ def call_units(
     exploration: Exploration, make_env: Callable[[], Environment], max_units: int
 ) -> list[CallUnit]:
     """At most ``max_units`` units, one per round of ``exploration`` that has one, no two
-    with the same calls. Blocking (run it in a worker thread)."""
+    with the same calls; each calls a function the policy got wrong in the parent turn
+    when the exploration says what it got wrong. Blocking (run it in a worker thread)."""
+    targets = frozenset(target_functions(exploration.failed_calls))
     units: list[CallUnit] = []
     for round_ in exploration.rounds:
         if len(units) >= max_units:
@@ -125,7 +157,7 @@ def call_units(
         succeeded = without_repeats([step.action for step in round_.steps if step.ok])
         if not succeeded:
             continue
-        unit = round_unit(exploration.task, succeeded, make_env)
+        unit = round_unit(exploration.task, succeeded, make_env, targets)
         if unit is not None and all(unit.calls != other.calls for other in units):
             units.append(unit)
     return units

@@ -52,6 +52,22 @@ def missing_values(call: ToolCall, seen: str) -> list[tuple[str, Any]]:
     ]
 
 
+def unstated_values(
+    request: str, calls: Sequence[ToolCall], observations: Sequence[str], context: str = ""
+) -> list[tuple[str, Any]]:
+    """(parameter, value) of each salient argument of ``calls`` that neither ``request``,
+    nor ``context`` (the conversation before it), nor an earlier call's result writes: what
+    a user who said only this request has not told the assistant."""
+    missing: list[tuple[str, Any]] = []
+    shown = [context, request]
+    for call, observation in zip(calls, [*observations, *[""] * len(calls)], strict=False):
+        for parameter, value in missing_values(call, "\n".join(shown)):
+            if all(value != known for _, known in missing):
+                missing.append((parameter, value))
+        shown.append(observation)
+    return missing
+
+
 def details_clause(missing: Sequence[tuple[str, Any]]) -> str:
     """``Details: card id 'card_3'; amount 250.`` (strings quoted, as BFCL's requests do)."""
     parts = [f"{parameter.replace('_', ' ')} {value!r}" for parameter, value in missing]

@@ -13,11 +13,14 @@ class AbstractorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     # candidates per exploration: one per round with calls that replay (call_units.py)
     max_tasks: int = 2
     max_tokens: int = 300
-    # a request written as code (or too short) is asked for again this many times, with
-    # the reason; then the unit is dropped as malformed_request
-    rewrites: int = 1
+    # a request written as code, too short, or leaving out a value its calls need is asked
+    # for again this many times, with the reason; then the unit is dropped as
+    # malformed_request
+    rewrites: int = 2
     # add the argument values a request leaves out as a "Details:" clause (completion.py)
-    complete_values: bool = True
+    # instead of asking for the request again: a template no user says, which the judge
+    # refuses; kept for comparison with runs before 2026-11-29
+    complete_values: bool = False
     dedup_threshold: float = 0.7
     dedup_backend: SimilarityBackend = "ngram"
     dedup_refresh_s: float = 120.0

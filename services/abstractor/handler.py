@@ -20,7 +20,7 @@ import anyio
 from opentelemetry.trace import NoOpTracer, Tracer
 
 from coevolve.services.abstractor.call_units import CallUnit, call_units
-from coevolve.services.abstractor.completion import complete_requests
+from coevolve.services.abstractor.completion import complete_requests, unstated_values
 from coevolve.services.abstractor.config import AbstractorConfig, SimilarityBackend
 from coevolve.services.abstractor.prompts import (
     RequestDraft,
@@ -32,7 +32,7 @@ from coevolve.services.abstractor.prompts import (
 )
 from coevolve.shared.envs import make_environment
 from coevolve.shared.llm import RoleLLM
-from coevolve.shared.messages import Exploration, PoolStats, Task, TaskCandidate
+from coevolve.shared.messages import ChatMessage, Exploration, PoolStats, Task, TaskCandidate
 from coevolve.shared.similarity import MIN_WORDS, LeakGuard, NearDuplicateIndex
 from coevolve.shared.structured import Rejection, RejectionCounter, ask_structured, tool_names
 
@@ -162,7 +162,7 @@ async def abstract(exploration: Exploration, deps: AbstractorDeps) -> Abstractio
     reached."""
     config = deps.config
     environment = exploration.task.environment
-    tools = await anyio.to_thread.run_sync(tools_for, exploration.task)
+    tools, conversation = await anyio.to_thread.run_sync(setting_of, exploration.task)
     units = await anyio.to_thread.run_sync(
         lambda: call_units(exploration, lambda: make_environment(environment), config.max_tasks)
     )
@@ -178,7 +178,9 @@ async def abstract(exploration: Exploration, deps: AbstractorDeps) -> Abstractio
     await refresh_pool_queries(deps)
     for index, unit in enumerate(units):
         with deps.tracer.start_as_current_span("abstractor abstract"):
-            draft = await write_request(deps.llm, exploration, unit, tools, config, deps.outputs)
+            draft = await write_request(
+                deps.llm, exploration, unit, tools, config, deps.outputs, conversation
+            )
         if isinstance(draft, Rejection):
             result.rejections.append(draft)
             continue
@@ -246,10 +248,17 @@ def similarity_cache_dir(config: AbstractorConfig, run_dir: Path) -> Path:
 
 def tools_for(task: Task) -> list[dict[str, Any]]:
     """The functions a task's environment offers from its initial state."""
+    return setting_of(task)[0]
+
+
+def setting_of(task: Task) -> tuple[list[dict[str, Any]], list[ChatMessage]]:
+    """The functions a task's environment offers from its initial state, and the
+    conversation before its request (the earlier turns the environment replays), which a
+    candidate of the same state continues. Blocking (run it in a worker thread)."""
     environment = make_environment(task.environment)
     try:
-        environment.reset(task)
-        return environment.tools()
+        messages = environment.reset(task)
+        return environment.tools(), [m for m in messages[:-1] if m.role != "system"]
     finally:
         environment.close()
 
@@ -261,11 +270,15 @@ async def write_request(
     tools: list[dict[str, Any]],
     config: AbstractorConfig,
     counter: RejectionCounter,
+    conversation: Sequence[ChatMessage] = (),
 ) -> RequestDraft | Rejection | MalformedDraft:
-    """The abstractor role's request for ``unit``; why its output is unusable (counted);
-    or its last draft with the problems still left after ``config.rewrites`` retries."""
-    messages = request_messages(exploration, unit, tools)
+    """The abstractor role's request for ``unit``, continuing ``conversation``; why its
+    output is unusable (counted); or its last draft with the problems still left after
+    ``config.rewrites`` retries. A request that leaves out a value its calls need (and
+    the conversation does not give) is asked for again, naming the values."""
+    messages = request_messages(exploration, unit, tools, conversation)
     known = tool_names(tools)
+    context = "\n".join(m.content for m in conversation)
     rewrites = 0
     while True:
         draft = await ask_structured(
@@ -279,7 +292,11 @@ async def write_request(
         )
         if isinstance(draft, Rejection):
             return draft
-        problems = request_problems(draft, known, [call.name for call in unit.calls])
+        problems = request_problems(draft, known, [call.name for call in unit.calls], tools)
+        unstated = unstated_values(draft.request, unit.calls, unit.observations, context)
+        if unstated:
+            values = "; ".join(f"{p.replace('_', ' ')} {v!r}" for p, v in unstated)
+            problems.append(f"it does not say these values the calls need: {values}")
         if not problems:
             return draft
         if rewrites == config.rewrites:

@@ -18,20 +18,29 @@ import msgspec
 
 from coevolve.services.abstractor.call_units import CallUnit
 from coevolve.shared.envs.rendering import compact_description
+from coevolve.shared.failures import target_functions
 from coevolve.shared.messages import (
+    ChatMessage,
     Exploration,
     Lineage,
     Origin,
     Task,
     derived_id,
 )
-from coevolve.shared.wording import call_syntax, name_words, other_function_named
+from coevolve.shared.wording import (
+    call_syntax,
+    name_words,
+    other_function_named,
+    template_request,
+)
 
 ChatMessages = list[dict[str, str]]
 
 MIN_REQUEST_WORDS = 3
 OBSERVATION_CHARS = 300
 MAX_REQUEST_CHARS = 300
+CONVERSATION_MESSAGES = 8
+CONVERSATION_MESSAGE_CHARS = 240
 
 
 class RequestDraft(msgspec.Struct, forbid_unknown_fields=True):
@@ -60,10 +69,11 @@ ABSTRACTOR_SYSTEM = (
     "that these calls, and nothing else, accomplish."
 )
 
-ABSTRACTOR_INSTRUCTIONS = """Write the user's request for exactly these calls:
-- plain English, as a person would say it; never a function name, code, JSON or a log line;
-- write out every argument value shown above (names, ids, amounts, file names), as a \
-person would say them;
+ABSTRACTOR_INSTRUCTIONS = """Write the user's next message, asking for exactly these calls:
+- plain English, as the same user would say it next in this conversation; never a \
+function name, code, JSON, a log line, or a list of "name: value" details;
+- say every argument value shown above (names, ids, amounts, file names) in the \
+sentence, unless the conversation already says it or an earlier call returns it;
 - ask for what the calls do, in their order, and nothing more; a call that only looks \
 something up, or logs in, may be implied by what follows it.
 
@@ -81,12 +91,37 @@ def describe_call(index: int, call_name: str, arguments: dict[str, Any], tool: A
     return "\n".join(lines)
 
 
+def render_conversation(conversation: Sequence[ChatMessage]) -> str:
+    """The last messages of the conversation, one line each (calls shown as words)."""
+    lines: list[str] = []
+    for message in conversation[-CONVERSATION_MESSAGES:]:
+        if message.role == "assistant" and message.tool_calls:
+            text = "; ".join(" ".join(name_words(c.name)) for c in message.tool_calls)
+            lines.append(f"assistant (did): {text}")
+            continue
+        text = " ".join(message.content.split())
+        if len(text) > CONVERSATION_MESSAGE_CHARS:
+            text = text[: CONVERSATION_MESSAGE_CHARS - 3] + "..."
+        lines.append(f"{message.role}: {text}")
+    return "\n".join(lines)
+
+
 def request_messages(
-    exploration: Exploration, unit: CallUnit, tools: Sequence[dict[str, Any]]
+    exploration: Exploration,
+    unit: CallUnit,
+    tools: Sequence[dict[str, Any]],
+    conversation: Sequence[ChatMessage] = (),
 ) -> ChatMessages:
-    """The abstractor's prompt for one unit (ask with :func:`request_schema`)."""
+    """The abstractor's prompt for one unit (ask with :func:`request_schema`): the
+    conversation so far, how its user spoke, and the calls the next request is for."""
     by_name = {tool.get("function", tool).get("name"): tool for tool in tools}
-    scenario = "\n".join(f"- {turn}" for turn in exploration.task.user_turns[:2])
+    parent = exploration.task.user_turns[:1]
+    if conversation:
+        scenario = render_conversation(conversation)
+        if parent:
+            scenario += f"\n(At this point the user once said: {parent[0]!r})"
+    else:
+        scenario = "\n".join(f"- {turn}" for turn in exploration.task.user_turns[:2])
     steps = []
     for index, (call, observation) in enumerate(
         zip(unit.calls, unit.observations, strict=True), start=1
@@ -97,7 +132,7 @@ def request_messages(
             returned = returned[: OBSERVATION_CHARS - 3] + "..."
         steps.append(f"   returned: {returned}")
     user = (
-        f"The assistant works in the setting of this conversation:\n{scenario}\n\n"
+        f"The conversation so far:\n{scenario}\n\n"
         f"The calls it will make, in order:\n" + "\n".join(steps) + "\n\n"
         f"{ABSTRACTOR_INSTRUCTIONS}"
     )
@@ -113,10 +148,13 @@ def request_words(request: str, functions: set[str]) -> list[str]:
 
 
 def request_problems(
-    draft: RequestDraft, known_functions: set[str], called: Sequence[str] = ()
+    draft: RequestDraft,
+    known_functions: set[str],
+    called: Sequence[str] = (),
+    tools: Sequence[dict[str, Any]] = (),
 ) -> list[str]:
-    """Why ``draft`` cannot become a task's request for the calls of ``called``; [] when
-    it can."""
+    """Why ``draft`` cannot become a task's request for the calls of ``called`` (among
+    ``tools``, whose descriptions a template copies); [] when it can."""
     problems: list[str] = []
     if not draft.description.strip():
         problems.append("empty description")
@@ -131,6 +169,16 @@ def request_problems(
     other = other_function_named(draft.request, called, sorted(known_functions))
     if other is not None:
         problems.append(f"it asks to {' '.join(name_words(other))}, which these calls do not do")
+    functions = [tool.get("function", tool) for tool in tools]
+    descriptions = [compact_description(tool) for tool in tools]
+    parameters = [
+        str(name)
+        for function in functions
+        for name in ((function.get("parameters") or {}).get("properties") or {})
+    ]
+    template = template_request(draft.request, sorted(known_functions), descriptions, parameters)
+    if template is not None:
+        problems.append(f"a template, not what a user says: {template}")
     return problems
 
 
@@ -179,6 +227,9 @@ def unit_task(
         exploration_mode=exploration.mode,
         exploration_steps=sum(len(r.steps) for r in exploration.rounds),
         candidate_id=candidate_id,
+        depth=source.lineage.depth + 1,
+        failed_calls=list(exploration.failed_calls),
+        target_functions=target_functions(exploration.failed_calls),
     )
     return Task(
         id=derived_id("task", candidate_id),

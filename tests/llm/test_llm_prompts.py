@@ -271,7 +271,16 @@ def test_request_prompt_shows_the_calls_their_functions_and_results(
     assert '   returned: {"current_working_directory": "documents"}' in user
     assert "2. touch: " in user and 'file_name = "a.txt"' in user
     assert f"- {task.user_turns[0]}" in user
-    assert "never a function name, code, JSON or a log line" in user
+    assert 'never a function name, code, JSON, a log line, or a list of "name: value"' in user
+    # with the conversation before the request: its messages, and how its user spoke
+    earlier = [
+        ChatMessage(role="user", content="Move into my documents folder."),
+        ChatMessage(role="assistant", content="", tool_calls=[ToolCall(name="cd")]),
+        ChatMessage(role="tool", content='{"current_working_directory": "documents"}'),
+    ]
+    continued = request_messages(exploration_of(task), UNIT, tools, earlier)[1]["content"]
+    assert "user: Move into my documents folder.\nassistant (did): cd\ntool: {" in continued
+    assert f"(At this point the user once said: {task.user_turns[0]!r})" in continued
     # identifiers are shown as words, so the request has none to copy
     assert describe_call(1, "place_order", {"symbol": "AAPL"}, None).startswith("1. place order")
 

@@ -32,7 +32,7 @@ def folder(name: str) -> ToolCall:
 async def abstracted(tmp_path: Path, brain: WellFormedBrain, explored: Exploration):  # type: ignore[no-untyped-def]
     fake = RoleFakeLLM(brain).start()
     clients = RoleClients.from_section(fake.llm_section(), tmp_path)
-    config = AbstractorConfig(max_tasks=5, leak_backend="ngram")
+    config = AbstractorConfig(max_tasks=5, leak_backend="ngram", rewrites=1)
     try:
         with PoolStore(tmp_path / "pool.duckdb") as store:
             store.add_tasks(seed_tasks())
@@ -47,7 +47,11 @@ async def test_each_unit_gets_a_request_and_the_filters_drop_the_bad_ones(tmp_pa
     task = filesystem_seed_tasks(1)[0]
     kinds = ["good", "eval_leak", "duplicate", "malformed", "malformed"]
     brain = WellFormedBrain(requests=kinds, parent=task)
-    rounds = [[(folder(name), True)] for name in ("alpha", "beta", "gamma", "delta")]
+    # the leaked and the duplicated request name no value, so their units pass no value
+    # (a request leaving out a value its calls pass is asked for again)
+    ls, pwd = ToolCall(name="ls", arguments={}), ToolCall(name="pwd", arguments={})
+    calls = [folder("alpha"), ls, pwd, folder("delta")]
+    rounds = [[(call, True)] for call in calls]
     result, fake = await abstracted(tmp_path, brain, logged_exploration(rounds))
 
     # the malformed request is asked for once more, and is malformed again
