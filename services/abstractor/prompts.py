@@ -77,16 +77,20 @@ sentence, unless the conversation already says it or an earlier call returns it;
 - ask for what the calls do, in their order, and nothing more; a call that only looks \
 something up, or logs in, may be implied by what follows it.
 
+For example, for a call that sends the message "Lunch at noon?" to the user with id \
+USR003, a user might write: "Could you message USR003 and ask: Lunch at noon?"
+
 Answer with one JSON object: {"description": <one sentence saying what the task is>, \
 "request": <the user's request>}."""
 
 
 def describe_call(index: int, call_name: str, arguments: dict[str, Any], tool: Any) -> str:
-    """One call in words: its name as words, never the identifier, which a 0.5B model
-    copied into the request ("place_order" in 2 of run 10's 6 candidates)."""
+    """One call in words: what it does, never its identifier, which a 0.5B model copied
+    into the request ("place_order" in 2 of run 10's 6 candidates), nor its name as a
+    label before a colon, which it copied as "get stock info: ..." (run 17)."""
     what = compact_description(tool) if tool is not None else ""
     values = ", ".join(f"{k} = {json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
-    lines = [f"{index}. {' '.join(name_words(call_name))}" + (f": {what}" if what else "")]
+    lines = [f"{index}. It does: {what or ' '.join(name_words(call_name))}"]
     lines.append(f"   arguments: {values}" if values else "   arguments: none")
     return "\n".join(lines)
 

@@ -267,9 +267,9 @@ def test_request_prompt_shows_the_calls_their_functions_and_results(
 ) -> None:
     task, tools = bfcl
     user = request_messages(exploration_of(task), UNIT, tools)[1]["content"]
-    assert "1. cd: " in user and '   arguments: folder = "documents"' in user
+    assert "1. It does: " in user and '   arguments: folder = "documents"' in user
     assert '   returned: {"current_working_directory": "documents"}' in user
-    assert "2. touch: " in user and 'file_name = "a.txt"' in user
+    assert "2. It does: " in user and 'file_name = "a.txt"' in user
     assert f"- {task.user_turns[0]}" in user
     assert 'never a function name, code, JSON, a log line, or a list of "name: value"' in user
     # with the conversation before the request: its messages, and how its user spoke
@@ -282,7 +282,9 @@ def test_request_prompt_shows_the_calls_their_functions_and_results(
     assert "user: Move into my documents folder.\nassistant (did): cd\ntool: {" in continued
     assert f"(At this point the user once said: {task.user_turns[0]!r})" in continued
     # identifiers are shown as words, so the request has none to copy
-    assert describe_call(1, "place_order", {"symbol": "AAPL"}, None).startswith("1. place order")
+    assert describe_call(1, "place_order", {"symbol": "AAPL"}, None).startswith(
+        "1. It does: place order"
+    )
 
 
 def test_request_problems(bfcl: tuple[Task, list[Any]]) -> None:
