@@ -103,8 +103,9 @@ def test_a_boundary_group_becomes_an_accepted_synthesized_task_in_the_pool(
     chain = seeded_pool.lineage(new.id)
     assert chain["verdict"]["accepted"] and chain["signal"]["kind"] == "boundary"
     assert chain["context"]["summary"] and chain["exploration"]["steps"] == 2
+    # the failed attempts missed touch (among others): the aimed exploration made a file
     [[call]] = new.ground_truth
-    assert call.name == "mkdir" and call.arguments["dir_name"] in new.user_turns[0]
+    assert call.name == "touch" and call.arguments["file_name"] in new.user_turns[0]
 
 
 def test_a_group_without_a_signal_synthesizes_nothing_and_asks_no_llm(

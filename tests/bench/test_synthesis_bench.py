@@ -39,7 +39,9 @@ NGRAM = synthesis.Setup(
     abstractor=AbstractorConfig(leak_backend="ngram"),
     judge=JudgeConfig(round_trip=True, llm_judge=True, relevance_backend="ngram"),
 )
-UNRELATED = "Book me a flight from Boston to Denver next Tuesday morning, economy class please."
+# names its folder (a request leaving out its call's value is asked for again and dropped
+# by the abstractor), and asks for something else
+UNRELATED = "Book me a flight from Boston to Denver next Tuesday morning as '{}', economy please."
 GOOD = (
     "Please create a new directory called '{}' right here in my current working folder.",
     "I need a folder named '{}' made inside the directory I am in at the moment.",
@@ -65,7 +67,7 @@ class ScriptedBrain(WellFormedBrain):
         if kind == "malformed":
             return {"description": "A function name.", "request": "mkdir"}
         if kind == "unrelated":
-            return {"description": "A flight.", "request": UNRELATED}
+            return {"description": "A flight.", "request": UNRELATED.format(folder.group(1))}
         text = (GOOD[1] if kind == "other_words" else GOOD[0]).format(folder.group(1))
         return {"description": "Create a folder in the current directory.", "request": text}
 
