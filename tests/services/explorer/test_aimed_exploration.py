@@ -8,12 +8,10 @@ is under test is what the explorer asks and does, not what a model answers).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import msgspec
-import pytest
 
 from coevolve.services.explorer.config import ExplorerConfig
 from coevolve.services.explorer.handler import Explored, ExplorerDeps, explore_signal
@@ -92,15 +90,6 @@ def test_the_policys_calls_are_those_after_the_replayed_prefix() -> None:
     assert failure.expected == task.ground_truth[0][0] and failure.got == wrong
     solved = failed_trajectory(task, list(task.ground_truth[0]), reward=1.0)
     assert failed_calls(task, solved) == []
-
-
-@pytest.fixture
-def endpoint() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def explore(endpoint: FakeOpenAI, signal: Signal, replies: list[Any]) -> Explored:

@@ -8,7 +8,7 @@ real BFCL one, so the failures are the API's own.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -25,15 +25,6 @@ from tests.support.fake_llm import FakeOpenAI, completion
 
 MISSING_ORDER = {"name": "get_order_details", "arguments": {"order_id": 104937}}
 WATCHLIST = {"name": "get_watchlist", "arguments": {}}
-
-
-@pytest.fixture
-def endpoint() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
