@@ -10,6 +10,7 @@ task's prior turns), split into turns at each later user message.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -46,18 +47,23 @@ def same_call(expected: ToolCall, made: ToolCall) -> bool:
     )
 
 
+def request_position(task: Task, messages: Sequence[ChatMessage]) -> int | None:
+    """Where ``task``'s first request stands in ``messages``: the first user message after
+    the replayed prefix's (``env_config.prior_turns``); None when there is none."""
+    prefix_users = len(task.env_config.get("prior_turns") or [])
+    users = (i for i, message in enumerate(messages) if message.role == "user")
+    return next(itertools.islice(users, prefix_users, None), None)
+
+
 def policy_turns(task: Task, messages: Sequence[ChatMessage]) -> list[list[ToolCall]]:
     """The policy's calls in each of ``task``'s turns: the assistant calls after the
     replayed prefix (``env_config.prior_turns``), split at each later user message."""
-    prefix_users = len(task.env_config.get("prior_turns") or [])
-    seen_users = 0
+    start = request_position(task, messages)
     turns: list[list[ToolCall]] = []
-    for message in messages:
+    for message in messages[start:] if start is not None else ():
         if message.role == "user":
-            seen_users += 1
-            if seen_users > prefix_users:
-                turns.append([])
-        elif message.role == "assistant" and turns:
+            turns.append([])
+        elif message.role == "assistant":
             turns[-1].extend(message.tool_calls)
     return turns
 
@@ -147,15 +153,6 @@ def describe_failure(failed: FailedCall) -> str:
 def conversation_before(task: Task, messages: Sequence[ChatMessage]) -> list[ChatMessage]:
     """The conversation the policy was given: ``messages`` up to and including the task's
     first request (the replayed prefix, then the request), without the system prompt."""
-    prefix_users = len(task.env_config.get("prior_turns") or [])
-    seen_users = 0
-    kept: list[ChatMessage] = []
-    for message in messages:
-        if message.role == "system":
-            continue
-        kept.append(message)
-        if message.role == "user":
-            seen_users += 1
-            if seen_users > prefix_users:
-                break
-    return kept
+    start = request_position(task, messages)
+    given = messages if start is None else messages[: start + 1]
+    return [message for message in given if message.role != "system"]

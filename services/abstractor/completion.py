@@ -85,18 +85,14 @@ def complete_requests(task: Task) -> tuple[Task, int]:
         replayed = environment.replay([list(turn) for turn in task.ground_truth])
     finally:
         environment.close()
-    observations = iter(replayed.observations)
+    observations = list(replayed.observations)
     shown: list[str] = []
     turns: list[str] = []
     added = 0
     for request, calls in zip(task.user_turns, task.ground_truth, strict=True):
-        shown.append(request)
-        missing: list[tuple[str, Any]] = []
-        for call in calls:
-            for parameter, value in missing_values(call, "\n".join(shown)):
-                if all(value != known for _, known in missing):
-                    missing.append((parameter, value))
-            shown.append(next(observations, ""))
+        returned, observations = observations[: len(calls)], observations[len(calls) :]
+        missing = unstated_values(request, calls, returned, "\n".join(shown))
+        shown.extend([request, *returned])
         added += len(missing)
         turns.append(f"{request.rstrip()} {details_clause(missing)}" if missing else request)
     return msgspec.structs.replace(task, user_turns=turns), added
