@@ -5,21 +5,40 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
+import msgspec
 import typer
 from nats.js.errors import NotFoundError
 
 from coevolve.cli.events import progress_text
 from coevolve.cli.options import ConfigOption, JsonOption, RunDirOption, settings_from
 from coevolve.cli.up import recorded_nats_url, supervised_services
+from coevolve.services.evaluator.config import evaluator_enabled
+from coevolve.services.evaluator.scores import held_out_line, read_latest
+from coevolve.shared.config import Settings
 from coevolve.shared.messages import DecodeError, Heartbeat, decode
 from coevolve.shared.runtime.bus import UNAVAILABLE, Bus, BusError
-from coevolve.shared.runtime.subjects import CONSUMERS, HEARTBEAT_BUCKET, SERVICES, STREAMS
+from coevolve.shared.runtime.subjects import (
+    CONSUMERS,
+    HEARTBEAT_BUCKET,
+    OPTIONAL_SERVICES,
+    SERVICES,
+    STREAMS,
+)
 
 
-async def collect(bus: Bus, stale_after_s: float) -> dict[str, Any]:
+def expected_services(settings: Settings) -> list[str]:
+    """The services a run has: all but an optional one its configuration leaves off."""
+    enabled = {"evaluator": evaluator_enabled(settings)}
+    return [s for s in SERVICES if s not in OPTIONAL_SERVICES or enabled.get(s, False)]
+
+
+async def collect(
+    bus: Bus, stale_after_s: float, expected: Sequence[str] = SERVICES
+) -> dict[str, Any]:
     now = time.time()
     instances: list[dict[str, Any]] = []
     try:
@@ -101,7 +120,7 @@ async def collect(bus: Bus, stale_after_s: float) -> dict[str, Any]:
     alive = {i["service"] for i in instances if i["alive"]}
     return {
         "services": sorted(instances, key=lambda i: (i["service"], i["instance"])),
-        "missing": [s for s in SERVICES if s not in alive],
+        "missing": [s for s in expected if s not in alive],
         "streams": streams,
         "consumers": consumers,
         # streams and consumers no server answered for (no leader right now)
@@ -133,12 +152,13 @@ def status(
     url = os.environ.get("NATS_URL") or recorded_nats_url(settings.run_dir) or settings.bus.url
     settings.bus.url = url
     settings.bus.connect_timeout_s = 3.0
+    expected = expected_services(settings)
 
     async def query() -> dict[str, Any]:
         bus = await Bus.connect(settings.bus, name="coevolve-status")
         try:
             with anyio.fail_after(10):
-                return await collect(bus, 5 * settings.runtime.heartbeat_interval_s)
+                return await collect(bus, 5 * settings.runtime.heartbeat_interval_s, expected)
         finally:
             await bus.close()
 
@@ -155,6 +175,8 @@ def status(
         for name, child in supervised.items()
         if child.get("state") == "held_back"
     }
+    held_out = read_latest(settings.run_dir)
+    report["held_out"] = msgspec.to_builtins(held_out) if held_out is not None else None
     if json_output:
         typer.echo(json.dumps(report))
         return
@@ -165,6 +187,8 @@ def status(
         typer.echo(f"not running: {', '.join(report['missing'])}")
     for name, reason in report["held_back"].items():
         typer.echo(f"held back by the supervisor: {name}: {reason}")
+    if held_out is not None:
+        typer.echo(held_out_line(held_out))
     typer.echo(f"\n{'stream':<28}{'messages':>10}{'bytes':>14}  leader  copies")
     for s in report["streams"]:
         copies = " ".join(

@@ -158,6 +158,13 @@ ROLES: tuple[Role, ...] = (
         consumes=(JUDGE_CONSUMER,),
     ),
     Role(
+        "evaluator",
+        "scores announced policy versions on held-out turns (optional)",
+        listens=(POLICY_UPDATES,),
+        reads_policy_announcements=True,
+        weights="read",
+    ),
+    Role(
         READER,
         "read-only CLI (`status`, `signals --follow`, `tasks`) and `up`'s event lines",
         listens=(

@@ -84,7 +84,7 @@ PUBLISH: dict[str, set[str]] = {
 SUBSCRIBE: dict[str, set[str]] = {
     "coevolve.pool.rpc": {"pool_store"},
     "coevolve.pool.add": {"pool_store"},
-    "coevolve.policy.updates": {"rollout", "reader"},
+    "coevolve.policy.updates": {"rollout", "evaluator", "reader"},
     "coevolve.signals.>": {"reader"},
     "coevolve.verdicts": {"reader"},
     "coevolve.heartbeat.>": {"reader"},

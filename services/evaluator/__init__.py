@@ -1,0 +1,1 @@
+"""evaluator: scores announced policy versions on held-out turns (optional)."""

@@ -1,0 +1,46 @@
+"""The evaluator's settings (the ``services.evaluator`` section)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from coevolve.shared.config import EngineKind, Settings
+from coevolve.shared.envs.bfcl.tasks import TURN_SUITES
+
+SECTION = "evaluator"
+
+
+class EvaluatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    # `coevolve up` starts the evaluator only when this is true: it takes CPU from training
+    enabled: bool = False
+    # score a version once at least this many versions came after the last one scored
+    every_versions: int = 2
+    # held-out turns scored per version: drawn once per run with `seed` from the eval split
+    # of the run's world and kept in RUN_DIR/evaluator/sample.json
+    tasks: int = 16
+    seed: int = 0
+    suite: str = "bfcl-turns-base"
+    # the base model the learner trains (None: the shipped SmolLM2-135M-Instruct)
+    model: str | None = None
+    # how the policy plays, greedy as in `coevolve eval`; None: eval's default (llama_cpp,
+    # the rollout's budget of 128 tokens a message and 4 messages a turn, 8 turns a batch)
+    engine: EngineKind | None = None
+    max_new_tokens: int | None = None
+    max_steps_per_turn: int | None = None
+    batch_size: int | None = None
+    likelihood: bool = True
+    # torch and llama.cpp threads of an evaluation: it runs beside the training
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("every_versions", "tasks", "max_new_tokens", "max_steps_per_turn", "threads"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"evaluator.{name} must be at least 1, not {getattr(self, name)}")
+        if self.suite not in TURN_SUITES:
+            turns = ", ".join(TURN_SUITES)
+            raise ValueError(f"evaluator.suite: {self.suite!r} is not one of {turns}")
+
+
+def evaluator_enabled(settings: Settings) -> bool:
+    """Whether ``coevolve up`` should start the evaluator (``services.evaluator.enabled``)."""
+    return settings.section(SECTION, EvaluatorConfig).enabled
