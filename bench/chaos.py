@@ -61,9 +61,9 @@ from coevolve.shared.messages import (
 from coevolve.shared.runtime.bus import MSG_ID_HEADER, Bus
 from coevolve.shared.runtime.nats_server import NatsServer
 from coevolve.shared.runtime.subjects import (
+    DEFAULT_SERVICES,
     HEARTBEATS,
     ROLLOUT_GROUPS,
-    SERVICES,
     metrics_subject,
 )
 
@@ -87,7 +87,7 @@ def fault_schedule(minutes: float, seed: int) -> list[Fault]:
     """One fault of each kind at a random moment in the middle 60% of the run."""
     rng = random.Random(seed)
     total = minutes * 60.0
-    faults = [Fault(0.0, "kill", name) for name in SERVICES]
+    faults = [Fault(0.0, "kill", name) for name in DEFAULT_SERVICES]
     faults += [Fault(0.0, "nats_restart"), Fault(0.0, "llm_restart")]
     for fault in faults:
         fault.at_s = round(rng.uniform(0.2 * total, 0.8 * total), 1)

@@ -88,6 +88,13 @@ class RuntimeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     drain_timeout_s: float = 6.0
     fetch_timeout_s: float = 1.0
     idempotency_cache: int = 10_000
+    # added to the niceness of the services `up` starts in the background (signal monitor,
+    # explorer, abstractor, judge, evaluator): they take what the learner and rollout leave
+    background_niceness: int = 10
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.background_niceness <= 19:
+            raise ValueError("runtime.background_niceness must be between 0 and 19")
 
 
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -16,8 +16,10 @@ import typer
 
 from coevolve.cli.events import EventPrinter, EventTracker, EventWatcherThread
 from coevolve.cli.options import ConfigOption, RunDirOption, settings_from
+from coevolve.cli.sections import check_sections
 from coevolve.schedules.synthesis import DEFAULT_MAX_SIGNALS
-from coevolve.shared.config import NATS_CREDENTIALS_DIR, REPLICAS_ENV, Settings
+from coevolve.services.evaluator.config import evaluator_enabled
+from coevolve.shared.config import NATS_CREDENTIALS_DIR, REPLICAS_ENV, ConfigError, Settings
 from coevolve.shared.llm.server import LLMServerError, start_for_run
 from coevolve.shared.runtime.actor import STOP_AFTER_DRAIN_S
 from coevolve.shared.runtime.bus import BusError, declare_streams
@@ -28,7 +30,7 @@ from coevolve.shared.runtime.credentials import (
     write_credentials,
 )
 from coevolve.shared.runtime.nats_server import NatsCluster, NatsServer, NatsServerError
-from coevolve.shared.runtime.subjects import SERVICES
+from coevolve.shared.runtime.subjects import BACKGROUND_SERVICES, OPTIONAL_SERVICES, SERVICES
 from coevolve.shared.runtime.supervisor import ChildSpec, Supervisor, read_state
 
 UP_FILE = "up.json"
@@ -38,8 +40,13 @@ SUPERVISOR_FILE = "supervisor.json"
 STOP_MARGIN_S = STOP_AFTER_DRAIN_S + 1.0
 
 
-def parse_scale(values: list[str]) -> dict[str, int]:
-    replicas = dict.fromkeys(SERVICES, 1)
+def parse_scale(values: list[str], enabled: set[str] | None = None) -> dict[str, int]:
+    """Replicas per service: 1, or 0 for an optional service not in ``enabled``, unless
+    --scale says otherwise."""
+    replicas = {
+        name: 0 if name in OPTIONAL_SERVICES and name not in (enabled or set()) else 1
+        for name in SERVICES
+    }
     for value in values:
         name, _, count = value.partition("=")
         name = name.replace("-", "_")
@@ -120,7 +127,11 @@ def up(
     within about 10 s and leaves no process behind.
     """
     settings = settings_from(config, run_dir)
-    replicas = parse_scale(scale or [])
+    try:
+        check_sections(settings)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    replicas = parse_scale(scale or [], {"evaluator"} if evaluator_enabled(settings) else set())
     run = settings.run_dir
     run.mkdir(parents=True, exist_ok=True)
     if schedule not in ("async", "lockstep"):
@@ -183,6 +194,7 @@ def up(
             argv=[*base, name, *extra],
             log_path=run / "logs" / (f"{name}-{i}.log" if count > 1 else f"{name}.log"),
             ready_file=run / "ready" / (f"{name}-{i}" if count > 1 else name),
+            niceness=settings.runtime.background_niceness if name in BACKGROUND_SERVICES else 0,
             env={
                 "NATS_URL": nats_url,
                 REPLICAS_ENV: str(bus_settings.replicas),

@@ -33,7 +33,7 @@ import msgspec
 
 from coevolve.shared.llm.model_file import DEFAULT_MODEL, ROLE_MODELS, ModelFileError, model_path
 from coevolve.shared.runtime.backoff import Backoff
-from coevolve.shared.runtime.child_process import die_with_parent
+from coevolve.shared.runtime.child_process import child_setup
 from coevolve.shared.runtime.nats_server import free_port, port_open
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,9 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, f
     # 22.5 s with 2 threads, 1.4 s with 1, load average 4). 0: the cores, at most 4 (a GPU
     # box or a machine of its own).
     n_threads: int = 1
+    # added to the server's niceness: the roles take what the policy's rollout and the
+    # learner leave of the cores (0: equal priority, as before)
+    niceness: int = 10
     n_batch: int = 512
     # RAM cache of prompt states (prefix reuse across roles). Off: llama-cpp-python counts
     # only a state's KV against cache_size, but each state also copies the logits buffer
@@ -75,6 +78,8 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, f
     start_timeout_s: float = 180.0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.niceness <= 19:
+            raise ValueError(f"llm.server.niceness must be between 0 and 19, not {self.niceness}")
         if self.model not in ROLE_MODELS:
             raise ValueError(
                 f"llm.server.model {self.model!r} is not one of {', '.join(ROLE_MODELS)} "
@@ -217,7 +222,7 @@ class LlamaServer:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=die_with_parent(),
+            preexec_fn=child_setup(self.settings.niceness),
         )
 
     def healthy(self, timeout_s: float = 2.0) -> bool:

@@ -1,14 +1,18 @@
-"""Child processes that die with the process that started them, however it ends.
+"""Child processes that die with the process that started them, however it ends, and
+that may run at a lower CPU priority.
 
 Children run in their own session (a Ctrl-C reaches ``up``, which stops them in order),
 so a SIGKILLed parent would leave them running. On Linux each child asks the kernel for
-SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), set between fork and exec.
+SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), set between fork and exec. The
+niceness is set there too: Linux keeps it per thread and a thread inherits its
+creator's, so set before exec it covers every thread the child starts.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -43,3 +47,16 @@ def die_with_parent() -> Callable[[], None] | None:
     that lives as long as the child should (the main thread or a long-lived watchdog).
     """
     return terminate_with_parent if _prctl is not None else None
+
+
+def child_setup(niceness: int = 0) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that asks for SIGTERM when the parent dies and, with ``niceness``
+    above 0, lowers the child's CPU priority by that much (None when there is nothing to do)."""
+    if niceness <= 0:
+        return die_with_parent()
+
+    def setup() -> None:
+        terminate_with_parent()
+        os.nice(niceness)
+
+    return setup

@@ -162,4 +162,18 @@ SERVICES: tuple[str, ...] = (
     "explorer",
     "abstractor",
     "judge",
+    "evaluator",
+)
+# started by `coevolve up` only when their section enables them (services.<name>.enabled)
+OPTIONAL_SERVICES: tuple[str, ...] = ("evaluator",)
+# what `coevolve up` starts on the defaults
+DEFAULT_SERVICES: tuple[str, ...] = tuple(s for s in SERVICES if s not in OPTIONAL_SERVICES)
+# `up` starts these at a lower CPU priority (runtime.background_niceness): the services that
+# make and check new tasks, and the evaluator, take what the learner and rollout leave
+BACKGROUND_SERVICES: tuple[str, ...] = (
+    "signal_monitor",
+    "explorer",
+    "abstractor",
+    "judge",
+    "evaluator",
 )

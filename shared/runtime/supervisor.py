@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 from coevolve.shared.runtime.backoff import Backoff
-from coevolve.shared.runtime.child_process import die_with_parent
+from coevolve.shared.runtime.child_process import child_setup
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,8 @@ class ChildSpec:
     env: dict[str, str] = field(default_factory=dict)
     # created by the child once ready; None: the child never says (back-off never resets)
     ready_file: Path | None = None
+    # added to the child's niceness: above 0 it yields the cores to the others
+    niceness: int = 0
 
 
 @dataclass
@@ -186,7 +188,7 @@ class Supervisor:
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
-            preexec_fn=die_with_parent(),
+            preexec_fn=child_setup(child.spec.niceness),
         )
         child.started_at = time.monotonic()
         child.next_start_at = 0.0

@@ -11,9 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
-from coevolve.shared.runtime.subjects import SERVICES
+from coevolve.shared.runtime.subjects import BACKGROUND_SERVICES, DEFAULT_SERVICES
 
 pytestmark = pytest.mark.e2e
 
@@ -33,6 +34,21 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def assert_data_loop_yields(services: list[dict], up_pid: int) -> None:
+    """The data-loop services and the LLM server run at a lower CPU priority (a higher
+    niceness) than the learner, rollout and pool store."""
+    niceness = {s["service"]: psutil.Process(s["pid"]).nice() for s in services}
+    first = max(niceness[name] for name in ("learner", "rollout", "pool_store"))
+    background = [name for name in BACKGROUND_SERVICES if name in niceness]
+    assert len(background) >= 4 and all(niceness[n] > first for n in background), niceness
+    llm = [
+        child
+        for child in psutil.Process(up_pid).children(recursive=True)
+        if "llama_cpp.server" in " ".join(child.cmdline())
+    ]
+    assert llm and all(child.nice() > first for child in llm), niceness
 
 
 @pytest.mark.parametrize("nats_nodes", [1, 3], ids=["one-server", "cluster-of-3"])
@@ -64,11 +80,11 @@ def test_up_status_and_sigterm_leave_no_process(tmp_path: Path, nats_nodes: int)
             if probe.returncode == 0:
                 report = json.loads(probe.stdout.strip().splitlines()[-1])
                 fresh = {s["service"] for s in report["services"] if s["heartbeat_age_s"] < 5}
-                if fresh >= set(SERVICES):
+                if fresh >= set(DEFAULT_SERVICES):
                     break
             time.sleep(1)
         fresh = {s["service"] for s in report.get("services", []) if s["heartbeat_age_s"] < 5}
-        assert fresh >= set(SERVICES), report
+        assert fresh >= set(DEFAULT_SERVICES), report
         assert report["missing"] == []
         assert {s["stream"] for s in report["streams"]} >= {"COEVOLVE_ROLLOUT_GROUPS"}
 
@@ -80,6 +96,7 @@ def test_up_status_and_sigterm_leave_no_process(tmp_path: Path, nats_nodes: int)
         assert len(up_info["nats_pids"]) == nats_nodes
         pids = [s["pid"] for s in report["services"]] + up_info["nats_pids"]
         assert all(alive(pid) for pid in pids)
+        assert_data_loop_yields(report["services"], up.pid)
 
         up.send_signal(signal.SIGTERM)
         assert up.wait(120) == 0

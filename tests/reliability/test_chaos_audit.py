@@ -23,13 +23,13 @@ from coevolve.shared.messages import (
     ScoreSample,
     Task,
 )
-from coevolve.shared.runtime.subjects import SERVICES
+from coevolve.shared.runtime.subjects import DEFAULT_SERVICES
 from tests.support.messages import heartbeat
 
 
 def test_every_fault_happens_once_in_the_middle_of_the_run() -> None:
     faults = fault_schedule(10.0, seed=3)
-    assert sorted(f.target for f in faults if f.kind == "kill") == sorted(SERVICES)
+    assert sorted(f.target for f in faults if f.kind == "kill") == sorted(DEFAULT_SERVICES)
     assert [f.kind for f in faults].count("nats_restart") == 1
     assert [f.kind for f in faults].count("llm_restart") == 1
     assert all(0.2 * 600 <= f.at_s <= 0.8 * 600 for f in faults)

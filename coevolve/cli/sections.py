@@ -1,0 +1,42 @@
+"""Every ``services:`` section ``coevolve up`` hands to a service, read as that service
+will read it, before anything starts: a wrong-typed setting is then one clear error on
+the console instead of a service that exits and is restarted until it is held back."""
+
+from __future__ import annotations
+
+import importlib
+
+import msgspec
+
+from coevolve.shared.config import ConfigError, Settings
+from coevolve.shared.llm.roles import RoleConfigError, role_settings
+
+# section -> "module:Struct" of the settings its service reads (imported on use)
+SECTION_CONFIGS: dict[str, str] = {
+    "pool_store": "coevolve.services.pool_store.config:PoolStoreConfig",
+    "rollout": "coevolve.services.rollout.config:RolloutConfig",
+    "learner": "coevolve.services.learner.config:LearnerServiceConfig",
+    "signal_monitor": "coevolve.services.signal_monitor.config:SignalMonitorConfig",
+    "explorer": "coevolve.services.explorer.config:ExplorerConfig",
+    "abstractor": "coevolve.services.abstractor.config:AbstractorConfig",
+    "judge": "coevolve.services.judge.config:JudgeConfig",
+    "evaluator": "coevolve.services.evaluator.config:EvaluatorConfig",
+}
+
+
+def section_config(name: str) -> type[msgspec.Struct]:
+    module, _, struct = SECTION_CONFIGS[name].partition(":")
+    kind: type[msgspec.Struct] = getattr(importlib.import_module(module), struct)
+    return kind
+
+
+def check_sections(settings: Settings) -> None:
+    """Read every service's section and the LLM roles'; ConfigError naming the first
+    setting that cannot be used (``services.learner: Expected `float`, got `str` - at
+    `$.grpo.lr```)."""
+    for name in SECTION_CONFIGS:
+        settings.section(name, section_config(name))
+    try:
+        role_settings(settings.services.get("llm"))
+    except RoleConfigError as exc:
+        raise ConfigError(f"services.{exc}") from exc

@@ -1,0 +1,29 @@
+"""Which services `coevolve up` starts, and how many of each."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+
+from coevolve.cli.up import parse_scale
+from coevolve.shared.runtime.subjects import DEFAULT_SERVICES, OPTIONAL_SERVICES
+
+
+def test_the_defaults_start_one_of_each_service_and_no_optional_one() -> None:
+    replicas = parse_scale([])
+    assert {name for name, count in replicas.items() if count == 1} == set(DEFAULT_SERVICES)
+    assert all(replicas[name] == 0 for name in OPTIONAL_SERVICES)
+
+
+def test_an_enabled_optional_service_starts() -> None:
+    assert parse_scale([], {"evaluator"})["evaluator"] == 1
+
+
+def test_scale_overrides_both_ways() -> None:
+    replicas = parse_scale(["explorer=0", "evaluator=1", "rollout=2"])
+    assert (replicas["explorer"], replicas["evaluator"], replicas["rollout"]) == (0, 1, 2)
+
+
+def test_an_unknown_service_is_refused() -> None:
+    with pytest.raises(typer.BadParameter, match="--scale takes SERVICE=N"):
+        parse_scale(["explorers=0"])
