@@ -52,6 +52,11 @@ def count_axis(ax: Axes) -> None:
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def whole_number_x(ax: Axes) -> None:
+    """An x axis of whole numbers (policy versions, steps)."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def lines(
     ax: Axes,
     series: Mapping[str, Series],
@@ -120,6 +125,18 @@ def bars(ax: Axes, values: Mapping[str, float], *, title: str, xlabel: str = "")
     ax.tick_params(axis="y", labelsize=8)
     ax.set_xlabel(xlabel, fontsize=9)
     ax.grid(alpha=0.3, axis="x")
+
+
+def interval(
+    ax: Axes,
+    xs: Sequence[float],
+    low: Sequence[float],
+    high: Sequence[float],
+    *,
+    label: str,
+) -> None:
+    """A light band from ``low`` to ``high`` (an interval around a line)."""
+    ax.fill_between(xs, low, high, alpha=0.15, color="tab:blue", label=label)
 
 
 def cumulative(times: Sequence[float], start: float = 0.0, end: float | None = None) -> Series:

@@ -5,7 +5,9 @@ Sources, each optional (a missing one leaves its part empty):
 - ``pool.duckdb``: tasks (origin, created_at), verdicts (accepted, reasons, signal kind)
   and rollout results (scores, policy versions). A file still held by a running
   pool-store is copied (with its WAL) to a temporary directory and read there.
-- ``tensorboard/learner``: the learner's ``learner/<name>`` scalars.
+- ``tensorboard/learner``: the learner's ``learner/<name>`` scalars; and the evaluator's
+  ``eval/<name>`` scalars (step: the policy version evaluated) from any directory under
+  ``tensorboard/``.
 - ``traces/*.jsonl``: finished spans; their durations per service give the time per
   stage, and the explorer's spans for ``coevolve.signals.<kind>`` give signals over time
   (the signals stream is a work queue, so its messages are gone once handled).
@@ -31,7 +33,9 @@ from typing import Any
 import duckdb
 
 POOL_FILE = "pool.duckdb"
-LEARNER_TENSORBOARD = "tensorboard/learner"
+TENSORBOARD = "tensorboard"
+LEARNER_TENSORBOARD = f"{TENSORBOARD}/learner"
+EVAL_PREFIX = "eval/"
 SIGNAL_STATE = "signal_monitor/state.json"
 SIGNAL_SUBJECT_PREFIX = "coevolve.signals."
 LEARNER_STEPS = "learner/steps.jsonl"
@@ -70,7 +74,7 @@ class VerdictRow:
 @dataclass(frozen=True)
 class GroupRow:
     """One recorded rollout group: when, at which policy version, its score range, its
-    task and its scores (in sample order)."""
+    task, its scores (in sample order) and its id (the learner's steps name it)."""
 
     recorded_at: float
     policy_version: int
@@ -78,6 +82,7 @@ class GroupRow:
     uniform: bool
     task_id: str = ""
     scores: tuple[float, ...] = ()
+    group_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -190,6 +195,7 @@ def load_run(run_dir: Path) -> RunData:
     data = RunData(run_dir=run_dir, started_at=_up_started_at(run_dir))
     _load_pool(data)
     data.scalars = read_scalars(run_dir / LEARNER_TENSORBOARD)
+    data.scalars.update(read_eval_scalars(run_dir / TENSORBOARD, data.scalars))
     data.spans = read_spans(run_dir / "traces")
     data.signal_totals, data.signals_suppressed, data.signal_tasks = _signal_state(
         run_dir / SIGNAL_STATE
@@ -270,11 +276,12 @@ def _load_pool(data: RunData) -> None:
                     bool(uniform),
                     str(task_id),
                     tuple(float(x) for x in scores),
+                    str(group_id),
                 )
-                for at, version, mean, uniform, task_id, scores in db.execute(
+                for at, version, mean, uniform, task_id, scores, group_id in db.execute(
                     "SELECT max(recorded_at), max(policy_version), avg(score), "
                     "min(score) = max(score), min(task_id), "
-                    "list(score ORDER BY sample_index) FROM rollout_results "
+                    "list(score ORDER BY sample_index), group_id FROM rollout_results "
                     "GROUP BY group_id ORDER BY 1, group_id"
                 ).fetchall()
             ]
@@ -297,6 +304,23 @@ def read_scalars(directory: Path) -> dict[str, list[Scalar]]:
             for event in accumulator.Scalars(tag)
         ]
     return series
+
+
+def read_eval_scalars(root: Path, learner: dict[str, list[Scalar]]) -> dict[str, list[Scalar]]:
+    """The ``eval/`` series from every event directory under ``root`` (the learner's
+    included, whose series are ``learner``), merged by tag in step order."""
+    learner_dir = root / LEARNER_TENSORBOARD.removeprefix(f"{TENSORBOARD}/")
+    found = {tag: list(points) for tag, points in learner.items() if tag.startswith(EVAL_PREFIX)}
+    event_dirs = sorted({f.parent for f in root.rglob("events.out.tfevents.*")})
+    for directory in event_dirs if root.is_dir() else []:
+        if directory == learner_dir:
+            continue
+        for tag, points in read_scalars(directory).items():
+            if tag.startswith(EVAL_PREFIX):
+                found.setdefault(tag, []).extend(points)
+    return {
+        tag: sorted(points, key=lambda p: (p.step, p.wall_time)) for tag, points in found.items()
+    }
 
 
 def read_spans(directory: Path) -> list[SpanRow]:

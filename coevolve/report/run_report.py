@@ -1,7 +1,8 @@
 """``coevolve report RUN_DIR``: one run as Markdown with PNG plots.
 
 The summary table comes first (is the loop alive, is it learning), then one section per
-part of the loop: learning (reward, KL, staleness, uniform groups), signals, pool growth,
+part of the loop: learning (reward, KL when computed, staleness, uniform groups, held-out
+accuracy when an evaluator measured it), signals, pool growth,
 draws (rollout groups per origin and how concentrated they are), verdicts, repair (did
 training on a child raise its parent: ``coevolve/report/repair.py``), and the time each
 stage took. A part with no data says "none yet".
@@ -26,21 +27,35 @@ from coevolve.report.repair import (
     parent_groups,
     read_measured,
 )
-from coevolve.report.run_data import RunData, Scalar, load_run
+from coevolve.report.run_data import EVAL_PREFIX, RunData, Scalar, load_run
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 REPORT_FILE = "report.md"
-LEARNING_PANELS = (
-    ("learner/reward_mean", "reward (mean per step)"),
-    ("learner/kl", "KL to the reference"),
-    ("learner/staleness_mean", "staleness (policy versions behind)"),
-    ("uniform_share", "uniform-group share (no gradient)"),
-)
+KL_TAG = "learner/kl"
+UNIFORM_SHARE = "uniform_share"
+HELD_OUT = "held_out"
+REWARD_PANEL = ("learner/reward_mean", "reward (mean per step)")
+KL_PANEL = (KL_TAG, "KL to the reference")
+STALENESS_PANEL = ("learner/staleness_mean", "staleness (policy versions behind)")
+UNIFORM_PANEL = (UNIFORM_SHARE, "uniform-group share (no gradient)")
+HELD_OUT_PANEL = (HELD_OUT, "held-out accuracy (evaluator)")
+HELD_OUT_TAG = f"{EVAL_PREFIX}accuracy"
+# the evaluator's 95% interval of the accuracy, drawn as a band (services/evaluator)
+HELD_OUT_BAND = (f"{EVAL_PREFIX}ci95_low", f"{EVAL_PREFIX}ci95_high")
+KL_NOT_COMPUTED = "KL not computed (kl_beta 0)"
 TOP_REASONS = 8
 NONE_YET = "none yet"
 CHILD_ROWS = 100  # accepted tasks listed in the repair section at most
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """The evaluator's held-out accuracy at one policy version."""
+
+    version: int
+    accuracy: float
 
 
 @dataclass
@@ -63,6 +78,16 @@ class RunSummary:
     first_minutes: dict[str, float | None] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     top_reasons: list[tuple[str, int]] = field(default_factory=list)
+    # from learner/steps.jsonl (None: not recorded): groups the learner received, those it
+    # dropped beyond its staleness bound, and pool groups in no step at the end
+    groups_received: int | None = None
+    groups_stale: int | None = None
+    stale_share: float | None = None
+    groups_waiting: int | None = None
+    # the evaluator's eval/ tags, and its held-out accuracy at the first and last version
+    eval_tags: list[str] = field(default_factory=list)
+    held_out_first: HeldOut | None = None
+    held_out_last: HeldOut | None = None
 
     @property
     def signals(self) -> int:
@@ -96,6 +121,8 @@ def summarize_run(data: RunData) -> RunSummary:
         "first task added": min(grown, default=None),
     }
     reasons = Counter(r for v in data.verdicts if not v.accepted for r in v.reasons)
+    received, stale = learner_intake(data) or (None, None)
+    held_out = held_out_points(data, HELD_OUT_TAG)
     return RunSummary(
         minutes=data.duration_s() / 60.0,
         policy_versions=len(versions),
@@ -113,7 +140,75 @@ def summarize_run(data: RunData) -> RunSummary:
         first_minutes={k: None if v is None else data.minutes(v) for k, v in first.items()},
         stage_seconds=stage_seconds(data),
         top_reasons=reasons.most_common(TOP_REASONS),
+        groups_received=received,
+        groups_stale=stale,
+        stale_share=stale / received if stale is not None and received else None,
+        groups_waiting=groups_waiting(data),
+        eval_tags=eval_tags(data),
+        held_out_first=HeldOut(*held_out[0]) if held_out else None,
+        held_out_last=HeldOut(*held_out[-1]) if held_out else None,
     )
+
+
+def learner_intake(data: RunData) -> tuple[int, int] | None:
+    """(groups the learner's steps received, of them those dropped as stale); None
+    without step records."""
+    if not data.steps:
+        return None
+    stale = sum(len(step.stale) for step in data.steps)
+    return sum(len(step.groups) for step in data.steps) + stale, stale
+
+
+def groups_waiting(data: RunData) -> int | None:
+    """Pool groups that no learner step names (not yet trained on, nor dropped, when the
+    run's files were read); None unless both the pool and the step records are there."""
+    if not data.steps or not data.groups or data.pool_error:
+        return None
+    seen = {g.group_id for step in data.steps for g in (*step.groups, *step.stale)}
+    return sum(1 for group in data.groups if group.group_id not in seen)
+
+
+def kl_computed(data: RunData) -> bool:
+    """Whether the learner measured a KL: it writes ``learner/kl`` only when ``kl_beta``
+    is above 0; older runs wrote zeros regardless, so an all-zero series counts as none."""
+    return any(point.value != 0 for point in data.scalars.get(KL_TAG, []))
+
+
+def eval_tags(data: RunData) -> list[str]:
+    """The evaluator's tags with at least one point, sorted."""
+    return sorted(t for t, points in data.scalars.items() if t.startswith(EVAL_PREFIX) and points)
+
+
+def held_out_points(data: RunData, tag: str) -> list[tuple[int, float]]:
+    """(policy version, value) of an ``eval/`` tag by version; a version evaluated twice
+    keeps its latest value."""
+    by_version: dict[int, Scalar] = {}
+    for point in data.scalars.get(tag, []):
+        kept = by_version.get(point.step)
+        if kept is None or point.wall_time >= kept.wall_time:
+            by_version[point.step] = point
+    return [(version, by_version[version].value) for version in sorted(by_version)]
+
+
+def held_out_lines(data: RunData) -> list[str]:
+    """The ``eval/`` tags drawn as lines in the held-out panel: shares (every value in
+    [0, 1]); not the accuracy's interval (a band), nor seconds or log-probs."""
+    return [
+        tag
+        for tag in eval_tags(data)
+        if tag not in HELD_OUT_BAND and all(0 <= p.value <= 1 for p in data.scalars[tag])
+    ]
+
+
+def learning_panels(data: RunData) -> list[tuple[str, str]]:
+    """(tag, title) of each learning panel: only what the run measured."""
+    panels = [REWARD_PANEL]
+    if kl_computed(data):
+        panels.append(KL_PANEL)
+    panels += [STALENESS_PANEL, UNIFORM_PANEL]
+    if eval_tags(data):
+        panels.append(HELD_OUT_PANEL)
+    return panels
 
 
 def _trained_points(data: RunData, tag: str) -> list[Scalar]:
@@ -147,11 +242,16 @@ def stage_seconds(data: RunData) -> dict[str, float]:
 
 
 def plot_learning(data: RunData, path: Path) -> Path:
-    """Four panels over the same minutes (the whole run), so they line up."""
-    figure, axes = plots.panels(len(LEARNING_PANELS))
+    """The learner's panels over the same minutes (the whole run), so they line up; the
+    held-out panel, when there is one, over the policy versions evaluated."""
+    chosen = learning_panels(data)
+    figure, axes = plots.panels(len(chosen))
     end = max(data.minutes(data.origin + data.duration_s()), 1.0)
-    for ax, (tag, title) in zip(axes, LEARNING_PANELS, strict=True):
-        if tag == "uniform_share":
+    for ax, (tag, title) in zip(axes, chosen, strict=True):
+        if tag == HELD_OUT:
+            _plot_held_out(ax, data, title)
+            continue
+        if tag == UNIFORM_SHARE:
             series = _uniform_share_series(data)
         else:
             points = _trained_points(data, tag)
@@ -164,6 +264,29 @@ def plot_learning(data: RunData, path: Path) -> Path:
         if any(len(xs) for xs, _ in series.values()):
             ax.set_xlim(-0.02 * end, end * 1.02)
     return plots.save(figure, path)
+
+
+def _plot_held_out(ax: Axes, data: RunData, title: str) -> None:
+    series: dict[str, plots.Series] = {}
+    for tag in held_out_lines(data):
+        points = held_out_points(data, tag)
+        series[tag.removeprefix(EVAL_PREFIX)] = (
+            [float(version) for version, _ in points],
+            [value for _, value in points],
+        )
+    plots.lines(ax, series, title=title, xlabel="policy version", marker="o", legend=True)
+    low, high = (dict(held_out_points(data, tag)) for tag in HELD_OUT_BAND)
+    versions = sorted(set(low) & set(high))
+    if series and versions:
+        plots.interval(
+            ax,
+            [float(v) for v in versions],
+            [low[v] for v in versions],
+            [high[v] for v in versions],
+            label="accuracy 95% interval",
+        )
+        ax.legend(fontsize=8)
+    plots.whole_number_x(ax)
 
 
 def _uniform_share_series(data: RunData) -> dict[str, plots.Series]:
@@ -327,13 +450,29 @@ def summary_rows(summary: RunSummary) -> list[tuple[str, str]]:
             "groups seen by the learner / recorded in the pool",
             f"{summary.groups_trained} / {summary.groups_recorded}",
         ),
-        ("uniform-group share (pool)", fmt(summary.uniform_share)),
+        (
+            "uniform-group share (pool: groups whose rewards were all equal)",
+            fmt(summary.uniform_share),
+        ),
+        (
+            "stale-and-dropped share (learner: groups dropped stale / groups received)",
+            f"{fmt(summary.stale_share)} ({summary.groups_stale} of {summary.groups_received})"
+            if summary.stale_share is not None
+            else _not_recorded(summary.groups_received),
+        ),
+        (
+            "groups waiting untrained at the end (in the pool, in no learner step)",
+            str(summary.groups_waiting)
+            if summary.groups_waiting is not None
+            else _not_recorded(summary.groups_received),
+        ),
         (
             "reward, first -> last trained step",
             f"{fmt(summary.reward_first)} -> {fmt(summary.reward_last)}"
             if summary.reward_first is not None
             else NONE_YET,
         ),
+        *_held_out_rows(summary),
         ("signals", f"{summary.signals}" + (f" ({kinds})" if kinds else "")),
         ("candidates judged", str(summary.candidates)),
         (
@@ -350,6 +489,23 @@ def summary_rows(summary: RunSummary) -> list[tuple[str, str]]:
     ]
     rows += [(name, fmt_minutes(at)) for name, at in summary.first_minutes.items()]
     return rows
+
+
+def _not_recorded(received: int | None) -> str:
+    return "not recorded (no learner/steps.jsonl)" if received is None else NONE_YET
+
+
+def _held_out_rows(summary: RunSummary) -> list[tuple[str, str]]:
+    """The held-out accuracy row: only when the evaluator wrote any ``eval/`` scalar."""
+    if not summary.eval_tags:
+        return []
+    first, last = summary.held_out_first, summary.held_out_last
+    value = (
+        f"v{first.version} {fmt(first.accuracy)} -> v{last.version} {fmt(last.accuracy)}"
+        if first is not None and last is not None
+        else f"no {HELD_OUT_TAG} scalar"
+    )
+    return [("held-out accuracy (evaluator), first -> last evaluated version", value)]
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -413,9 +569,7 @@ def run_markdown(data: RunData, summary: RunSummary, measured: dict[str, Any] | 
         "",
         "![learning](learning.png)",
         "",
-        "Reward, KL and staleness are the learner's TensorBoard scalars at steps that "
-        "trained; the uniform-group share is the fraction of groups whose rewards were all "
-        "equal (no GRPO gradient).",
+        learning_text(data),
         "",
         "## Signals",
         "",
@@ -453,6 +607,36 @@ def run_markdown(data: RunData, summary: RunSummary, measured: dict[str, Any] | 
         "",
     ]
     return "\n".join(parts)
+
+
+def learning_text(data: RunData) -> str:
+    """The caption of the learning figure: where each panel's numbers come from."""
+    measured = "Reward, KL and staleness are" if kl_computed(data) else "Reward and staleness are"
+    text = (
+        f"{measured} the learner's TensorBoard scalars at steps that trained; the "
+        "uniform-group share is the fraction of groups whose rewards were all equal (no GRPO "
+        "gradient)."
+    )
+    if not kl_computed(data) and data.learner_steps() > 0:
+        text += f" {KL_NOT_COMPUTED}: no KL panel."
+    if eval_tags(data):
+        text += " " + _held_out_caption(data)
+    return text
+
+
+def _held_out_caption(data: RunData) -> str:
+    drawn = held_out_lines(data)
+    band = all(tag in data.scalars for tag in HELD_OUT_BAND)
+    left = [t for t in eval_tags(data) if t not in drawn and not (band and t in HELD_OUT_BAND)]
+    text = (
+        "Held-out accuracy: the evaluator's scalars against the policy version evaluated ("
+        + (", ".join(f"`{tag}`" for tag in drawn) or "none of them a share")
+        + (f"; the band: `{HELD_OUT_BAND[0]}` to `{HELD_OUT_BAND[1]}`" if band and drawn else "")
+        + ")."
+    )
+    if left:
+        text += " Not drawn (not shares): " + ", ".join(f"`{tag}`" for tag in left) + "."
+    return text
 
 
 def _signal_table(data: RunData) -> str:

@@ -678,6 +678,8 @@ class GrpoLearner:
         if self.writer is None:
             return
         for name, value in metrics.scalars().items():
+            if name == "kl" and self.config.kl_beta == 0:
+                continue  # no reference pass, so no KL: a 0 would read as a measured one
             self.writer.add_scalar(f"learner/{name}", value, metrics.step)
         self.writer.flush()
 
