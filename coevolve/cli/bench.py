@@ -28,7 +28,8 @@ BENCHMARKS = {
     "prompts": "first-prompt tokens of BFCL entries and turns, full vs compact tool rendering",
     "flood": "10,000 bad messages on every subject: good msgs/s with and without, dead letters",
     "chaos": "coevolve up under kill -9 of every service, a NATS and an LLM restart: audit",
-    "services": "coevolve up vs up --schedule lockstep: learner steps, accepted tasks per hour",
+    "services": "coevolve up vs up --schedule lockstep, or (--compare data-loop) vs up "
+    "--scale explorer=0: learner steps and accepted tasks per hour, CPU per part",
     "sft": "SFT warm start, ours vs TRL SFTTrainer: s/step, peak RSS, loss tokens, losses",
     "judge": "judge stages on BFCL train turns and corrupted copies: accept/reject rates, s/cand",
     "synthesis": "recorded explorations through abstractor and judge per role model: accepted",
@@ -43,7 +44,8 @@ def bench(
     minutes: Annotated[
         float | None,
         typer.Option(
-            help="Wall time of the benchmarks that run for a time (dataloop, chaos, failover).",
+            help="Wall time of the benchmarks that run for a time (dataloop, chaos, failover; "
+            "services: of each phase).",
             min=0.1,
         ),
     ] = None,
@@ -62,6 +64,16 @@ def bench(
             file_okay=False,
         ),
     ] = None,
+    compare: Annotated[
+        str | None,
+        typer.Option(
+            help="services: the two phases compared. schedule (default): coevolve up vs up "
+            "--schedule lockstep, 15 min each. data-loop: coevolve up (full) vs up --scale "
+            "explorer=0 (no_data_loop: nothing explored, abstracted or judged), 30 min each; "
+            "learner_steps_per_hour_ratio = full / no_data_loop, learner steps per hour "
+            "counted from spawn (below 1: the data loop slows the learner).",
+        ),
+    ] = None,
     json_output: JsonOption = False,
 ) -> None:
     """Run a benchmark and print its table; --json adds one JSON object as the last line."""
@@ -78,11 +90,15 @@ def bench(
         ("minutes", "minutes", minutes),
         ("seeds", "seeds", seeds),
         ("resume", "run_dir", resume),
+        ("compare", "compare", compare),
     ):
         if value is None:
             continue
         if parameter not in inspect.signature(module.run).parameters:
             raise typer.BadParameter(f"benchmark {name!r} does not take --{option}")
+        choices = getattr(module, "COMPARISONS", {}) if option == "compare" else {}
+        if choices and value not in choices:
+            raise typer.BadParameter(f"--compare takes one of: {', '.join(choices)}")
         options[parameter] = value
     result: dict[str, Any] = module.run(**options)
     if json_output:
