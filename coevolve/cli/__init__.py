@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
 import typer
 
 from coevolve.cli import (
@@ -15,6 +19,33 @@ from coevolve.cli import (
     status,
     up,
 )
+
+# Libraries whose deprecation notices concern their own internals, not anything a user runs.
+QUIET_LIBRARIES = ("transformers", "torch", "peft", "trl", "accelerate")
+
+
+def quiet_libraries() -> None:
+    """Hide the ML libraries' deprecation warnings and transformers' log below errors.
+
+    The project's own warnings stay. Warning filters a user chose (``-W``,
+    ``PYTHONWARNINGS``) and a ``TRANSFORMERS_VERBOSITY`` already set are kept. Services
+    started by ``up`` inherit the variable.
+    """
+    if not sys.warnoptions:
+        pattern = rf"({'|'.join(QUIET_LIBRARIES)})(\.|$)"
+        for category in (FutureWarning, DeprecationWarning):
+            warnings.filterwarnings("ignore", category=category, module=pattern)
+    if "TRANSFORMERS_VERBOSITY" in os.environ:
+        return
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    # transformers reads the variable once, when imported; set its level if that has happened.
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.set_verbosity_error()
+
+
+quiet_libraries()
 
 app = typer.Typer(
     name="coevolve",
