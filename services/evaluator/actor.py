@@ -161,10 +161,12 @@ class EvaluatorActor(Actor):
         return latest
 
     async def run_job(self, job_file: Path) -> None:
-        """Run the child (its output goes to this service's log); killed if cancelled."""
+        """Run the child (its output goes to this service's log); killed if cancelled or
+        past ``timeout_s``."""
         argv = [sys.executable, "-m", "coevolve.services.evaluator.handler", str(job_file)]
         env = {**os.environ, "OMP_NUM_THREADS": str(self.config.threads)}
-        done = await anyio.run_process(argv, stdout=None, stderr=None, env=env, check=False)
+        with anyio.fail_after(self.config.timeout_s):
+            done = await anyio.run_process(argv, stdout=None, stderr=None, env=env, check=False)
         if done.returncode != 0:
             raise EvaluationFailed(f"the evaluation process exited with {done.returncode}")
 

@@ -31,11 +31,15 @@ class EvaluatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, 
     likelihood: bool = True
     # torch and llama.cpp threads of an evaluation: it runs beside the training
     threads: int = 1
+    # an evaluation still running after this long is killed and its version skipped
+    timeout_s: float = 3600.0
 
     def __post_init__(self) -> None:
         for name in ("every_versions", "tasks", "max_new_tokens", "max_steps_per_turn", "threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"evaluator.{name} must be at least 1, not {getattr(self, name)}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"evaluator.timeout_s must be > 0, not {self.timeout_s}")
         if self.suite not in TURN_SUITES:
             turns = ", ".join(TURN_SUITES)
             raise ValueError(f"evaluator.suite: {self.suite!r} is not one of {turns}")
