@@ -1,12 +1,20 @@
-"""Benchmark of dynamic sampling: the share of uniform rollout groups, uniform vs dynamic.
+"""Benchmark of the samplers: the share of uniform rollout groups, uniform vs dynamic vs
+learnability.
 
-A synthetic policy: every task has a fixed true success probability p (half of them never
-solved, a fifth always solved, the rest in between) and a rollout group is ``group_size``
-Bernoulli(p) rewards. ``simulate`` hands out jobs from a real PoolStore (DuckDB) in small
-batches, as pool-store's job feed does, records each group through ``record_results`` and
-reads the share of groups with all rewards equal back from the file with
-``uniform_group_share``. ``run`` does this for both samplers on the same pool, with the
-same number of groups and the same seed.
+A synthetic policy: every task has a fixed true success probability p and a rollout
+group is ``group_size`` Bernoulli(p) rewards. ``simulate`` hands out jobs from a real
+PoolStore (DuckDB) in small batches, as pool-store's job feed does, records each group
+through ``record_results`` and reads the share of groups with all rewards equal back from
+the file with ``uniform_group_share``. Two regimes, each sampler on the same pools with
+the same seeds:
+
+- long: 400 tasks (half never solved, a fifth always solved, the rest in between),
+  3,000 groups (100 and 400 with ``--quick``), under pool-store's old origin mix;
+- a default run's: the 124 seed tasks and 60 groups of a 30-minute run, 45% of the tasks
+  never solved and 5% always (so that about 55% of groups are uniform when tasks are
+  drawn uniformly, as in a default run at v1), no mix, over 10 seeds (3 with
+  ``--quick``); the learnability sampler also with its earlier weights (an unseen task
+  1, the floor 0.05), to show what the defaults' weights change.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from coevolve.bench import tables
-from coevolve.services.pool_store.sampling import Sampler, SamplingConfig
+from coevolve.services.pool_store.sampling import SamplingConfig
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.messages import ORIGINS, Origin, RolloutResults, ScoreSample, Task
 
@@ -33,28 +41,41 @@ GROUP_SIZE = 8
 BATCH = 4
 
 
-def true_probabilities(count: int, rng: random.Random) -> list[float]:
-    """Per task, the chance that one trajectory solves it."""
-    never = round(count * NEVER_SOLVED)
-    always = round(count * ALWAYS_SOLVED)
-    between = [rng.uniform(0.05, 0.95) for _ in range(count - never - always)]
+def true_probabilities(
+    count: int,
+    rng: random.Random,
+    never_solved: float = NEVER_SOLVED,
+    always_solved: float = ALWAYS_SOLVED,
+    high: float = 0.95,
+) -> list[float]:
+    """Per task, the chance that one trajectory solves it: ``never_solved`` of them 0,
+    ``always_solved`` 1, the rest uniform between 0.05 and ``high``."""
+    never = round(count * never_solved)
+    always = round(count * always_solved)
+    between = [rng.uniform(0.05, high) for _ in range(count - never - always)]
     probabilities = [0.0] * never + [1.0] * always + between
     rng.shuffle(probabilities)
     return probabilities
 
 
-def pool_tasks(probabilities: list[float], rng: random.Random) -> dict[str, tuple[Task, float]]:
-    """A task per probability, its origin drawn by ``POOL_ORIGINS``; by task id."""
-    origins = rng.choices(
-        list(POOL_ORIGINS), weights=list(POOL_ORIGINS.values()), k=len(probabilities)
+def pool_tasks(
+    probabilities: list[float], rng: random.Random, origin: Origin | None = None
+) -> dict[str, tuple[Task, float]]:
+    """A task per probability, of ``origin`` or one drawn by ``POOL_ORIGINS``; by task id."""
+    origins = (
+        [origin] * len(probabilities)
+        if origin is not None
+        else rng.choices(
+            list(POOL_ORIGINS), weights=list(POOL_ORIGINS.values()), k=len(probabilities)
+        )
     )
     tasks: dict[str, tuple[Task, float]] = {}
-    for index, (origin, probability) in enumerate(zip(origins, probabilities, strict=True)):
+    for index, (task_origin, probability) in enumerate(zip(origins, probabilities, strict=True)):
         task = Task(
             id=f"sim-{index}",
             environment="bfcl",
             user_turns=[f"Move report_{index}.txt into the archive folder."],
-            origin=origin,
+            origin=task_origin,
         )
         tasks[task.id] = (task, probability)
     return tasks
@@ -83,6 +104,7 @@ def simulate(
     seed: int,
     batch: int = BATCH,
     group_size: int = GROUP_SIZE,
+    mix: dict[str, float] | None = MIX,
 ) -> Simulation:
     """Draw ``groups`` jobs from ``store`` (``batch`` at a time), roll each out with the
     synthetic policy and record its group; ``success`` is each task's true probability."""
@@ -91,7 +113,7 @@ def simulate(
     half_recorded_at = 0.0
     recorded = 0
     while recorded < groups:
-        tasks = store.sample_batch(min(batch, groups - recorded), MIX, seed=rng.getrandbits(32))
+        tasks = store.sample_batch(min(batch, groups - recorded), mix, seed=rng.getrandbits(32))
         if not tasks:
             raise RuntimeError("the pool has no active task left to sample")
         for task in tasks:
@@ -126,16 +148,51 @@ def simulate(
 
 
 def run_sampler(
-    sampler: Sampler, tasks: dict[str, tuple[Task, float]], groups: int, seed: int
+    sampling: SamplingConfig,
+    tasks: dict[str, tuple[Task, float]],
+    groups: int,
+    seed: int,
+    mix: dict[str, float] | None = MIX,
 ) -> Simulation:
-    """A fresh pool of ``tasks`` and one simulation with ``sampler``."""
+    """A fresh pool of ``tasks`` and one simulation with ``sampling``."""
     with (
         tempfile.TemporaryDirectory(prefix="coevolve-bench-sampling-") as tmp,
-        PoolStore(Path(tmp) / "pool.duckdb", sampling=SamplingConfig(sampler=sampler)) as store,
+        PoolStore(Path(tmp) / "pool.duckdb", sampling=sampling) as store,
     ):
         store.add_tasks([task for task, _ in tasks.values()])
         success = {task_id: probability for task_id, (_, probability) in tasks.items()}
-        return simulate(store, success, groups, seed)
+        return simulate(store, success, groups, seed, mix=mix)
+
+
+SAMPLERS: dict[str, SamplingConfig] = {
+    "uniform": SamplingConfig(sampler="uniform"),
+    "dynamic": SamplingConfig(sampler="dynamic"),
+    "learnability": SamplingConfig(),
+}
+EARLIER_LEARNABILITY = SamplingConfig(unseen_weight=1.0, uniform_weight=0.05)
+RUN_TASKS, RUN_GROUPS, RUN_NEVER, RUN_ALWAYS = 124, 60, 0.45, 0.05
+
+
+def run_sized(seeds: int) -> dict[str, dict[str, float]]:
+    """Uniform-group share per sampler in a default run's regime: mean, least and most
+    over ``seeds`` pools."""
+    samplers = {**SAMPLERS, "learnability, earlier weights": EARLIER_LEARNABILITY}
+    shares: dict[str, list[float]] = {name: [] for name in samplers}
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        probabilities = true_probabilities(RUN_TASKS, rng, RUN_NEVER, RUN_ALWAYS, high=0.6)
+        tasks = pool_tasks(probabilities, rng, origin="seed")
+        for name, sampling in samplers.items():
+            simulation = run_sampler(sampling, tasks, RUN_GROUPS, seed, mix={})
+            shares[name].append(simulation.uniform_share)
+    return {
+        name: {
+            "mean": round(sum(values) / len(values), 3),
+            "min": round(min(values), 3),
+            "max": round(max(values), 3),
+        }
+        for name, values in shares.items()
+    }
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -143,8 +200,9 @@ def run(quick: bool) -> dict[str, Any]:
     rng = random.Random(seed)
     tasks = pool_tasks(true_probabilities(task_count, rng), rng)
     results = {
-        sampler: run_sampler(sampler, tasks, groups, seed) for sampler in ("uniform", "dynamic")
+        name: run_sampler(sampling, tasks, groups, seed) for name, sampling in SAMPLERS.items()
     }
+    run_seeds = 3 if quick else 10
     report: dict[str, Any] = {
         "tasks": task_count,
         "groups": groups,
@@ -162,6 +220,15 @@ def run(quick: bool) -> dict[str, Any]:
         },
         "uniform_share_uniform": round(results["uniform"].uniform_share, 3),
         "uniform_share_dynamic": round(results["dynamic"].uniform_share, 3),
+        "uniform_share_learnability": round(results["learnability"].uniform_share, 3),
+        "default_run": {
+            "tasks": RUN_TASKS,
+            "groups": RUN_GROUPS,
+            "never_solved": RUN_NEVER,
+            "always_solved": RUN_ALWAYS,
+            "seeds": run_seeds,
+            "uniform_share": run_sized(run_seeds),
+        },
     }
     print_table(report)
     return report
@@ -184,4 +251,16 @@ def print_table(report: dict[str, Any]) -> None:
             for name, row in report["sampling"].items()
         ],
         left=(0, 4),
+    )
+    run = report["default_run"]
+    tables.print_table(
+        f"a default run's regime: {run['tasks']} tasks ({run['never_solved']:.0%} never "
+        f"solved, {run['always_solved']:.0%} always), {run['groups']} groups, "
+        f"{run['seeds']} seeds",
+        ("sampler", "uniform groups (mean)", "least", "most"),
+        [
+            (name, f"{row['mean']:.3f}", f"{row['min']:.3f}", f"{row['max']:.3f}")
+            for name, row in run["uniform_share"].items()
+        ],
+        left=(0,),
     )

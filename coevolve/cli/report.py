@@ -51,9 +51,11 @@ def report(
     rollouts draw, and did training on a child raise its parent.
 
     Reads only files: the DuckDB pool (tasks by origin with their lineage, verdicts and
-    their reasons, rollout scores), the learner's TensorBoard scalars (reward, KL,
-    staleness, uniform groups) and its step records (learner/steps.jsonl), the trace
-    spans (time per stage, signals received), the signal monitor's state and the logs.
+    their reasons, rollout scores), the learner's TensorBoard scalars (reward, KL when
+    one was computed, staleness, uniform groups) and its step records
+    (learner/steps.jsonl: groups trained on, dropped stale, left waiting), the evaluator's
+    held-out scores when it ran (eval/*), the trace spans (time per stage, signals
+    received), the signal monitor's state and the logs.
     Works on a finished run or a live one (a pool file held by a running pool-store is
     read from a copy). Parts with no data yet say "none yet". With --repair-samples N it
     also plays policies (the run's configuration: --config): slow, and opt-in.

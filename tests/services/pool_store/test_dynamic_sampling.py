@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from coevolve.bench.sampling import pool_tasks, run_sampler, true_probabilities
+from coevolve.bench.sampling import SAMPLERS, pool_tasks, run_sampler, run_sized, true_probabilities
 from coevolve.services.pool_store.config import PoolStoreConfig
 from coevolve.services.pool_store.sampling import SamplingConfig
 from coevolve.services.pool_store.store import PoolStore
@@ -222,14 +222,23 @@ def test_dynamic_sampler_lowers_the_share_of_uniform_groups() -> None:
     of groups, same seed; only the sampler differs."""
     rng = random.Random(7)
     tasks = pool_tasks(true_probabilities(60, rng), rng)
-    uniform = run_sampler("uniform", tasks, groups=240, seed=7)
-    dynamic = run_sampler("dynamic", tasks, groups=240, seed=7)
+    uniform = run_sampler(SAMPLERS["uniform"], tasks, groups=240, seed=7)
+    dynamic = run_sampler(SAMPLERS["dynamic"], tasks, groups=240, seed=7)
     assert uniform.groups == dynamic.groups == 240
     # 70 % of the tasks are never or always solved: about 0.7 of uniform draws give
     # uniform groups; dynamic sampling, once every task is seen, mostly draws the rest
     assert uniform.uniform_share > 0.6
     assert dynamic.uniform_share < uniform.uniform_share - 0.2
     assert dynamic.uniform_share_second_half < 0.5 * uniform.uniform_share_second_half
-    assert dynamic.retired > 0 and uniform.retired == 0
+    assert uniform.retired == 0  # retiring itself: test_always_solved_tasks_retire_after_...(above)
     mix = {"seed": 0.5, "explored": 0.25, "synthesized": 0.25}
     assert dynamic.origin_shares() == pytest.approx(mix, abs=0.1)
+
+
+def test_in_a_default_runs_regime_learnability_draws_fewer_uniform_groups() -> None:
+    """124 tasks and 60 groups, as in a 30-minute run: the default weights against uniform
+    sampling and against the learnability sampler's earlier weights (unseen 1)."""
+    shares = run_sized(seeds=3)
+    assert shares["uniform"]["mean"] > 0.45
+    assert shares["learnability"]["mean"] < shares["learnability, earlier weights"]["mean"] - 0.1
+    assert shares["learnability"]["mean"] < shares["uniform"]["mean"] - 0.1

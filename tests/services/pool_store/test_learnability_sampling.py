@@ -187,8 +187,24 @@ def test_a_fresh_pool_is_explored_first(store: PoolStore, make_task: TaskFactory
     unseen_ids = {t.id for t in unseen}
     drawn = [t.id for seed in range(200) for t in store.sample_batch(4, seed=seed)]
     share = sum(task_id in unseen_ids for task_id in drawn) / len(drawn)
-    # each unseen task weighs unseen_weight 1, each always-failed one 0.05: 40 / 41
+    # each unseen task weighs unseen_weight 0.05, each always-failed one 0.005: 2 / 2.1
     assert share > 0.93
+
+
+def test_a_task_with_a_spread_of_scores_is_drawn_again_before_new_ones(
+    store: PoolStore, make_task: TaskFactory
+) -> None:
+    learnable = [make_task() for _ in range(4)]
+    unseen = [make_task() for _ in range(40)]
+    store.add_tasks([*learnable, *unseen])
+    for task in learnable:
+        record(store, task.id, HALF)
+    learnable_ids = {t.id for t in learnable}
+    drawn = [t.id for seed in range(200) for t in store.sample_batch(4, seed=seed)]
+    share = sum(task_id in learnable_ids for task_id in drawn) / len(drawn)
+    # 4 tasks weighing 1 against 40 unseen weighing 0.05 each: 1 - max(0.25, 2 / 6);
+    # with an unseen task weighing as much as a learnable one it was 4 / 44
+    assert share > 0.55
 
 
 def test_an_explicit_mix_still_splits_the_slots_by_origin(
