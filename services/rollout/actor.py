@@ -122,17 +122,24 @@ class RolloutActor(Actor):
 
     async def _wait_for_learner(self) -> None:
         spec = LEARNER_GROUPS_CONSUMER
+        waited = 0.0
         while True:
             try:
                 with anyio.fail_after(5):
                     info = await self.bus.js.consumer_info(spec.stream, spec.durable)
             except (TimeoutError, NotFoundError):
-                return
+                break
             backlog = int(info.num_pending) + int(info.num_ack_pending)
             if backlog <= self.config.max_unconsumed_groups:
-                return
-            self.throttled_s += self.config.backpressure_poll_s
+                break
+            if not waited:
+                log.info("waiting: the learner has %d groups unconsumed", backlog)
+            waited += self.config.backpressure_poll_s
             await anyio.sleep(self.config.backpressure_poll_s)
+        if waited:
+            self.throttled_s += waited
+            log.info("waited %.0f s for the learner (%.0f s in all)", waited, self.throttled_s)
+            await self.metric("throttled_s", self.throttled_s)
 
     async def on_job(self, job: RolloutJob, _: Delivery) -> None:
         await self._wait_for_policy()
