@@ -24,6 +24,13 @@ SECTION_CONFIGS: dict[str, str] = {
 }
 
 
+def enabled_optional_services(settings: Settings) -> set[str]:
+    """The optional services (``OPTIONAL_SERVICES``) this configuration turns on."""
+    from coevolve.services.evaluator.config import evaluator_enabled
+
+    return {"evaluator"} if evaluator_enabled(settings) else set()
+
+
 def section_config(name: str) -> type[msgspec.Struct]:
     module, _, struct = SECTION_CONFIGS[name].partition(":")
     kind: type[msgspec.Struct] = getattr(importlib.import_module(module), struct)

@@ -15,8 +15,8 @@ from nats.js.errors import NotFoundError
 
 from coevolve.cli.events import progress_text
 from coevolve.cli.options import ConfigOption, JsonOption, RunDirOption, settings_from
+from coevolve.cli.sections import enabled_optional_services
 from coevolve.cli.up import recorded_nats_url, supervised_services
-from coevolve.services.evaluator.config import evaluator_enabled
 from coevolve.services.evaluator.scores import held_out_line, read_latest
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import DecodeError, Heartbeat, decode
@@ -32,8 +32,8 @@ from coevolve.shared.runtime.subjects import (
 
 def expected_services(settings: Settings) -> list[str]:
     """The services a run has: all but an optional one its configuration leaves off."""
-    enabled = {"evaluator": evaluator_enabled(settings)}
-    return [s for s in SERVICES if s not in OPTIONAL_SERVICES or enabled.get(s, False)]
+    enabled = enabled_optional_services(settings)
+    return [s for s in SERVICES if s not in OPTIONAL_SERVICES or s in enabled]
 
 
 async def collect(

@@ -16,9 +16,8 @@ import typer
 
 from coevolve.cli.events import EventPrinter, EventTracker, EventWatcherThread
 from coevolve.cli.options import ConfigOption, RunDirOption, settings_from
-from coevolve.cli.sections import check_sections
+from coevolve.cli.sections import check_sections, enabled_optional_services
 from coevolve.schedules.synthesis import DEFAULT_MAX_SIGNALS
-from coevolve.services.evaluator.config import evaluator_enabled
 from coevolve.shared.config import NATS_CREDENTIALS_DIR, REPLICAS_ENV, ConfigError, Settings
 from coevolve.shared.llm.server import LLMServerError, start_for_run
 from coevolve.shared.runtime.actor import STOP_AFTER_DRAIN_S
@@ -131,7 +130,7 @@ def up(
         check_sections(settings)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    replicas = parse_scale(scale or [], {"evaluator"} if evaluator_enabled(settings) else set())
+    replicas = parse_scale(scale or [], enabled_optional_services(settings))
     run = settings.run_dir
     run.mkdir(parents=True, exist_ok=True)
     if schedule not in ("async", "lockstep"):
