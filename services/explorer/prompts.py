@@ -398,7 +398,15 @@ def aimed_goal(
 
 
 def unguided_goal(task: Task) -> str:
-    return UNGUIDED_GOAL.format(scenario=render_task(task))
+    return UNGUIDED_GOAL.format(scenario=render_task(task) or render_start_state(task))
+
+
+def render_start_state(task: Task, max_chars: int = STATE_CHARS) -> str:
+    """A task with no user turn (an initial state to explore from): its API classes and
+    initial configuration, clipped."""
+    classes = ", ".join(task.env_config.get("involved_classes") or []) or task.environment
+    state = json.dumps(task.initial_state, ensure_ascii=False, default=str)
+    return f"No request yet. APIs: {classes}. Initial configuration: {clip(state, max_chars)}"
 
 
 def exploration_messages(

@@ -1,7 +1,10 @@
 """Environments behind one protocol, and a registry to create them by name.
 
 ``make_environment("bfcl")`` returns a fresh BFCL multi-turn environment; register your own
-with ``register_environment(name, factory)`` (see docs/environments.md).
+with ``register_environment(name, factory, starts)`` (see docs/environments.md).
+``start_tasks(name)`` are the environment's initial states as tasks with nothing to answer
+(no user turn, no ground truth): where unguided exploration starts when nobody labelled
+the environment.
 """
 
 from __future__ import annotations
@@ -10,19 +13,42 @@ from collections.abc import Callable
 from typing import Any
 
 from coevolve.shared.envs.protocol import Environment, ReplayResult, StepResult, state_of
+from coevolve.shared.messages import Task
 
 EnvironmentFactory = Callable[..., Environment]
+# the environment's initial states as tasks with no user turn and no ground truth
+StartTasks = Callable[[], list[Task]]
 
 _REGISTRY: dict[str, EnvironmentFactory] = {}
+_STARTS: dict[str, StartTasks] = {}
 
 
 class UnknownEnvironmentError(KeyError):
     """No environment is registered under the requested name."""
 
 
-def register_environment(name: str, factory: EnvironmentFactory) -> None:
-    """Make ``make_environment(name, **options)`` call ``factory(**options)``."""
+def register_environment(
+    name: str, factory: EnvironmentFactory, starts: StartTasks | None = None
+) -> None:
+    """Make ``make_environment(name, **options)`` call ``factory(**options)`` and
+    ``start_tasks(name)`` call ``starts()``."""
     _REGISTRY[name] = factory
+    if starts is not None:
+        _STARTS[name] = starts
+    else:
+        _STARTS.pop(name, None)
+
+
+def start_tasks(name: str) -> list[Task]:
+    """The initial states unguided exploration of environment ``name`` starts from."""
+    if name not in _REGISTRY:
+        raise UnknownEnvironmentError(
+            f"unknown environment {name!r}; registered: {available_environments()}"
+        )
+    starts = _STARTS.get(name)
+    if starts is None:
+        raise UnknownEnvironmentError(f"environment {name!r} registered no initial states")
+    return starts()
 
 
 def available_environments() -> list[str]:
@@ -47,16 +73,24 @@ def _make_bfcl(**options: Any) -> Environment:
     return BfclEnvironment(**options)
 
 
-register_environment("bfcl", _make_bfcl)
+def _bfcl_starts() -> list[Task]:
+    from coevolve.shared.envs.bfcl.tasks import state_tasks
+
+    return state_tasks()
+
+
+register_environment("bfcl", _make_bfcl, _bfcl_starts)
 
 __all__ = [
     "Environment",
     "EnvironmentFactory",
     "ReplayResult",
+    "StartTasks",
     "StepResult",
     "UnknownEnvironmentError",
     "available_environments",
     "make_environment",
     "register_environment",
+    "start_tasks",
     "state_of",
 ]

@@ -133,8 +133,6 @@ class BfclEnvironment:
     def reset(self, task: Task) -> list[ChatMessage]:
         if task.environment != ENVIRONMENT_NAME:
             raise ValueError(f"task {task.id} is for {task.environment!r}, not {self.name!r}")
-        if not task.user_turns:
-            raise ValueError(f"task {task.id} has no user turns")
         config = task.env_config
         involved = config.get("involved_classes")
         if not isinstance(involved, list) or not involved:
@@ -158,6 +156,8 @@ class BfclEnvironment:
         conversation = self._replay_prior_turns(prior_turns, prior_truth)
         self._first_turn = len(prior_turns)
         self._refresh_functions()
+        if not task.user_turns:  # a start state to explore from: nothing to answer
+            return conversation
         return [*conversation, self._user_message(0)]
 
     def tools(self) -> list[dict[str, Any]]:

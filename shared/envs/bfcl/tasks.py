@@ -234,6 +234,38 @@ def seed_tasks() -> list[Task]:
     return train
 
 
+STATE_ID_SUFFIX = "#state"
+
+
+def state_tasks(classes: Collection[str] | None = None) -> list[Task]:
+    """The initial states of the train split's scenarios (of the entries using only
+    ``classes``; None: all) as tasks with nothing to answer: no user turn, no ground
+    truth, only the API classes and their initial configuration. Where unguided
+    exploration starts when a run uses no labels; identical states appear once."""
+    states: dict[str, Task] = {}
+    for task in seed_tasks():
+        if not in_world(task, classes):
+            continue
+        env_config = {
+            "category": task.env_config["category"],
+            "involved_classes": list(task.env_config["involved_classes"]),
+            "long_context": False,
+            "grain": "turn",
+        }
+        start = Task(
+            id=f"{task.id}{STATE_ID_SUFFIX}",
+            environment=ENVIRONMENT_NAME,
+            user_turns=[],
+            initial_state=copy.deepcopy(task.initial_state),
+            env_config=env_config,
+            origin="seed",
+            source_entry=task.id,
+            created_at=0.0,
+        )
+        states.setdefault(start.content_hash(), start)
+    return list(states.values())
+
+
 def seed_pool(
     grains: Mapping[str, float] | None = None, classes: Collection[str] | None = None
 ) -> list[Task]:
@@ -299,6 +331,22 @@ def suite_tasks(
         return tasks
     train, evaluation = split_tasks(tasks)
     return train if split == "train" else evaluation
+
+
+def normalized_turn(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+@cache
+def labelled_turns() -> frozenset[str]:
+    """Every user turn of every multi-turn entry, both splits (normalized): the labelled
+    text a run with no labels must never train on."""
+    return frozenset(
+        normalized_turn(_user_turn_text(turn))
+        for category in MULTI_TURN_CATEGORIES
+        for entry, _ in _raw_entries(category)
+        for turn in entry["question"]
+    )
 
 
 def eval_queries() -> list[str]:
