@@ -1,11 +1,16 @@
 """Run configuration: embedded defaults, then a YAML file, then environment variables.
 
 Precedence (last wins): defaults in this module < ``coevolve.yaml`` (``--config`` or
-``COEVOLVE_CONFIG``) < environment (``COEVOLVE_RUN_DIR``, ``NATS_URL``,
-``OTEL_EXPORTER_OTLP_ENDPOINT``). Each service reads its own section with
-``Settings.section(name, StructType)``, so a typo in a key is a clear error at start-up.
+``COEVOLVE_CONFIG``) < environment (``COEVOLVE_RUN_DIR``, ``COEVOLVE_LABELS``,
+``COEVOLVE_D0_FILE``, ``NATS_URL``, ``OTEL_EXPORTER_OTLP_ENDPOINT``). Each service reads
+its own section with ``Settings.section(name, StructType)``, so a typo in a key is a clear
+error at start-up.
 ``tool_rendering`` (``compact`` | ``full``) is how every prompt shows the agent its tools;
 ``load_settings`` installs it for the whole process (``coevolve.shared.envs.rendering``).
+``labels`` says where the training tasks come from: ``bfcl`` (BFCL's labelled train split
+seeds the pool) or ``none`` (nothing labelled: the task set D0 discovered by unguided
+exploration, the ``d0`` section, seeds it). ``environments`` registers users' own
+environments (``coevolve.shared.envs.python_class``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ from coevolve.shared.envs.rendering import (
 from coevolve.shared.runtime.subjects import SERVICES
 
 DEFAULT_RUN_DIR = Path("runs/default")
+# `coevolve up --labels/--d0` pass them to the services it starts through these
+LABELS_ENV = "COEVOLVE_LABELS"
+D0_FILE_ENV = "COEVOLVE_D0_FILE"
 # the policy's inference engines: llama.cpp (CPU), torch + peft in process, vLLM (GPUs)
 EngineKind = Literal["llama_cpp", "transformers", "vllm"]
 ENGINE_KINDS: tuple[EngineKind, ...] = ("llama_cpp", "transformers", "vllm")
@@ -97,9 +105,43 @@ class RuntimeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("runtime.background_niceness must be between 0 and 19")
 
 
+# bfcl: BFCL's labelled train split seeds the pool, the warm start and the replay;
+# none: only tasks discovered in the environment (D0) do, BFCL's labels reach only eval
+Labels = Literal["bfcl", "none"]
+
+
+class D0Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The task set a run with ``labels: none`` starts from, and how it is built
+    (``coevolve discover``, or ``coevolve up`` when the file is missing)."""
+
+    # relative paths are under the run directory
+    file: str = "d0.json"
+    environment: str = "bfcl"
+    # stop at this many accepted tasks, or after max_explorations or max_minutes
+    tasks: int = 24
+    max_explorations: int = 48
+    max_minutes: float = 60.0
+    # exploration rounds per start state (each a fresh environment)
+    rounds: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.tasks < 1 or self.max_explorations < 1 or self.rounds < 1:
+            raise ValueError("d0.tasks, d0.max_explorations and d0.rounds must be >= 1")
+        if not self.max_minutes > 0:
+            raise ValueError("d0.max_minutes must be > 0")
+
+    def path(self, run_dir: Path) -> Path:
+        return (run_dir / Path(self.file).expanduser()).resolve()
+
+
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     run_dir: Path = DEFAULT_RUN_DIR
     tool_rendering: ToolRendering = DEFAULT_TOOL_RENDERING
+    labels: Labels = "bfcl"
+    d0: D0Settings = msgspec.field(default_factory=D0Settings)
+    # a user's own environments: {name: {class: "module:Class", initial_states: [...]}}
+    environments: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     bus: BusSettings = msgspec.field(default_factory=BusSettings)
     telemetry: TelemetrySettings = msgspec.field(default_factory=TelemetrySettings)
     runtime: RuntimeSettings = msgspec.field(default_factory=RuntimeSettings)
@@ -132,6 +174,10 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         raw = loaded
     if run_dir := os.environ.get("COEVOLVE_RUN_DIR"):
         raw["run_dir"] = run_dir
+    if labels := os.environ.get(LABELS_ENV):
+        raw["labels"] = labels
+    if d0_file := os.environ.get(D0_FILE_ENV):
+        raw.setdefault("d0", {})["file"] = d0_file
     if nats_url := os.environ.get("NATS_URL"):
         raw.setdefault("bus", {})["url"] = nats_url
     if replicas := os.environ.get(REPLICAS_ENV):
@@ -160,6 +206,13 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     if settings.bus.credentials_dir is None and (settings.run_dir / NATS_CREDENTIALS_DIR).is_dir():
         settings.bus.credentials_dir = str(settings.run_dir / NATS_CREDENTIALS_DIR)
     configure_tool_rendering(settings.tool_rendering)
+    if settings.environments:
+        from coevolve.shared.envs.python_class import install_environments
+
+        try:
+            install_environments(settings.environments)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
     return settings
 
 

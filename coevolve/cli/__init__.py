@@ -11,6 +11,7 @@ import typer
 from coevolve.cli import (
     bench,
     data_cmds,
+    discover_cmd,
     eval_cmd,
     experiment,
     explore_cmd,
@@ -64,6 +65,7 @@ app.command("bench")(bench.bench)
 app.command("eval")(eval_cmd.eval_command)
 app.command("signals")(data_cmds.signals)
 app.command("explore")(explore_cmd.explore)
+app.command("discover")(discover_cmd.discover)
 app.command("report")(report.report)
 app.add_typer(experiment.experiment_app, name="experiment")
 app.add_typer(data_cmds.tasks_app, name="tasks")

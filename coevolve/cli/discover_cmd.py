@@ -1,0 +1,147 @@
+"""``coevolve discover``: build D0, the task set of a run with no labels, into one file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+import typer
+
+from coevolve.cli.options import ConfigOption, JsonOption, RunDirOption, settings_from
+from coevolve.shared.config import Settings
+from coevolve.shared.task_sets import D0Error, D0File, load_d0
+
+
+def d0_summary(d0: D0File, path: Path) -> dict[str, object]:
+    build = d0.build
+    return {
+        "file": str(path),
+        "sha256": d0.sha256,
+        "environment": d0.environment,
+        "classes": d0.classes,
+        "role_model": d0.role_model,
+        "code_version": d0.code_version,
+        "tasks": len(d0.tasks),
+        "minutes": build.minutes,
+        "explorations": build.explorations,
+        "explorations_per_task": d0.explorations_per_task,
+        "candidates": build.candidates,
+        "ended_by": build.ended_by,
+        "explorations_by_outcome": build.explorations_by_outcome,
+        "dropped_by_reason": build.dropped_by_reason,
+        "verdicts_by_outcome": build.verdicts_by_outcome,
+    }
+
+
+def build_d0(settings: Settings, out: Path, echo: bool = True) -> D0File:
+    """Run the build (resuming an interrupted one), printing one line per exploration."""
+    from coevolve.schedules.discovery import run_discovery
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    def progress(line: str) -> None:
+        if echo:
+            typer.echo(f"[d0] {line}", err=True)
+
+    try:
+        return run_discovery(settings, out, progress)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def ensure_d0(settings: Settings) -> Path:
+    """The run's D0 file, checked; built first (with progress lines) when missing."""
+    path = settings.d0.path(settings.run_dir)
+    if not path.is_file():
+        typer.echo(f"[d0] no D0 at {path}: building it (coevolve discover)", err=True)
+        build_d0(settings, path)
+    try:
+        d0 = load_d0(path)
+    except D0Error as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(
+        f"[d0] {len(d0.tasks)} tasks from {path} (sha256 {d0.sha256[:12]}, "
+        f"role model {d0.role_model})",
+        err=True,
+    )
+    return path
+
+
+def discover(
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Where to write D0 (default: the d0.file setting, d0.json in the run "
+            "directory). An interrupted build resumes from OUT.partial.jsonl.",
+            show_default=False,
+        ),
+    ] = None,
+    tasks: Annotated[
+        int | None,
+        typer.Option("--tasks", min=1, help="Stop at this many accepted tasks (d0.tasks)."),
+    ] = None,
+    max_explorations: Annotated[
+        int | None,
+        typer.Option(
+            "--max-explorations",
+            min=1,
+            help="At most this many explorations (d0.max_explorations).",
+        ),
+    ] = None,
+    max_minutes: Annotated[
+        float | None,
+        typer.Option("--max-minutes", min=0.1, help="Stop after this long (d0.max_minutes)."),
+    ] = None,
+    environment: Annotated[
+        str | None,
+        typer.Option(
+            "--environment",
+            help="The environment to explore: bfcl or one under `environments:` (d0.environment).",
+        ),
+    ] = None,
+    json_output: JsonOption = False,
+    config: ConfigOption = None,
+    run_dir: RunDirOption = None,
+) -> None:
+    """Build D0 with no labels: unguided exploration of the environment's initial states,
+    each exploration abstracted and judged like synthesized tasks, the accepted tasks
+    written to one file with their lineage, the role model, the code version and a sha256.
+
+    `coevolve up --labels none` starts from this file (and builds it first when it is
+    missing). It reads no question or answer of the environment's dataset: only its
+    initial states, its tools and the role LLMs.
+    """
+    settings = settings_from(config, run_dir)
+    overrides = {
+        key: value
+        for key, value in {
+            "tasks": tasks,
+            "max_explorations": max_explorations,
+            "max_minutes": max_minutes,
+            "environment": environment,
+        }.items()
+        if value is not None
+    }
+    if overrides:
+        try:
+            settings.d0 = msgspec.structs.replace(settings.d0, **overrides)
+            settings.d0.__post_init__()
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+    path = out.expanduser().resolve() if out else settings.d0.path(settings.run_dir)
+    d0 = build_d0(settings, path)
+    summary = d0_summary(d0, path)
+    typer.echo(
+        f"D0: {len(d0.tasks)} tasks in {d0.build.minutes:.1f} min from "
+        f"{d0.build.explorations} explorations ({d0.build.ended_by}) -> {path}",
+        err=True,
+    )
+    if json_output:
+        typer.echo(json.dumps(summary))

@@ -1,0 +1,259 @@
+"""Build D0 with no labels: unguided exploration of an environment's initial states, each
+exploration abstracted and judged as synthesized tasks are, the accepted tasks written to
+one file (``shared/task_sets.py``).
+
+The explorer, abstractor and judge are the services' own handlers with the run's
+sections, in this process and in order (as the lockstep schedule's synthesis runs them).
+Start states come from ``coevolve.shared.envs.start_tasks``: they carry no user turn and
+no ground truth, so nothing labelled reaches a prompt. Every finished exploration is
+appended to ``<out>.partial.jsonl``; an interrupted build resumes from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from coevolve.services.abstractor.config import AbstractorConfig
+from coevolve.services.abstractor.handler import AbstractorDeps, abstract, similarity_cache_dir
+from coevolve.services.explorer.config import ExplorerConfig
+from coevolve.services.explorer.handler import ExplorerDeps, explore_request
+from coevolve.services.judge.config import JudgeConfig
+from coevolve.services.judge.handler import JudgeDeps, judge_candidate
+from coevolve.services.pool_store.config import PoolStoreConfig
+from coevolve.shared.config import Settings
+from coevolve.shared.envs import start_tasks
+from coevolve.shared.llm import RoleClients
+from coevolve.shared.llm.server import MODEL_ENV
+from coevolve.shared.messages import ExplorationRequest, PoolStats, Task, derived_id
+from coevolve.shared.structured import RejectionCounter
+from coevolve.shared.task_sets import D0Build, D0File, write_d0
+
+log = logging.getLogger(__name__)
+
+
+class ExplorationRecord(msgspec.Struct, kw_only=True):
+    """One finished exploration of the build (a line of the partial file)."""
+
+    index: int
+    start_id: str
+    outcome: str
+    candidates: int = 0
+    dropped: list[str] = msgspec.field(default_factory=list)
+    verdicts: list[str] = msgspec.field(default_factory=list)
+    accepted: list[Task] = msgspec.field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class AcceptedTasks:
+    """The abstractor's de-duplication source: the tasks accepted so far."""
+
+    tasks: list[Task] = field(default_factory=list)
+
+    async def stats(self) -> PoolStats:
+        return PoolStats(tasks_by_origin={"explored": len(self.tasks)}, results=0)
+
+    async def sample(
+        self, size: int, mix: dict[str, float] | None = None, seed: int | None = None
+    ) -> list[Task]:
+        return self.tasks[:size]
+
+
+def world_starts(settings: Settings) -> tuple[list[Task], list[str] | None]:
+    """The environment's start states in the run's world (BFCL: ``pool_store.seed_classes``)
+    and those classes."""
+    environment = settings.d0.environment
+    starts = start_tasks(environment)
+    if environment != "bfcl":
+        return starts, None
+    classes = settings.section("pool_store", PoolStoreConfig).seed_classes
+    if classes is None:
+        return starts, None
+    from coevolve.shared.envs.bfcl.tasks import in_world
+
+    return [task for task in starts if in_world(task, classes)], list(classes)
+
+
+def start_order(starts: list[Task], count: int, seed: int) -> list[Task]:
+    """``count`` start states: every state once in a seeded order, then again, so the
+    explorations spread over the states."""
+    order: list[Task] = []
+    rng = random.Random(seed)
+    while len(order) < count:
+        batch = list(starts)
+        rng.shuffle(batch)
+        order.extend(batch)
+    return order[:count]
+
+
+def read_partial(path: Path) -> list[ExplorationRecord]:
+    """The explorations an earlier, interrupted build finished (a torn last line is
+    dropped)."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_bytes().splitlines():
+        try:
+            records.append(msgspec.json.decode(line, type=ExplorationRecord))
+        except msgspec.DecodeError:
+            log.warning("%s: dropped an unreadable line", path)
+    return records
+
+
+def partial_path(out: Path) -> Path:
+    return out.with_name(out.name + ".partial.jsonl")
+
+
+async def explore_once(
+    index: int,
+    start: Task,
+    settings: Settings,
+    explorer: ExplorerDeps,
+    abstractor: AbstractorDeps,
+    judge: JudgeDeps,
+) -> ExplorationRecord:
+    """One unguided exploration from ``start``, abstracted and judged."""
+    began = time.monotonic()
+    request = ExplorationRequest(
+        id=derived_id("d0", settings.d0.seed, index, start.id),
+        task=start,
+        rounds=settings.d0.rounds,
+    )
+    explored = await explore_request(request, explorer)
+    record = ExplorationRecord(index=index, start_id=start.id, outcome=explored.outcome)
+    if explored.exploration is not None:
+        abstraction = await abstract(explored.exploration, abstractor)
+        record.candidates = len(abstraction.candidates)
+        record.dropped = [reason for reason, _ in abstraction.dropped]
+        for candidate in abstraction.candidates:
+            judged = await judge_candidate(candidate, judge)
+            record.verdicts.append(judged.outcome)
+            if judged.verdict.accepted:
+                record.accepted.append(judged.verdict.task)
+    record.seconds = time.monotonic() - began
+    return record
+
+
+async def discover(
+    settings: Settings, out: Path, on_progress: Callable[[str], None] = log.info
+) -> D0File:
+    """Build D0 into ``out`` (resuming ``<out>.partial.jsonl``) within the ``d0`` section's
+    budgets; the partial file is removed once D0 is written."""
+    from coevolve.experiment.ablation import code_version
+
+    config = settings.d0
+    starts, classes = world_starts(settings)
+    if not starts:
+        raise ValueError(f"environment {config.environment!r} offers no start state in this world")
+    order = start_order(starts, config.max_explorations, config.seed)
+    partial = partial_path(out)
+    records = read_partial(partial)
+    done = {record.index for record in records}
+    accepted = AcceptedTasks([task for record in records for task in record.accepted])
+    llm = RoleClients.from_section(settings.services.get("llm"), settings.run_dir)
+    abstractor_config = settings.section("abstractor", AbstractorConfig)
+    explorer = ExplorerDeps(
+        summarizer=llm["summarizer"],
+        explorer=llm["explorer"],
+        config=settings.section("explorer", ExplorerConfig),
+        summaries=RejectionCounter(),
+        actions=RejectionCounter(),
+    )
+    abstractor = AbstractorDeps(
+        llm=llm["abstractor"],
+        config=abstractor_config,
+        pool=accepted,
+        cache_dir=similarity_cache_dir(abstractor_config, settings.run_dir),
+    )
+    judge = JudgeDeps(
+        llm=llm["judge"],
+        config=settings.section("judge", JudgeConfig),
+        judgments=RejectionCounter(),
+    )
+    spent_s = sum(record.seconds for record in records)
+    began = time.monotonic()
+    ended_by = "max_explorations"
+    try:
+        for index, start in enumerate(order):
+            if len(accepted.tasks) >= config.tasks:
+                ended_by = "tasks"
+                break
+            if spent_s + time.monotonic() - began >= config.max_minutes * 60:
+                ended_by = "max_minutes"
+                break
+            if index in done:
+                continue
+            record = await explore_once(index, start, settings, explorer, abstractor, judge)
+            with partial.open("ab") as handle:
+                handle.write(msgspec.json.encode(record) + b"\n")
+            records.append(record)
+            accepted.tasks.extend(record.accepted)
+            on_progress(
+                f"exploration {index + 1}/{config.max_explorations} from {start.id}: "
+                f"{record.outcome}, {record.candidates} candidates, {len(record.accepted)} "
+                f"accepted ({len(accepted.tasks)}/{config.tasks} in all, {record.seconds:.0f} s)"
+            )
+        else:
+            ended_by = "tasks" if len(accepted.tasks) >= config.tasks else "max_explorations"
+    finally:
+        await llm.aclose()
+    minutes = (spent_s + time.monotonic() - began) / 60
+    d0 = D0File(
+        environment=config.environment,
+        classes=classes,
+        role_model=role_model(llm),
+        code_version=code_version(),
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        build=build_counts(records, minutes, len(starts), ended_by),
+        sha256="",
+        tasks=accepted.tasks[: config.tasks],
+    )
+    if not d0.tasks:
+        raise ValueError(
+            f"no task was accepted in {len(records)} explorations ({minutes:.1f} min); "
+            f"see {partial}"
+        )
+    write_d0(out, d0)
+    partial.unlink(missing_ok=True)
+    return d0
+
+
+def build_counts(
+    records: list[ExplorationRecord], minutes: float, start_states: int, ended_by: str
+) -> D0Build:
+    return D0Build(
+        minutes=round(minutes, 2),
+        explorations=len(records),
+        explorations_by_outcome=dict(Counter(record.outcome for record in records)),
+        candidates=sum(record.candidates for record in records),
+        dropped_by_reason=dict(Counter(r for record in records for r in record.dropped)),
+        verdicts_by_outcome=dict(Counter(v for record in records for v in record.verdicts)),
+        start_states=start_states,
+        ended_by=ended_by,
+    )
+
+
+def role_model(llm: RoleClients) -> str:
+    """The model the explorer role ran (the local server's when it names none)."""
+    settings = llm["explorer"].settings
+    if settings.model and not settings.local:
+        return settings.model
+    return os.environ.get(MODEL_ENV) or llm.own_server.server.alias
+
+
+def run_discovery(
+    settings: Settings, out: Path, on_progress: Callable[[str], None] = log.info
+) -> D0File:
+    """:func:`discover` from synchronous code."""
+    return anyio.run(discover, settings, out, on_progress)

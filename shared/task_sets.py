@@ -1,0 +1,101 @@
+"""D0: the task set a run with no labels starts from, as one file.
+
+``coevolve discover`` builds it by unguided exploration of an environment's initial
+states, abstracted and judged as synthesized tasks are, and writes it here; pool-store
+seeds the pool from it when the run's ``labels`` is ``none``. The file records what made
+it (environment, API classes, role model, code version, the build's counts and minutes)
+and the sha256 of its tasks, so a run or an experiment can say which D0 it started from
+and a damaged or edited file is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import msgspec
+
+from coevolve.shared.messages import Task
+
+D0_FORMAT = "coevolve-d0/1"
+
+
+class D0Build(msgspec.Struct, kw_only=True):
+    """How the set was built: minutes, explorations (by outcome), candidates, verdicts."""
+
+    minutes: float
+    explorations: int
+    explorations_by_outcome: dict[str, int] = msgspec.field(default_factory=dict)
+    candidates: int = 0
+    dropped_by_reason: dict[str, int] = msgspec.field(default_factory=dict)
+    verdicts_by_outcome: dict[str, int] = msgspec.field(default_factory=dict)
+    start_states: int = 0
+    ended_by: str = ""  # tasks | max_explorations | max_minutes | interrupted
+
+
+class D0File(msgspec.Struct, kw_only=True):
+    format: str = D0_FORMAT
+    environment: str
+    classes: list[str] | None
+    role_model: str
+    code_version: str | None
+    created_at: str
+    build: D0Build
+    sha256: str
+    tasks: list[Task]
+
+    @property
+    def explorations_per_task(self) -> float | None:
+        return self.build.explorations / len(self.tasks) if self.tasks else None
+
+
+class D0Error(ValueError):
+    """A D0 file that is missing, damaged, edited or not a D0 file."""
+
+
+def tasks_digest(tasks: list[Task]) -> str:
+    """sha256 of the tasks as the file stores them."""
+    return hashlib.sha256(msgspec.json.encode(tasks)).hexdigest()
+
+
+def write_d0(path: Path, d0: D0File) -> None:
+    """Write ``d0`` (sha256 filled in) atomically: a reader never sees half a file."""
+    d0.sha256 = tasks_digest(d0.tasks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = msgspec.json.format(msgspec.json.encode(d0), indent=1)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(body)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_d0(path: Path, sha256: str | None = None) -> D0File:
+    """The D0 file at ``path``; D0Error when missing, unreadable, not D0, edited since it
+    was written, not ``sha256`` (when given), or holding a task nobody could train on."""
+    if not path.is_file():
+        raise D0Error(f"no D0 file at {path}: build one with `coevolve discover --out {path}`")
+    try:
+        d0 = msgspec.json.decode(path.read_bytes(), type=D0File)
+    except msgspec.DecodeError as exc:
+        raise D0Error(f"{path} is not a D0 file: {exc}") from exc
+    if d0.format != D0_FORMAT:
+        raise D0Error(f"{path}: format {d0.format!r}, expected {D0_FORMAT!r}")
+    digest = tasks_digest(d0.tasks)
+    if digest != d0.sha256:
+        raise D0Error(
+            f"{path}: its tasks have sha256 {digest[:12]}, the file says {d0.sha256[:12]}"
+        )
+    if sha256 is not None and digest != sha256:
+        raise D0Error(f"{path}: sha256 {digest[:12]}, expected {sha256[:12]}")
+    unusable = [t.id for t in d0.tasks if not t.user_turns or not any(t.ground_truth)]
+    if unusable:
+        raise D0Error(f"{path}: tasks without a request or calls: {unusable[:5]}")
+    if not d0.tasks:
+        raise D0Error(f"{path}: no tasks")
+    return d0
