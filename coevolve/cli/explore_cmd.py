@@ -20,7 +20,7 @@ import typer
 from coevolve.cli.data_cmds import connect_settings
 from coevolve.cli.options import ConfigOption, RunDirOption
 from coevolve.services.pool_store.config import PoolStoreConfig
-from coevolve.shared.envs.bfcl.tasks import in_world, seed_tasks
+from coevolve.shared.envs.bfcl.tasks import in_world, seed_tasks, state_tasks
 from coevolve.shared.messages import ExplorationRequest, Task
 from coevolve.shared.runtime.bus import Bus, BusError
 from coevolve.shared.runtime.permissions import OPERATOR
@@ -32,10 +32,13 @@ def choose_tasks(
     seed: int,
     task_ids: list[str] | None = None,
     classes: Sequence[str] | None = None,
+    labelled: bool = True,
 ) -> list[Task]:
     """``task_ids`` from the train split, or ``count`` of its tasks drawn with ``seed``;
-    only entries of the world ``classes`` (None: every entry)."""
-    train = [task for task in seed_tasks() if in_world(task, classes)]
+    only entries of the world ``classes`` (None: every entry). Not ``labelled`` (a run
+    with no labels): the train split's initial states alone, with no question or answer."""
+    candidates = seed_tasks() if labelled else state_tasks()
+    train = [task for task in candidates if in_world(task, classes)]
     if task_ids:
         by_id = {task.id: task for task in train}
         unknown = [task_id for task_id in task_ids if task_id not in by_id]
@@ -79,10 +82,11 @@ def explore(
     config: ConfigOption = None,
     run_dir: RunDirOption = None,
 ) -> None:
-    """Publish unguided exploration requests from train-split states (seed mode)."""
+    """Publish unguided exploration requests from train-split states (seed mode); in a
+    run with no labels (`labels: none`), from the states alone, with no question."""
     settings = connect_settings(config, run_dir)
     world = settings.section("pool_store", PoolStoreConfig).seed_classes
-    chosen = choose_tasks(tasks, seed, task_ids, world)
+    chosen = choose_tasks(tasks, seed, task_ids, world, labelled=settings.labels != "none")
 
     async def main() -> list[ExplorationRequest]:
         bus = await Bus.connect(settings.bus, name="coevolve-explore", user=OPERATOR)

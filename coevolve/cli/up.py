@@ -14,11 +14,19 @@ import anyio
 import msgspec
 import typer
 
+from coevolve.cli.discover_cmd import ensure_d0
 from coevolve.cli.events import EventPrinter, EventTracker, EventWatcherThread
 from coevolve.cli.options import ConfigOption, RunDirOption, settings_from
 from coevolve.cli.sections import check_sections, enabled_optional_services
 from coevolve.schedules.synthesis import DEFAULT_MAX_SIGNALS
-from coevolve.shared.config import NATS_CREDENTIALS_DIR, REPLICAS_ENV, ConfigError, Settings
+from coevolve.shared.config import (
+    D0_FILE_ENV,
+    LABELS_ENV,
+    NATS_CREDENTIALS_DIR,
+    REPLICAS_ENV,
+    ConfigError,
+    Settings,
+)
 from coevolve.shared.llm.server import LLMServerError, start_for_run
 from coevolve.shared.runtime.actor import STOP_AFTER_DRAIN_S
 from coevolve.shared.runtime.bus import BusError, declare_streams
@@ -113,6 +121,26 @@ def up(
             help="No event lines (warm-start progress, policy versions, signals, verdicts).",
         ),
     ] = False,
+    labels: Annotated[
+        str | None,
+        typer.Option(
+            "--labels",
+            help="Where training tasks come from: bfcl (BFCL's labelled train split) or none "
+            "(only tasks discovered in the environment: D0, built first when its file is "
+            "missing; BFCL's labels then reach only the held-out eval). Default: the "
+            "`labels` setting (bfcl).",
+            show_default=False,
+        ),
+    ] = None,
+    d0: Annotated[
+        Path | None,
+        typer.Option(
+            "--d0",
+            help="With --labels none: the D0 file to start from (`coevolve discover` writes "
+            "one). Default: the d0.file setting, d0.json in the run directory.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Start the whole system on this machine and keep it running until Ctrl-C/SIGTERM.
 
@@ -125,6 +153,12 @@ def up(
     back. Ctrl-C or SIGTERM stops everything
     within about 10 s and leaves no process behind.
     """
+    if labels is not None:
+        if labels not in ("bfcl", "none"):
+            raise typer.BadParameter(f"--labels must be bfcl or none, not {labels!r}")
+        os.environ[LABELS_ENV] = labels  # the services read it too
+    if d0 is not None:
+        os.environ[D0_FILE_ENV] = str(d0.expanduser().resolve())
     settings = settings_from(config, run_dir)
     try:
         check_sections(settings)
@@ -135,6 +169,8 @@ def up(
     run.mkdir(parents=True, exist_ok=True)
     if schedule not in ("async", "lockstep"):
         raise typer.BadParameter(f"--schedule must be async or lockstep, not {schedule!r}")
+    if settings.labels == "none":
+        ensure_d0(settings)
     if schedule == "lockstep":
         run_lockstep_schedule(settings, iterations, synthesize_every, max_signals)
         return
@@ -269,7 +305,7 @@ def run_lockstep_schedule(
     and service sections taken from ``settings`` as the async services take them."""
     from coevolve.cli.lockstep_cmd import run_lockstep
     from coevolve.services.pool_store.config import PoolStoreConfig
-    from coevolve.services.pool_store.handler import seed_tasks_for
+    from coevolve.services.pool_store.handler import seed_tasks_for, unlabelled_seed
     from coevolve.services.pool_store.store import PoolStore
 
     run = settings.run_dir
@@ -277,9 +313,12 @@ def run_lockstep_schedule(
     with PoolStore(pool_path) as store:
         if sum(store.stats().tasks_by_origin.values()) == 0:
             pool_config = settings.section("pool_store", PoolStoreConfig)
-            store.add_tasks(
-                seed_tasks_for("bfcl", pool_config.seed_grains, pool_config.seed_classes)
-            )
+            if settings.labels == "none":
+                store.add_tasks(unlabelled_seed(settings.d0.path(run)))
+            else:
+                store.add_tasks(
+                    seed_tasks_for("bfcl", pool_config.seed_grains, pool_config.seed_classes)
+                )
     synthesis = f"synthesis every {synthesize_every}" if synthesize_every else "no synthesis"
     typer.echo(f"lockstep schedule on {pool_path}: {iterations} steps, {synthesis}")
     run_lockstep(

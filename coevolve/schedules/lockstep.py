@@ -33,6 +33,7 @@ from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
 from coevolve.services.learner.warm_start import (
     DEMONSTRATIONS_SEED,
     OVERSAMPLE,
+    demonstration_origin,
     demonstrations,
     run_warm_start,
     warm_start_tasks,
@@ -43,7 +44,7 @@ from coevolve.services.rollout.config import RolloutConfig
 from coevolve.shared.config import Settings
 from coevolve.shared.envs import make_environment
 from coevolve.shared.episodes import run_groups
-from coevolve.shared.messages import RolloutGroup, Task, Trajectory
+from coevolve.shared.messages import Origin, RolloutGroup, Task, Trajectory
 from coevolve.shared.policy import LoadedPolicy, SamplingParams, TransformersEngine, load_policy
 
 # groups since the last synthesis -> new tasks for the source (the data loop)
@@ -298,8 +299,10 @@ def warm_start_once(
     run_dir: Path,
     config: WarmStartConfig,
     echo: Callable[[str], None] = print,
+    origin: Origin = "seed",
 ) -> bool:
-    """The learner service's SFT warm start on the pool's seed tasks, once per run
+    """The learner service's SFT warm start on the pool's tasks of ``origin`` (the
+    labelled seed tasks; D0's, origin "explored", with no labels), once per run
     directory: the warm-started policy becomes the KL reference and version 1, and the
     learner is saved; later calls restore it. Returns whether the learner is warm-started."""
     path = run_dir / WARM_START_CHECKPOINT
@@ -309,7 +312,7 @@ def warm_start_once(
         return learner.warm_started
     if not config.enabled:
         return False
-    sampled = store.sample_batch(OVERSAMPLE * config.tasks, mix={"seed": 1.0}, seed=0)
+    sampled = store.sample_batch(OVERSAMPLE * config.tasks, mix={origin: 1.0}, seed=0)
     tasks = warm_start_tasks(sampled, config)
     if not tasks:
         echo(f"warm start: no {config.grain} task with ground truth in the pool; skipped")
@@ -376,11 +379,12 @@ def run_lockstep(
         on_new_tasks=on_new_tasks,
     )
     try:
-        warm = warm_start_once(loop.learner, store, run_dir, learner.warm_start, echo)
+        origin = demonstration_origin(settings.labels)
+        warm = warm_start_once(loop.learner, store, run_dir, learner.warm_start, echo, origin)
         if warm and learner.grpo.demo_coef > 0 and learner.demo_tasks > 0:
             count = learner.demo_tasks
             sampled = store.sample_batch(
-                OVERSAMPLE * count, mix={"seed": 1.0}, seed=DEMONSTRATIONS_SEED
+                OVERSAMPLE * count, mix={origin: 1.0}, seed=DEMONSTRATIONS_SEED
             )
             tasks = warm_start_tasks(sampled, learner.warm_start, count)
             examples = demonstrations(loop.learner.policy, tasks, learner.warm_start)

@@ -227,7 +227,8 @@ class LearnerActor(Actor):
         return await self._seed_tasks(WARM_START_TASKS, count, 0, "warm start")
 
     async def _seed_tasks(self, saved_name: str, count: int, seed: int, phase: str) -> list[Task]:
-        """``count`` seed tasks with ground truth drawn from the pool with ``seed``, kept in
+        """``count`` tasks with ground truth of the demonstration origin (the labelled seed
+        tasks; D0's with no labels) drawn from the pool with ``seed``, kept in
         ``saved_name`` so a restarted learner gets the same. Until the pool has some this
         reports a failed ``phase`` and retries (it never goes on without them)."""
         from coevolve.shared.pool_client import PoolClient
@@ -254,10 +255,15 @@ class LearnerActor(Actor):
             await anyio.sleep(wait)
 
     async def _tasks_with_ground_truth(self, pool: Any, count: int, seed: int) -> list[Task]:
-        from coevolve.services.learner.warm_start import OVERSAMPLE, warm_start_tasks
+        from coevolve.services.learner.warm_start import (
+            OVERSAMPLE,
+            demonstration_origin,
+            warm_start_tasks,
+        )
 
         settings = self.config.warm_start
-        sampled: list[Task] = await pool.sample(OVERSAMPLE * count, mix={"seed": 1.0}, seed=seed)
+        origin = demonstration_origin(self.settings.labels)
+        sampled: list[Task] = await pool.sample(OVERSAMPLE * count, mix={origin: 1.0}, seed=seed)
         return warm_start_tasks(sampled, settings, count)
 
     async def _announce_if_newer(self) -> None:

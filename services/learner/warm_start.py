@@ -21,7 +21,7 @@ from coevolve.services.learner.sft import (
     warm_start,
 )
 from coevolve.shared.demonstrations import SftExample
-from coevolve.shared.messages import Task
+from coevolve.shared.messages import Origin, Task
 from coevolve.shared.policy import LoadedPolicy
 
 if TYPE_CHECKING:
@@ -32,6 +32,12 @@ if TYPE_CHECKING:
 OVERSAMPLE = 4
 # the pool sample the demonstrations are drawn from (the warm start's is seed 0)
 DEMONSTRATIONS_SEED = 1
+
+
+def demonstration_origin(labels: str) -> Origin:
+    """Whose calls the warm start and the replay imitate: the labelled train split's
+    (origin "seed"), or with no labels D0's validated calls (origin "explored")."""
+    return "seed" if labels == "bfcl" else "explored"
 
 
 def warm_start_tasks(

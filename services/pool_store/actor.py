@@ -21,12 +21,14 @@ from coevolve.services.pool_store.handler import (
     RequestRefused,
     add_tasks,
     answer,
+    labelled_tasks_in,
     record_verdict,
     rollout_jobs,
     seed_tasks_for,
+    unlabelled_seed,
 )
 from coevolve.services.pool_store.store import PoolStore
-from coevolve.shared.config import Settings
+from coevolve.shared.config import ConfigError, Settings
 from coevolve.shared.messages import (
     AddTasks,
     Message,
@@ -68,9 +70,28 @@ class PoolStoreActor(Actor):
         self.store = await anyio.to_thread.run_sync(open_store)
         log.info("sampling tasks with the %s sampler", self.config.sampling.sampler)
         stats = await self._db(self.store.stats)
-        if sum(stats.tasks_by_origin.values()) == 0:
+        if self.settings.labels == "none":
+            await self._seed_unlabelled(sum(stats.tasks_by_origin.values()) == 0)
+        elif sum(stats.tasks_by_origin.values()) == 0:
             for environment in self.config.seed_environments:
                 await self._seed(environment)
+
+    async def _seed_unlabelled(self, empty: bool) -> None:
+        """A run with no labels: an empty pool starts from D0; a pool that holds labelled
+        tasks (a run directory of a labelled run) is refused."""
+        assert self.store is not None
+        labelled = await self._db(labelled_tasks_in, self.store)
+        if labelled:
+            raise ConfigError(
+                f"labels: none, but the pool in {self.settings.run_dir} holds {labelled} "
+                "labelled tasks: start the run in a fresh run directory"
+            )
+        if not empty:
+            return
+        path = self.settings.d0.path(self.settings.run_dir)
+        tasks = await anyio.to_thread.run_sync(unlabelled_seed, path)
+        added, _ = await self._db(self.store.add_tasks, tasks)
+        log.info("seeded %d tasks from D0 (%s), no labelled task", len(added), path)
 
     async def _seed(self, environment: str) -> None:
         assert self.store is not None

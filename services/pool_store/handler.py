@@ -5,7 +5,9 @@ Every function here runs in one worker thread at a time (the store is not thread
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 from coevolve.services.pool_store.config import PoolStoreConfig
 from coevolve.services.pool_store.store import PoolStore
@@ -29,6 +31,9 @@ from coevolve.shared.messages import (
     derived_id,
 )
 from coevolve.shared.runtime.subjects import POOL_ADD
+from coevolve.shared.task_sets import D0Error, load_d0
+
+log = logging.getLogger(__name__)
 
 MAX_BATCH = 10_000
 
@@ -120,3 +125,32 @@ def seed_tasks_for(
         except ValueError as exc:
             raise ConfigError(f"services.pool_store.seed_grains: {exc}") from exc
     raise ConfigError(f"services.pool_store.seed_environments: no seed tasks for {environment!r}")
+
+
+def unlabelled_seed(path: Path) -> list[Task]:
+    """The pool of a run with no labels: D0's tasks from the file at ``path``. For BFCL, a
+    task that asks one of the dataset's own user turns is left out (it would carry a
+    label into training). ConfigError when the file is missing or damaged."""
+    try:
+        d0 = load_d0(path)
+    except D0Error as exc:
+        raise ConfigError(f"labels: none: {exc}") from exc
+    tasks = d0.tasks
+    if d0.environment == "bfcl":
+        from coevolve.shared.envs.bfcl.tasks import labelled_turns, normalized_turn
+
+        labelled = labelled_turns()
+        kept = [
+            task
+            for task in tasks
+            if not any(normalized_turn(turn) in labelled for turn in task.user_turns)
+        ]
+        if len(kept) < len(tasks):
+            log.warning("D0: left out %d tasks that ask a BFCL user turn", len(tasks) - len(kept))
+        tasks = kept
+    return tasks
+
+
+def labelled_tasks_in(store: PoolStore) -> int:
+    """How many tasks of the pool came from a labelled dataset (origin "seed")."""
+    return store.stats().tasks_by_origin.get("seed", 0)
