@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Annotated
@@ -41,6 +42,13 @@ def build_d0(settings: Settings, out: Path, echo: bool = True) -> D0File:
     from coevolve.schedules.discovery import run_discovery
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    log_file = settings.path("logs", "discover.log")
+    handler = logging.FileHandler(log_file)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(os.environ.get("COEVOLVE_LOG_LEVEL", "INFO"))
+    if echo:
+        typer.echo(f"[d0] details (rewrites, drops, verdicts): {log_file}", err=True)
 
     def progress(line: str) -> None:
         if echo:
@@ -51,6 +59,9 @@ def build_d0(settings: Settings, out: Path, echo: bool = True) -> D0File:
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
 
 
 def ensure_d0(settings: Settings) -> Path:

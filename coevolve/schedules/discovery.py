@@ -50,6 +50,7 @@ class ExplorationRecord(msgspec.Struct, kw_only=True):
     outcome: str
     candidates: int = 0
     dropped: list[str] = msgspec.field(default_factory=list)
+    dropped_details: list[str] = msgspec.field(default_factory=list)  # clipped, per drop
     verdicts: list[str] = msgspec.field(default_factory=list)
     accepted: list[Task] = msgspec.field(default_factory=list)
     seconds: float = 0.0
@@ -136,6 +137,7 @@ async def explore_once(
         abstraction = await abstract(explored.exploration, abstractor)
         record.candidates = len(abstraction.candidates)
         record.dropped = [reason for reason, _ in abstraction.dropped]
+        record.dropped_details = [detail[:300] for _, detail in abstraction.dropped]
         for candidate in abstraction.candidates:
             judged = await judge_candidate(candidate, judge)
             record.verdicts.append(judged.outcome)
