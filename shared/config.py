@@ -124,6 +124,10 @@ class D0Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # exploration rounds per start state (each a fresh environment)
     rounds: int = 1
     seed: int = 0
+    # the local model of the LLM roles while D0 is built (nothing else runs then, so a
+    # larger one is affordable: it yields more accepted tasks a minute, docs/no-labels.md);
+    # null: the llm section's model
+    role_model: str | None = "qwen2.5-coder-1.5b-instruct"
 
     def __post_init__(self) -> None:
         if self.tasks < 1 or self.max_explorations < 1 or self.rounds < 1:

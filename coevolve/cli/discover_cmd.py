@@ -13,6 +13,7 @@ import typer
 
 from coevolve.cli.options import ConfigOption, JsonOption, RunDirOption, settings_from
 from coevolve.shared.config import Settings
+from coevolve.shared.llm import LLMServerError, LLMUnavailable
 from coevolve.shared.task_sets import D0Error, D0File, load_d0
 
 
@@ -58,6 +59,13 @@ def build_d0(settings: Settings, out: Path, echo: bool = True) -> D0File:
         return run_discovery(settings, out, progress)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    except (LLMServerError, LLMUnavailable) as exc:
+        typer.echo(
+            f"error: the LLM roles are unavailable: {exc}\n(D0 is built with d0.role_model "
+            f"{settings.d0.role_model!r}; set it to null to use the llm section's model)",
+            err=True,
+        )
         raise typer.Exit(1) from exc
     finally:
         logging.getLogger().removeHandler(handler)

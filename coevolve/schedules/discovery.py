@@ -11,6 +11,7 @@ appended to ``<out>.partial.jsonl``; an interrupted build resumes from it.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import random
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
@@ -84,6 +86,14 @@ def world_starts(settings: Settings) -> tuple[list[Task], list[str] | None]:
     from coevolve.shared.envs.bfcl.tasks import in_world
 
     return [task for task in starts if in_world(task, classes)], list(classes)
+
+
+def build_llm_section(settings: Settings) -> dict[str, Any]:
+    """The ``llm`` section with the local server's model set to ``d0.role_model``."""
+    section = copy.deepcopy(settings.services.get("llm") or {})
+    if settings.d0.role_model is not None:
+        section.setdefault("server", {})["model"] = settings.d0.role_model
+    return section
 
 
 def start_order(starts: list[Task], count: int, seed: int) -> list[Task]:
@@ -163,7 +173,7 @@ async def discover(
     records = read_partial(partial)
     done = {record.index for record in records}
     accepted = AcceptedTasks([task for record in records for task in record.accepted])
-    llm = RoleClients.from_section(settings.services.get("llm"), settings.run_dir)
+    llm = RoleClients.from_section(build_llm_section(settings), settings.run_dir)
     abstractor_config = settings.section("abstractor", AbstractorConfig)
     explorer = ExplorerDeps(
         summarizer=llm["summarizer"],

