@@ -304,10 +304,15 @@ class Signal(Message):
 
 
 class ExplorationRequest(Message):
-    """Ask for unguided exploration from a train-split state (seed mode / baseline)."""
+    """Ask for unguided exploration from a train-split state (seed mode / baseline).
+    ``covered``: calls the task set already has (``name(arg=value)``), for the explorer
+    to go beyond."""
 
     task: Task
     rounds: Annotated[int, msgspec.Meta(ge=1, le=100)] = 1
+    covered: Annotated[list[str], msgspec.Meta(max_length=200)] = msgspec.field(
+        default_factory=list
+    )
 
 
 class Exploration(Message):

@@ -37,7 +37,7 @@ from coevolve.shared.config import Settings
 from coevolve.shared.envs import start_tasks
 from coevolve.shared.llm import RoleClients
 from coevolve.shared.llm.server import MODEL_ENV
-from coevolve.shared.messages import ExplorationRequest, PoolStats, Task, derived_id
+from coevolve.shared.messages import ExplorationRequest, PoolStats, Task, ToolCall, derived_id
 from coevolve.shared.structured import RejectionCounter
 from coevolve.shared.task_sets import D0Build, D0File, write_d0
 
@@ -126,20 +126,33 @@ def partial_path(out: Path) -> Path:
     return out.with_name(out.name + ".partial.jsonl")
 
 
+def call_text(call: ToolCall) -> str:
+    arguments = ", ".join(f"{name}={value!r}" for name, value in call.arguments.items())
+    return f"{call.name}({arguments})"
+
+
+def calls_of(task: Task) -> str:
+    """The task's calls as one line: two tasks with the same line teach the same thing."""
+    return "; ".join(call_text(call) for turn in task.ground_truth for call in turn)
+
+
 async def explore_once(
     index: int,
     start: Task,
     settings: Settings,
-    explorer: ExplorerDeps,
-    abstractor: AbstractorDeps,
-    judge: JudgeDeps,
+    deps: tuple[ExplorerDeps, AbstractorDeps, JudgeDeps],
+    covered: list[str],
 ) -> ExplorationRecord:
-    """One unguided exploration from ``start``, abstracted and judged."""
+    """One unguided exploration from ``start`` told which calls D0 ``covered`` already,
+    abstracted and judged; a candidate making exactly covered calls is dropped unjudged
+    (``duplicate_calls``)."""
+    explorer, abstractor, judge = deps
     began = time.monotonic()
     request = ExplorationRequest(
         id=derived_id("d0", settings.d0.seed, index, start.id),
         task=start,
         rounds=settings.d0.rounds,
+        covered=covered,
     )
     explored = await explore_request(request, explorer)
     record = ExplorationRecord(index=index, start_id=start.id, outcome=explored.outcome)
@@ -149,6 +162,10 @@ async def explore_once(
         record.dropped = [reason for reason, _ in abstraction.dropped]
         record.dropped_details = [detail[:300] for _, detail in abstraction.dropped]
         for candidate in abstraction.candidates:
+            if calls_of(candidate.task) in covered:
+                record.dropped.append("duplicate_calls")
+                record.dropped_details.append(calls_of(candidate.task)[:300])
+                continue
             judged = await judge_candidate(candidate, judge)
             record.verdicts.append(judged.outcome)
             if judged.verdict.accepted:
@@ -206,7 +223,10 @@ async def discover(
                 break
             if index in done:
                 continue
-            record = await explore_once(index, start, settings, explorer, abstractor, judge)
+            covered = [calls_of(task) for task in accepted.tasks]
+            record = await explore_once(
+                index, start, settings, (explorer, abstractor, judge), covered
+            )
             with partial.open("ab") as handle:
                 handle.write(msgspec.json.encode(record) + b"\n")
             records.append(record)

@@ -138,7 +138,7 @@ async def explore_request(request: ExplorationRequest, deps: ExplorerDeps) -> Ex
         exploration_id=derived_id("exploration", request.id),
         mode="unguided",
         task=request.task,
-        goal=unguided_goal(request.task),
+        goal=unguided_goal(request.task, request.covered),
         rounds=max(1, min(request.rounds, deps.config.max_request_rounds)),
         context=None,
         signal=None,

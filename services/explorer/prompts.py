@@ -302,6 +302,14 @@ Context of the uncertain episode:
 Concentrate on making the right action evident from the state.""",
 }
 
+# the covered calls an unguided goal names at most (the most recent)
+COVERED_CALLS = 24
+COVERED_NOTE = (
+    "These calls are known already: do not spend the exploration on them. Prefer operations"
+    " not listed, above all ones that change the state, with argument values taken from"
+    " what the environment holds:"
+)
+
 UNGUIDED_GOAL = """Exploration goal: learn what this environment can do.
 No feedback about the agent exists yet. In this exploration:
 1. Inspect the current state first.
@@ -397,8 +405,14 @@ def aimed_goal(
     )
 
 
-def unguided_goal(task: Task) -> str:
-    return UNGUIDED_GOAL.format(scenario=render_task(task) or render_start_state(task))
+def unguided_goal(task: Task, covered: Sequence[str] = ()) -> str:
+    """The unguided goal from ``task``'s state; ``covered`` calls are named as known
+    already, so the exploration looks for other operations."""
+    goal = UNGUIDED_GOAL.format(scenario=render_task(task) or render_start_state(task))
+    if not covered:
+        return goal
+    listed = "\n".join(f"- {clip(call, 120)}" for call in covered[-COVERED_CALLS:])
+    return f"{goal}\n\n{COVERED_NOTE}\n{listed}"
 
 
 def render_start_state(task: Task, max_chars: int = STATE_CHARS) -> str:
