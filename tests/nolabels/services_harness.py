@@ -11,7 +11,7 @@ from coevolve.services.learner.actor import LearnerActor
 from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.services.rollout.actor import RolloutActor
 from coevolve.shared.config import Settings
-from coevolve.shared.messages import PoolStats
+from coevolve.shared.messages import PoolStats, Task
 from coevolve.shared.policy_sync import latest_policy
 from coevolve.shared.pool_client import PoolClient
 from coevolve.shared.runtime.actor import ActorRunner
@@ -27,6 +27,7 @@ class FirstSteps:
     announced_version: int
     learner: LearnerActor
     pool: PoolStats  # once a rollout group was recorded
+    tasks: list[Task]  # the pool's tasks then (a sample of up to 1,000)
 
 
 async def until_first_group(settings: Settings, demo_tasks: int) -> FirstSteps:
@@ -54,9 +55,10 @@ async def until_first_group(settings: Settings, demo_tasks: int) -> FirstSteps:
 
         await wait_until(rolled_out, 300, "a rollout result in the pool")
         stats = await pool.stats()
+        tasks = await pool.sample(1000, seed=0)
         for runner in runners:
             runner.request_stop()
         tg.cancel_scope.cancel()
     await bus.close()
     assert announced is not None
-    return FirstSteps(announced.version, learner, stats)
+    return FirstSteps(announced.version, learner, stats, tasks)
