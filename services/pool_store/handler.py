@@ -9,6 +9,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgspec
+
 from coevolve.services.pool_store.config import PoolStoreConfig
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.config import ConfigError
@@ -128,14 +130,19 @@ def seed_tasks_for(
 
 
 def unlabelled_seed(path: Path) -> list[Task]:
-    """The pool of a run with no labels: D0's tasks from the file at ``path``. For BFCL, a
+    """The pool of a run with no labels: D0's tasks from the file at ``path``, at depth 0
+    (``explorer.max_parent_depth`` counts generations from them). For BFCL, a
     task that asks one of the dataset's own user turns is left out (it would carry a
     label into training). ConfigError when the file is missing or damaged."""
     try:
         d0 = load_d0(path)
     except D0Error as exc:
         raise ConfigError(f"labels: none: {exc}") from exc
-    tasks = d0.tasks
+    # D0's tasks are the run's seed tasks: synthesis generations count from them
+    tasks = [
+        msgspec.structs.replace(task, lineage=msgspec.structs.replace(task.lineage, depth=0))
+        for task in d0.tasks
+    ]
     if d0.environment == "bfcl":
         from coevolve.shared.envs.bfcl.tasks import labelled_turns, normalized_turn
 

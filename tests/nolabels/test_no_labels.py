@@ -13,7 +13,7 @@ import anyio
 import msgspec
 import pytest
 
-from coevolve.schedules.discovery import calls_of
+from coevolve.schedules.discovery import build_llm_section, calls_of
 from coevolve.services.explorer.prompts import COVERED_NOTE, unguided_goal
 from coevolve.services.learner.config import WarmStartConfig
 from coevolve.services.learner.warm_start import demonstration_origin, warm_start_tasks
@@ -106,6 +106,8 @@ def test_pool_store_seeds_d0_alone_and_refuses_a_labelled_pool(
     assert {k: n for k, n in stats.tasks_by_origin.items() if n} == {"explored": len(d0.tasks)}
     assert {t.id for t in pool} == {t.id for t in d0.tasks}
     assert all(carries_labels(task) == [] for task in pool)
+    # D0 is the run's seed set: the explorer (max_parent_depth 0) explores its signals
+    assert all(task.lineage.depth == 0 for task in pool)
     # the warm start and the replay imitate D0's validated calls
     origin = demonstration_origin(settings.labels)
     chosen = warm_start_tasks(pool, WarmStartConfig(tasks=8))
@@ -173,3 +175,13 @@ def test_the_explorer_is_told_which_calls_d0_covers_already(committed_d0: Path) 
     twin = msgspec.structs.replace(d0.tasks[0], user_turns=["Something else entirely."])
     other = next(task for task in d0.tasks if task.ground_truth != d0.tasks[0].ground_truth)
     assert calls_of(twin) == calls_of(d0.tasks[0]) and calls_of(twin) != calls_of(other)
+
+
+def test_d0_is_built_with_its_own_role_model_unless_set_to_null(tmp_path: Path) -> None:
+    settings = load_settings(run_dir=str(tmp_path / "run"))
+    settings.services["llm"] = {"server": {"model": "qwen2.5-coder-0.5b-instruct", "n_ctx": 4096}}
+    section = build_llm_section(settings)
+    assert section["server"] == {"model": "qwen2.5-coder-1.5b-instruct", "n_ctx": 4096}
+    assert settings.services["llm"]["server"]["model"] == "qwen2.5-coder-0.5b-instruct"
+    settings.d0.role_model = None
+    assert build_llm_section(settings)["server"]["model"] == "qwen2.5-coder-0.5b-instruct"
