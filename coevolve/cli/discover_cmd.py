@@ -18,7 +18,7 @@ from coevolve.shared.task_sets import D0Error, D0File, load_d0
 
 
 def d0_summary(d0: D0File, path: Path) -> dict[str, object]:
-    build = d0.build
+    """The file's identity and the build's counts, as ``--json`` prints them."""
     return {
         "file": str(path),
         "sha256": d0.sha256,
@@ -27,14 +27,8 @@ def d0_summary(d0: D0File, path: Path) -> dict[str, object]:
         "role_model": d0.role_model,
         "code_version": d0.code_version,
         "tasks": len(d0.tasks),
-        "minutes": build.minutes,
-        "explorations": build.explorations,
         "explorations_per_task": d0.explorations_per_task,
-        "candidates": build.candidates,
-        "ended_by": build.ended_by,
-        "explorations_by_outcome": build.explorations_by_outcome,
-        "dropped_by_reason": build.dropped_by_reason,
-        "verdicts_by_outcome": build.verdicts_by_outcome,
+        **msgspec.to_builtins(d0.build),
     }
 
 

@@ -12,6 +12,7 @@ from coevolve.shared.envs.bfcl.tasks import (
     MULTI_TURN_CATEGORIES,
     labelled_turns,
     load_tasks,
+    normalized_turn,
 )
 from coevolve.shared.messages import Task, ToolCall
 
@@ -38,7 +39,7 @@ def labelled_call_sequences(min_calls: int = 2) -> set[tuple[tuple[str, str], ..
 
 def carries_labels(task: Task) -> list[str]:
     """What of BFCL's labels ``task`` carries (empty: nothing)."""
-    found = [turn for turn in task.user_turns if " ".join(turn.split()).lower() in labelled_turns()]
+    found = [turn for turn in task.user_turns if normalized_turn(turn) in labelled_turns()]
     sequences = labelled_call_sequences()
     found += [str(turn) for turn in task.ground_truth if call_key(turn) in sequences]
     found += [
