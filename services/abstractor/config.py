@@ -11,7 +11,7 @@ SimilarityBackend = Literal["auto", "embedding", "ngram"]
 
 class AbstractorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # candidates per exploration: one per round with calls that replay (call_units.py)
-    max_tasks: int = 2
+    max_tasks: int = 3
     max_tokens: int = 300
     # a request written as code, too short, or leaving out a value its calls need is asked
     # for again this many times, with the reason; then the unit is dropped as
@@ -21,6 +21,9 @@ class AbstractorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     # instead of asking for the request again: a template no user says, which the judge
     # refuses; kept for comparison with runs before 2026-11-29
     complete_values: bool = False
+    # the request's JSON schema holds a pattern that writes every value the calls need
+    # (prompts.values_pattern): constrained decoding cannot leave one out
+    constrain_values: bool = True
     dedup_threshold: float = 0.7
     dedup_backend: SimilarityBackend = "ngram"
     dedup_refresh_s: float = 120.0

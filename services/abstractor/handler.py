@@ -279,13 +279,15 @@ async def write_request(
     messages = request_messages(exploration, unit, tools, conversation)
     known = tool_names(tools)
     context = "\n".join(m.content for m in conversation)
+    needed = [value for _, value in unstated_values("", unit.calls, unit.observations, context)]
+    schema = request_schema(needed if config.constrain_values else ())
     rewrites = 0
     while True:
         draft = await ask_structured(
             llm,
             messages,
             RequestDraft,
-            schema=request_schema(),
+            schema=schema,
             max_tokens=config.max_tokens,
             temperature=llm.settings.temperature,
             counter=counter,

@@ -8,8 +8,10 @@ function schemas (``function_call_schema``), the call goes through the tool-call
 its observation). An unusable answer is a counted rejection that uses up the step; it
 never ends the exploration early. A call that already failed in the round is not run
 again: the model is asked once more, and a second repeat is a ``repeated_call``
-rejection. :class:`~coevolve.shared.llm.LLMUnavailable` propagates: the caller retries the
-whole exploration later.
+rejection. Likewise a round's first call that repeats, with the same arguments, an
+earlier round's first call: later rounds are variants with other values (a call without
+arguments cannot vary and may repeat). :class:`~coevolve.shared.llm.LLMUnavailable`
+propagates: the caller retries the whole exploration later.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ async def next_action(
             return outcome
         repeated = outcome.name
         temperature += REPEAT_TEMPERATURE_BOOST
-    return Rejection("repeated_call", f"{repeated} failed before in this round")
+    return Rejection("repeated_call", f"{repeated} repeats a call this round must not make")
 
 
 async def explore_round(
@@ -119,13 +121,15 @@ async def explore_round(
     counter: RejectionCounter,
     stats: ExplorationStats,
     first_functions: Sequence[str] = (),
+    tried: Sequence[ToolCall] = (),
 ) -> ExplorationRound:
     """One round of at most ``config.max_steps`` actions from the task's initial state.
 
     With ``first_functions`` (the functions the policy got wrong), the round's first call
     (the first step that makes one) is constrained to those of them the environment
     offers, so every round tries one of them; later steps may call any function (a
-    lookup, a call that uses what the first returned)."""
+    lookup, a call that uses what the first returned). ``tried``: earlier rounds' first
+    calls, which this round's first call must not repeat when they take arguments."""
     environment = make_env()
     schemas = _SchemaCache()
     try:
@@ -141,8 +145,13 @@ async def explore_round(
             if not steps and first_functions:
                 wanted = set(first_functions)
                 offered = [t for t in tools if t.get("function", t).get("name") in wanted] or tools
-            messages = exploration_messages(tools, goal, shown, failed=sorted(failed_calls))
-            outcome = await next_action(llm, messages, schemas.get(offered), config, failed_calls)
+            first = not steps
+            earlier = [call_json(call) for call in tried if call.arguments] if first else []
+            messages = exploration_messages(
+                tools, goal, shown, failed=sorted(failed_calls), tried=earlier
+            )
+            avoid = failed_calls | set(earlier)
+            outcome = await next_action(llm, messages, schemas.get(offered), config, avoid)
             counter.record(outcome)
             if isinstance(outcome, Rejection):
                 stats.rejections.append(outcome)
@@ -189,11 +198,16 @@ async def explore(
     rounds: int | None = None,
     first_functions: Sequence[str] = (),
 ) -> tuple[list[ExplorationRound], ExplorationStats]:
-    """``rounds`` (default ``config.rounds``) independent rounds, each in a fresh
-    environment, each first calling one of ``first_functions`` when given."""
+    """``rounds`` (default ``config.rounds``) rounds, each in a fresh environment; with
+    ``first_functions``, each first calls one of them, with other values than the rounds
+    before it."""
     stats = ExplorationStats()
-    done = [
-        await explore_round(llm, make_env, task, goal, config, counter, stats, first_functions)
-        for _ in range(config.rounds if rounds is None else rounds)
-    ]
+    done: list[ExplorationRound] = []
+    for _ in range(config.rounds if rounds is None else rounds):
+        tried = [r.steps[0].action for r in done if r.steps] if first_functions else []
+        done.append(
+            await explore_round(
+                llm, make_env, task, goal, config, counter, stats, first_functions, tried
+            )
+        )
     return done, stats

@@ -74,8 +74,9 @@ class Explored:
 
 
 async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
-    """The summarizer's context for ``signal``, then ``rounds`` guided rounds from its task,
-    aimed at what its trajectory got wrong (``shared/failures.py``).
+    """The summarizer's context for ``signal`` (for an aimed signal only with
+    ``summarize_aimed``), then ``rounds`` guided rounds from its task, aimed at what its
+    trajectory got wrong (``shared/failures.py``).
 
     A signal whose trajectory got no ground-truth call wrong (with ``require_failure``),
     or whose task is too many generations from a seed task, is not explored. Without a
@@ -88,13 +89,17 @@ async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
     failed = failed_calls(signal.task, signal.trajectory)
     if config.require_failure and not failed:
         return Explored(None, "nothing_failed", ExplorationStats())
-    with deps.tracer.start_as_current_span(
-        "explorer summarize", attributes={"coevolve.detail": signal.kind}
-    ):
-        summary = await summarize_signal(
-            deps.summarizer, signal, config.summary_max_tokens, deps.summaries, failed
-        )
-    if isinstance(summary, Rejection):
+    summary: ExplorationContext | Rejection | None = None
+    if not failed or config.summarize_aimed:
+        with deps.tracer.start_as_current_span(
+            "explorer summarize", attributes={"coevolve.detail": signal.kind}
+        ):
+            summary = await summarize_signal(
+                deps.summarizer, signal, config.summary_max_tokens, deps.summaries, failed
+            )
+    if summary is None:
+        context, rejection = None, None
+    elif isinstance(summary, Rejection):
         if config.on_context_rejection == "drop":
             return Explored(None, "dropped_without_context", ExplorationStats(), summary)
         context, rejection = None, summary

@@ -429,12 +429,14 @@ def exploration_messages(
     steps: Sequence[tuple[str, str]] = (),
     max_history: int = HISTORY_STEPS,
     failed: Sequence[str] = (),
+    tried: Sequence[str] = (),
 ) -> ChatMessages:
     """The explorer's prompt for its next action.
 
     ``steps`` are the (action JSON, observation) pairs of this round so far; only the last
     ``max_history`` stay verbatim, older ones are counted so the model knows they happened.
-    ``failed`` are the action JSONs that failed this round, named as not to be repeated.
+    ``failed`` are the action JSONs that failed this round, named as not to be repeated;
+    ``tried`` the first calls of earlier rounds, named so this round varies their values.
     """
     messages: ChatMessages = [
         {"role": "system", "content": exploration_system_prompt(tools)},
@@ -454,6 +456,11 @@ def exploration_messages(
     if failed:
         note = "These calls failed in this round; do not repeat them, try another function or "
         note += "other arguments:\n" + "\n".join(failed)
+        last = messages[-1]
+        last["content"] = f"{last['content']}\n\n{note}"
+    if tried:
+        note = "Earlier rounds already made these calls; make yours with other argument "
+        note += "values:\n" + "\n".join(tried)
         last = messages[-1]
         last["content"] = f"{last['content']}\n\n{note}"
     return messages

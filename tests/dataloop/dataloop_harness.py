@@ -196,8 +196,8 @@ class WellFormedBrain:
             return {"description": "The explored task again.", "request": self.parent.user_turns[0]}
         if kind == "malformed":
             return {"description": "A function name.", "request": "mkdir"}
-        folder = re.search(r'dir_name = "([^"]+)"', text)
-        file = re.search(r'file_name = "([^"]+)"', text)
+        folder = re.search(r"with dir name ([\w.]+?)\.?(?:,|\s|$)", text)
+        file = re.search(r"with file name ([\w.]+?)\.?(?:,|\s|$)", text)
         if kind == "code":
             name = folder.group(1) if folder else "x"
             return {
@@ -231,13 +231,14 @@ class WellFormedBrain:
 
 def serve_data_loop(settings: Settings, brain: Brain, **abstractor: object) -> RoleFakeLLM:
     """Start ``brain`` behind a fake remote LLM and set the data loop's services up for it:
-    a pool with whole entries, one short exploration round, the judge's LLM role on;
+    a pool with whole entries, one short exploration round with the summarizer's context,
+    the judge's LLM role on;
     ``abstractor`` adds to (or overrides) its section."""
     fake = RoleFakeLLM(brain).start()
     settings.services.update(
         llm=fake.llm_section(),
         pool_store=POOL_WITH_ENTRIES,
-        explorer={"rounds": 1, "max_steps": 2},
+        explorer={"rounds": 1, "max_steps": 2, "summarize_aimed": True},
         abstractor={"leak_backend": "ngram", **abstractor},
         judge={"llm_judge": True},  # these tests cover the judge role's path too
     )

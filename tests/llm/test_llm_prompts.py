@@ -19,6 +19,7 @@ from coevolve.services.abstractor.prompts import (
     request_problems,
     request_schema,
     unit_task,
+    values_pattern,
 )
 from coevolve.services.explorer.prompts import (
     CONTEXT_SCHEMA,
@@ -262,14 +263,35 @@ def test_request_schema_holds_a_request_and_nothing_else() -> None:
     assert not _is_grammar_accept_string(grammar(schema), too_long)
 
 
+def test_a_request_schema_with_values_accepts_only_requests_that_write_them() -> None:
+    schema = request_schema(["AAPL", 210.65, 10])
+
+    def accepts(request: str) -> bool:
+        draft = RequestDraft(description="Buy shares.", request=request)
+        return _is_grammar_accept_string(grammar(schema), compact(draft))
+
+    assert accepts("Please buy 10 shares of aapl at 210.65 each.")
+    assert accepts("At 210.65 a share, get me 10 of AAPL")
+    assert not accepts("Please buy some shares of AAPL at 210.65 each.")  # no 10
+    assert not accepts("Buy 10 shares at 210.65.")  # no symbol
+    # a value JSON must escape is not required; the others still are
+    assert values_pattern(['say "hi"', "USR005"]) == values_pattern(["USR005"])
+    assert _is_grammar_accept_string(
+        grammar(request_schema(["USR005", "See you at noon?"])),
+        compact(RequestDraft(description="d", request="Tell USR005: see you at noon? Thanks.")),
+    )
+
+
 def test_request_prompt_shows_the_calls_their_functions_and_results(
     bfcl: tuple[Task, list[Any]],
 ) -> None:
     task, tools = bfcl
     user = request_messages(exploration_of(task), UNIT, tools)[1]["content"]
-    assert "1. It does: " in user and '   arguments: folder = "documents"' in user
-    assert '   returned: {"current_working_directory": "documents"}' in user
-    assert "2. It does: " in user and 'file_name = "a.txt"' in user
+    assert "1. " in user and ", with folder documents." in user
+    assert '   (the assistant then sees {"current_working_directory": "documents"})' in user
+    assert "2. " in user and ", with file name a.txt." in user
+    # no label before a colon for the model to copy into the request
+    assert "arguments:" not in user and "It does:" not in user
     assert f"- {task.user_turns[0]}" in user
     assert 'never a function name, code, JSON, a log line, or a list of "name: value"' in user
     # with the conversation before the request: its messages, and how its user spoke
@@ -282,8 +304,11 @@ def test_request_prompt_shows_the_calls_their_functions_and_results(
     assert "user: Move into my documents folder.\nassistant (did): cd\ntool: {" in continued
     assert f"(At this point the user once said: {task.user_turns[0]!r})" in continued
     # identifiers are shown as words, so the request has none to copy
-    assert describe_call(1, "place_order", {"symbol": "AAPL"}, None).startswith(
-        "1. It does: place order"
+    assert describe_call(1, "place_order", {"symbol": "AAPL"}, None) == (
+        "1. place order, with symbol AAPL."
+    )
+    assert "with message 'See you at noon'" in describe_call(
+        1, "send_message", {"message": "See you at noon"}, None
     )
 
 

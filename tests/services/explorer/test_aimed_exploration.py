@@ -92,14 +92,16 @@ def test_the_policys_calls_are_those_after_the_replayed_prefix() -> None:
     assert failed_calls(task, solved) == []
 
 
-def explore(endpoint: FakeOpenAI, signal: Signal, replies: list[Any]) -> Explored:
+def explore(
+    endpoint: FakeOpenAI, signal: Signal, replies: list[Any], summarize_aimed: bool = False
+) -> Explored:
     endpoint.reply(*(completion(json.dumps(reply)) for reply in replies))
     section = {"default": {"base_url": endpoint.base_url, "model": "m", "temperature": 0.7}}
     clients = RoleClients(role_settings(section))
     deps = ExplorerDeps(
         summarizer=clients["summarizer"],
         explorer=clients["explorer"],
-        config=ExplorerConfig(max_steps=1, record=None),
+        config=ExplorerConfig(max_steps=1, rounds=1, record=None, summarize_aimed=summarize_aimed),
         summaries=RejectionCounter(),
         actions=RejectionCounter(),
     )
@@ -132,7 +134,7 @@ def test_the_explorer_sees_the_conversation_and_the_failing_call_and_calls_it_fi
     wrong = call("get_watchlist")
     signal = signal_of(task, failed_trajectory(task, [wrong]))
     action = {"name": expected.name, "arguments": expected.arguments}
-    explored = explore(endpoint, signal, [SUMMARY, action])
+    explored = explore(endpoint, signal, [SUMMARY, action], summarize_aimed=True)
     summarizer_prompt = endpoint.requests[0]["messages"][-1]["content"]
     assert expected.name in summarizer_prompt and "get_watchlist" in summarizer_prompt
     goal = endpoint.requests[1]["messages"][1]["content"]
@@ -146,6 +148,21 @@ def test_the_explorer_sees_the_conversation_and_the_failing_call_and_calls_it_fi
     assert explored.outcome == "explored" and explored.exploration is not None
     [failure] = explored.exploration.failed_calls
     assert failure.expected == expected and failure.problem == "wrong_function"
+
+
+def test_by_default_an_aimed_signal_is_explored_without_the_summarizer(
+    endpoint: FakeOpenAI,
+) -> None:
+    task = prefixed_turn()
+    expected = task.ground_truth[0][0]
+    signal = signal_of(task, failed_trajectory(task, [call("get_watchlist")]))
+    action = {"name": expected.name, "arguments": expected.arguments}
+    explored = explore(endpoint, signal, [action])
+    [request] = endpoint.requests
+    goal = request["messages"][1]["content"]
+    assert f"it called get_watchlist() where {expected.name}(" in goal
+    assert explored.outcome == "explored" and explored.exploration is not None
+    assert explored.exploration.context is None
 
 
 def test_signals_with_nothing_failed_or_too_deep_are_not_explored(endpoint: FakeOpenAI) -> None:

@@ -1,4 +1,5 @@
-"""The explorer does not run a call that already failed in its round.
+"""The explorer does not run a call that already failed in its round, and a round aimed
+at a failure varies the first call of the rounds before it.
 
 The model is the shared scripted OpenAI endpoint (the behaviour under test is the loop's,
 not a model's), reached over HTTP through the role's real client; the environment is the
@@ -33,13 +34,18 @@ def trading_task() -> Task:
 
 
 def run(
-    endpoint: FakeOpenAI, answers: Sequence[dict[str, Any]], task: Task, steps: int
+    endpoint: FakeOpenAI,
+    answers: Sequence[dict[str, Any]],
+    task: Task,
+    steps: int,
+    rounds: int = 1,
+    first_functions: Sequence[str] = (),
 ) -> tuple[Any, RejectionCounter]:
     endpoint.reply(*(completion(json.dumps(answer)) for answer in answers))
     section = {"default": {"base_url": endpoint.base_url, "model": "m", "temperature": 0.7}}
     clients = RoleClients(role_settings(section))
     counter = RejectionCounter()
-    config = ExplorerConfig(max_steps=steps, rounds=1)
+    config = ExplorerConfig(max_steps=steps, rounds=rounds)
 
     async def go() -> Any:
         try:
@@ -50,6 +56,7 @@ def run(
                 "Explore.",
                 config,
                 counter,
+                first_functions=first_functions,
             )
         finally:
             await clients.aclose()
@@ -87,3 +94,41 @@ def test_a_call_that_succeeded_may_be_made_again(endpoint: FakeOpenAI, trading_t
     (rounds, _), counter = run(endpoint, [WATCHLIST, WATCHLIST], trading_task, steps=2)
     assert [s.action.name for s in rounds[0].steps] == ["get_watchlist"] * 2
     assert len(endpoint.requests) == 2 and counter.accepted == 2
+
+
+NVDA = {"name": "get_stock_info", "arguments": {"symbol": "NVDA"}}
+AAPL = {"name": "get_stock_info", "arguments": {"symbol": "AAPL"}}
+
+
+def test_an_aimed_round_asks_again_for_an_earlier_rounds_first_call_with_its_values(
+    endpoint: FakeOpenAI, trading_task: Task
+) -> None:
+    (rounds, _), counter = run(
+        endpoint,
+        [NVDA, NVDA, AAPL],
+        trading_task,
+        steps=1,
+        rounds=2,
+        first_functions=["get_stock_info"],
+    )
+    assert [r.steps[0].action.arguments for r in rounds] == [{"symbol": "NVDA"}, {"symbol": "AAPL"}]
+    first_round_prompt = endpoint.requests[0]["messages"][-1]["content"]
+    second_round_prompt = endpoint.requests[1]["messages"][-1]["content"]
+    assert "Earlier rounds" not in first_round_prompt
+    assert "Earlier rounds" in second_round_prompt and '"symbol": "NVDA"' in second_round_prompt
+    assert counter.accepted == 2
+
+
+def test_a_first_call_without_arguments_may_repeat_across_aimed_rounds(
+    endpoint: FakeOpenAI, trading_task: Task
+) -> None:
+    (rounds, _), _ = run(
+        endpoint,
+        [WATCHLIST, WATCHLIST],
+        trading_task,
+        steps=1,
+        rounds=2,
+        first_functions=["get_watchlist"],
+    )
+    assert [r.steps[0].action.name for r in rounds] == ["get_watchlist"] * 2
+    assert len(endpoint.requests) == 2
