@@ -8,9 +8,9 @@ function schemas (``function_call_schema``), the call goes through the tool-call
 its observation). An unusable answer is a counted rejection that uses up the step; it
 never ends the exploration early. A call that already failed in the round is not run
 again: the model is asked once more, and a second repeat is a ``repeated_call``
-rejection. Likewise a round's first call that repeats, with the same arguments, an
-earlier round's first call: later rounds are variants with other values (a call without
-arguments cannot vary and may repeat). :class:`~coevolve.shared.llm.LLMUnavailable`
+rejection. A round's first call that repeats, with the same arguments, an earlier
+round's first call is asked for again once, warmer, then run: later rounds are variants
+with other values where the state has them. :class:`~coevolve.shared.llm.LLMUnavailable`
 propagates: the caller retries the whole exploration later.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,12 +91,16 @@ async def next_action(
     schema: dict[str, Any],
     config: ExplorerConfig,
     failed_calls: set[str],
+    tried: Set[str] = frozenset(),
 ) -> ToolCall | Rejection:
     """The model's next call; one that already failed this round is asked for again once,
     warmer (a small model copies its own failed call: three identical failures in a round
-    were common), and a second repeat is a ``repeated_call`` rejection, never run."""
+    were common), and a second repeat is a ``repeated_call`` rejection, never run. A call
+    of ``tried`` (an earlier round's first call) is asked for again once, warmer, and
+    then run: where the state offers one valid value (one order to cancel) a variant
+    cannot differ, and refusing it left rounds with no step at all."""
     temperature = llm.settings.temperature
-    for _ in range(2):
+    for attempt in range(2):
         outcome = await ask_structured(
             llm,
             messages,
@@ -105,11 +109,14 @@ async def next_action(
             max_tokens=config.action_max_tokens,
             temperature=temperature,
         )
-        if isinstance(outcome, Rejection) or call_json(outcome) not in failed_calls:
+        if isinstance(outcome, Rejection):
+            return outcome
+        key = call_json(outcome)
+        if key not in failed_calls and (key not in tried or attempt == 1):
             return outcome
         repeated = outcome.name
         temperature += REPEAT_TEMPERATURE_BOOST
-    return Rejection("repeated_call", f"{repeated} repeats a call this round must not make")
+    return Rejection("repeated_call", f"{repeated} failed before in this round")
 
 
 async def explore_round(
@@ -129,7 +136,7 @@ async def explore_round(
     (the first step that makes one) is constrained to those of them the environment
     offers, so every round tries one of them; later steps may call any function (a
     lookup, a call that uses what the first returned). ``tried``: earlier rounds' first
-    calls, which this round's first call must not repeat when they take arguments."""
+    calls, which this round's first call should not repeat when they take arguments."""
     environment = make_env()
     schemas = _SchemaCache()
     try:
@@ -150,8 +157,9 @@ async def explore_round(
             messages = exploration_messages(
                 tools, goal, shown, failed=sorted(failed_calls), tried=earlier
             )
-            avoid = failed_calls | set(earlier)
-            outcome = await next_action(llm, messages, schemas.get(offered), config, avoid)
+            outcome = await next_action(
+                llm, messages, schemas.get(offered), config, failed_calls, set(earlier)
+            )
             counter.record(outcome)
             if isinstance(outcome, Rejection):
                 stats.rejections.append(outcome)

@@ -119,6 +119,23 @@ def test_an_aimed_round_asks_again_for_an_earlier_rounds_first_call_with_its_val
     assert counter.accepted == 2
 
 
+def test_an_aimed_round_runs_the_earlier_first_call_when_asked_twice(
+    endpoint: FakeOpenAI, trading_task: Task
+) -> None:
+    # one valid value (one order to cancel): the variant cannot differ, the round goes on
+    (rounds, stats), _ = run(
+        endpoint,
+        [NVDA, NVDA, NVDA],
+        trading_task,
+        steps=1,
+        rounds=2,
+        first_functions=["get_stock_info"],
+    )
+    assert [r.steps[0].action.arguments for r in rounds] == [{"symbol": "NVDA"}] * 2
+    assert len(endpoint.requests) == 3 and not stats.rejections
+    assert endpoint.requests[2]["temperature"] > endpoint.requests[1]["temperature"]
+
+
 def test_a_first_call_without_arguments_may_repeat_across_aimed_rounds(
     endpoint: FakeOpenAI, trading_task: Task
 ) -> None:
