@@ -18,7 +18,13 @@ exploration requests paced by :class:`Pacer` to add as many tasks as the coevolv
 of the same seed did by the same minute. Every arm's learner adopts the committed warm
 start (``services.learner.warm_start.from_policy``, digest checked), so arms differ only
 from there, wherever they run. An arm ends after ``minutes``, or once its learner has
-taken ``steps`` steps (equal compute for the learner), whichever comes first.
+taken ``steps`` steps (equal compute for the learner), whichever comes first; with
+``steps``, an arm that the minutes ended first is kept but not pooled (aggregate.py).
+
+The setting is the base configuration's: ``labels: none`` (with ``d0.file``) trains
+every arm on discovered tasks alone, and the random arm then explores from the
+environment's initial states, never a labelled turn. Each result records its
+``setting`` (``no_labels`` or ``labelled``), ``arm``, ``seed`` and ``ended_by``.
 """
 
 from __future__ import annotations
@@ -83,12 +89,17 @@ PROGRESS_EVERY_MINUTES = 5.0
 
 
 def read_base_config(path: str | None) -> dict[str, Any]:
-    """The YAML configuration every run of an experiment starts from ({} for none)."""
+    """The YAML configuration every run of an experiment starts from ({} for none). A
+    relative ``d0.file`` is made absolute from the current directory: each arm's run
+    directory would otherwise be its base."""
     if path is None:
         return {}
     loaded = yaml.safe_load(Path(path).read_text()) or {}
     if not isinstance(loaded, dict):
         raise ValueError(f"{path} must hold a mapping")
+    d0 = loaded.get("d0")
+    if isinstance(d0, dict) and isinstance(d0.get("file"), str):
+        d0["file"] = str(Path(d0["file"]).expanduser().resolve())
     return loaded
 
 
@@ -114,6 +125,11 @@ class ExperimentSpec:
 
     def base_settings(self) -> dict[str, Any]:
         return read_base_config(self.base_config)
+
+    def setting(self) -> str:
+        """``no_labels`` when the runs train on discovered tasks alone (``labels: none``
+        in the base configuration), else ``labelled``."""
+        return "no_labels" if self.base_settings().get("labels") == "none" else "labelled"
 
     def world(self) -> list[str] | None:
         """The API classes the runs train in (``pool_store.seed_classes``; None: all)."""
@@ -426,6 +442,7 @@ async def control_arm(
     ``progress_every_minutes`` tell ``progress`` where the arm is."""
     live = ArmLive()
     world = spec.world()  # read once: the pacer's loop sends requests every few seconds
+    labelled = spec.setting() == "labelled"  # no labels: explore from initial states alone
     bus = await Bus.connect(run_bus_settings(run, url), name="experiment")
     rng = random.Random(seed)
     # policy v(N+1) is the one the learner publishes after its N-th step
@@ -480,7 +497,7 @@ async def control_arm(
                     due = pacer.requests_due(now)
                     if due:
                         draw = rng.randrange(1 << 30)
-                        tasks = choose_tasks(due, seed=draw, classes=world)
+                        tasks = choose_tasks(due, seed=draw, classes=world, labelled=labelled)
                         await publish_requests(bus, tasks, rounds=1)
                         live.requests_sent += due
                 next_mark = min([*marks[:1], spec.minutes])
@@ -696,6 +713,7 @@ def run_arm_until_end(
     marks = [(f"{m:g}", m, v) for m, v in sorted(live.mark_versions.items())]
     marks.append((END_MARK, live.end_minute, live.end_version))
     return {
+        "setting": spec.setting(),
         "arm": arm,
         "seed": seed,
         "minutes": spec.minutes,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,12 +64,14 @@ class MarkScore:
 
 @dataclass(frozen=True)
 class Results:
-    """The pooled arm x seed results, and those left out for another warm start."""
+    """The pooled arm x seed results, those left out for another warm start, and those
+    of a step-ended experiment that ended by minutes first (``short``)."""
 
     kept: list[dict[str, Any]]
     excluded: list[dict[str, Any]]
     warm_start: dict[str, Any] | None
     warm_eval: dict[str, Any] | None
+    short: list[dict[str, Any]] = field(default_factory=list)
 
 
 def load_results(results_dir: Path) -> Results:
@@ -92,10 +94,14 @@ def load_results(results_dir: Path) -> Results:
         wanted = digests.most_common(1)[0][0] if digests else None
     kept = [r for r in found if r.get("warm_start_sha256") == wanted]
     excluded = [r for r in found if r.get("warm_start_sha256") != wanted]
+    # arms compared at equal learner steps: one that stopped at its minutes cap short of
+    # its steps would be compared at fewer updates
+    short = [r for r in kept if r.get("steps") is not None and r.get("ended_by") != "steps"]
+    kept = [r for r in kept if r not in short]
     warm_eval = _read(results_dir / WARM_EVAL_FILE)
     if warm_eval is not None and warm_eval.get("warm_start_sha256") != wanted:
         warm_eval = None
-    return Results(kept, excluded, record, warm_eval)
+    return Results(kept, excluded, record, warm_eval, short)
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -515,6 +521,12 @@ def _markdown(
         parts.append(
             f"**Not pooled: {names}** started from another warm start "
             "(their `warm_start_sha256` differs), so they are left out of every figure."
+        )
+    if found.short:
+        names = ", ".join(f"{r['arm']} s{r['seed']}" for r in found.short)
+        parts.append(
+            f"**Not pooled: {names}** reached the minutes cap before its learner steps "
+            "(`ended_by` minutes), so they are left out of every figure."
         )
     parts += ["", "## Held-out measures", "", "![held-out](heldout.png)", ""]
     if any(intervals.values()):

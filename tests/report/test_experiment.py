@@ -77,6 +77,7 @@ def write_result(
     scores: dict[str, float],
     code: str = "c0ffee",
     warm: str = WARM,
+    **fields: Any,
 ) -> None:
     """A finished arm: one end mark whose per-task success is ``scores`` (partial credit
     the same, log-likelihood its negative)."""
@@ -106,6 +107,7 @@ def write_result(
             {"mark": "end", "minute": 10.0, "policy_version": 3, "eval": {"tasks": tasks}},
         ],
         "summary": summary,
+        **fields,
     }
     path = result_path(results, arm, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -355,6 +357,30 @@ def test_pacer_matches_the_reference_curve_with_a_lead() -> None:
     assert pacer.requests_due(9.0) == 0  # in flight until 9.5
     assert pacer.requests_due(9.6) == 1  # expired unanswered: ask again
     assert pacer.sent == 4
+
+
+def test_an_arm_that_ended_by_minutes_before_its_steps_is_not_pooled(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    write_result(results, "coevolve", 0, {"t1": 1.0}, steps=10, ended_by="steps")
+    write_result(results, "none", 0, {"t1": 0.0}, steps=10, ended_by="steps")
+    write_result(results, "coevolve", 1, {"t1": 1.0}, steps=10, ended_by="minutes")
+    found = load_results(results)
+    assert [(r["arm"], r["seed"]) for r in found.kept] == [("none", 0), ("coevolve", 0)]
+    assert [(r["arm"], r["seed"]) for r in found.short] == [("coevolve", 1)]
+    report = render_experiment_report(results, tmp_path / "report")
+    assert "**Not pooled: coevolve s1** reached the minutes cap" in report.read_text()
+
+
+def test_a_no_label_base_configuration_is_the_no_label_setting(tmp_path: Path) -> None:
+    config = tmp_path / "base.yaml"
+    config.write_text("labels: none\nd0: {file: docs/results/d0-20261129.json}\n")
+    spec = ExperimentSpec(("none", "random", "coevolve"), (0,), 10.0, base_config=str(config))
+    assert spec.setting() == "no_labels"
+    # every arm's run directory is elsewhere: the file is named from here
+    assert spec.base_settings()["d0"]["file"] == str(
+        Path("docs/results/d0-20261129.json").resolve()
+    )
+    assert ExperimentSpec(("none",), (0,), 10.0).setting() == "labelled"
 
 
 def test_arms_differ_only_in_synthesis() -> None:

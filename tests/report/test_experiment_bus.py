@@ -19,7 +19,9 @@ from coevolve.shared.runtime.subjects import EXPLORATION_REQUESTS, TASK_ADDED
 from tests.support.wait import wait_until
 
 
-async def drive(url: str, run: Path, spec: ExperimentSpec, pacer: Pacer) -> tuple[ArmLive, int]:
+async def drive(
+    url: str, run: Path, spec: ExperimentSpec, pacer: Pacer
+) -> tuple[ArmLive, list[ExplorationRequest]]:
     requests: list[ExplorationRequest] = []
     result: list[ArmLive] = []
     bus = await Bus.connect(BusSettings(url=url), name="test")
@@ -45,7 +47,7 @@ async def drive(url: str, run: Path, spec: ExperimentSpec, pacer: Pacer) -> tupl
             tg.cancel_scope.cancel()
     finally:
         await bus.close()
-    return result[0], len(requests)
+    return result[0], requests
 
 
 def test_controller_keeps_policies_counts_tasks_and_paces(
@@ -66,7 +68,27 @@ def test_controller_keeps_policies_counts_tasks_and_paces(
     assert (run / "marks" / "v2.safetensors").read_bytes() == b"v2"
     assert len(live.added_minutes) == 1  # the seed task is not growth
     assert pacer.added == 1
-    assert live.requests_sent == requests == 2  # three due, at most two in flight
+    assert live.requests_sent == len(requests) == 2  # three due, at most two in flight
+    assert all(request.task.user_turns for request in requests)  # labelled train turns
+
+
+def test_with_no_labels_the_random_arm_explores_initial_states(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    (run / "policies").mkdir(parents=True)
+    (run / "policies" / "v1.safetensors").write_bytes(b"v1")
+    config = tmp_path / "no-labels.yaml"
+    config.write_text("labels: none\nd0: {file: docs/results/d0-20261129.json}\n")
+    spec = ExperimentSpec(("random",), (3,), minutes=0.05, base_config=str(config))
+    pacer = Pacer([0.0, 0.0], lead_minutes=0.0, max_in_flight=2)
+
+    live, requests = anyio.run(drive, nats_server.url, run, spec, pacer)
+
+    assert spec.setting() == "no_labels" and live.requests_sent == len(requests) == 2
+    for request in requests:  # an initial state: no question, no answer
+        assert request.task.user_turns == [] and request.task.ground_truth == []
+        assert request.task.id.endswith("#state")
 
 
 def test_an_arm_ends_after_its_learner_steps(nats_server: NatsServer, tmp_path: Path) -> None:
