@@ -37,6 +37,11 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ppo_epochs: int = 1
     mini_batches: int = 1
     advantage_eps: float = 1e-6
+    # the advantages of a group whose task has this origin are multiplied by the factor
+    # (AgentEvolver halves synthetic tasks' advantages: {synthesized: 0.5}); empty: none
+    # scaled. Not measured here yet: no default run has trained on enough synthesized
+    # tasks to compare, so it stays off
+    origin_advantage_scale: dict[str, float] = msgspec.field(default_factory=dict)
     # a group whose rewards are all equal has zero advantage: skip its compute (DAPO)
     drop_uniform_groups: bool = True
     # sequences longer than this are cut (their later tokens are not trained); None: no cut

@@ -406,7 +406,7 @@ class GrpoLearner:
         for group in groups:
             advantages = group_advantages(
                 torch.tensor(group.rewards(), dtype=torch.float32), self.config.advantage_eps
-            )
+            ) * self.config.origin_advantage_scale.get(group.origin, 1.0)
             if self.config.drop_uniform_groups and not bool(advantages.any()):
                 uniform += 1
                 continue

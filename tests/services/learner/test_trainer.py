@@ -249,3 +249,21 @@ def test_a_group_is_held_as_padded_micro_batches(
 
     assert learner.held_tokens(group, 0) == [0, 2 * longest]
     assert learner.held_tokens(group, 10) == [10, 2 * (longest - 10)]
+
+
+def test_an_origins_advantages_are_scaled_by_its_factor(
+    policy: LoadedPolicy, make_group: GroupFactory
+) -> None:
+    rewards = [1.0, 0.0, 0.5]
+    seed = make_group(rewards)
+    synthesized = msgspec.structs.replace(make_group(rewards), origin="synthesized")
+    unscaled = GrpoLearner(policy, config()).build_samples([seed]).groups[0]
+    learner = GrpoLearner(policy, config(origin_advantage_scale={"synthesized": 0.5}))
+    [seed_samples, synthesized_samples] = learner.build_samples([seed, synthesized]).groups
+
+    seed_advantages = [s.advantage for s in seed_samples]
+    assert seed_advantages == [s.advantage for s in unscaled]  # other origins: unchanged
+    assert max(seed_advantages) > 0
+    assert [s.advantage for s in synthesized_samples] == pytest.approx(
+        [0.5 * a for a in seed_advantages]
+    )
