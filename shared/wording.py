@@ -136,6 +136,9 @@ _ARGUMENT_ITEM = re.compile(rf"^\s*([A-Za-z][A-Za-z0-9_ ]{{0,40}}?)\s*[:=]?\s*{_
 COPIED_RUN = 4
 MIN_COPIED_SHARE = 0.75
 MIN_COPIED_WORDS = 5
+# one sentence of a longer request: BFCL's users quote a description's words in a
+# sentence now and then ("Get the nearest airport to the given location"), never whole
+MIN_SENTENCE_COPIED_SHARE = 0.95
 
 
 def _spoken(label: str) -> list[str]:
@@ -195,8 +198,14 @@ def template_request(
       'USR002' logged in successfully.";
     - one of ``descriptions`` copied: ``MIN_COPIED_SHARE`` of the request's words (at least
       ``MIN_COPIED_WORDS``) in runs of ``COPIED_RUN`` words found in one description;
-    - a list of arguments ("receiver id 'USR005'; message 'hi'"; :func:`argument_list`).
+    - a list of arguments ("receiver id 'USR005'; message 'hi'"; :func:`argument_list`);
+    - values under ``MIN_LABELLED_VALUES`` or more different labels ("Order type: Buy,
+      Symbol: XYZ, Price: 150.0, Amount: 100"; BFCL's users write three at most);
+    - a sentence of it that copies a description (``MIN_SENTENCE_COPIED_SHARE`` of
+      its words, at least ``MIN_COPIED_WORDS``: "View all historical messages sent by
+      the current user. Estimates the distance between two cities, ...").
     """
+    descriptions = list(descriptions)  # read twice: the whole request, then each sentence
     details = _DETAILS_CLAUSE.search(request)
     if details is not None:
         return f"it carries a 'Details:' list of values: {request[details.start() :][:60]!r}"
@@ -214,7 +223,26 @@ def template_request(
                 return f"{share:.0%} of it is copied from a description: {description[:60]!r}"
     if argument_list(request, parameters):
         return f"it is a list of argument values: {request[:60]!r}"
+    labelled = _LABELLED_VALUES.findall(request)
+    if len({item.split(":")[0] for item in labelled}) >= MIN_LABELLED_VALUES:
+        return f"it labels its values: {', '.join(labelled[:3])!r}"
+    for sentence in _SENTENCE_END.split(request):
+        if len(_WORD.findall(sentence.lower())) < MIN_COPIED_WORDS or sentence == request:
+            continue
+        for description in descriptions:
+            share = copied_share(sentence, description)
+            if share >= MIN_SENTENCE_COPIED_SHARE:
+                return f"a sentence copies a description: {description[:60]!r}"
     return None
+
+
+# "Order type: Buy, Symbol: XYZ, Price: 150.0": a capitalised label, a colon, a value
+# (a 0.5B abstractor's form, 2026-11-29), under this many different labels
+_LABELLED_VALUES = re.compile(r"\b[A-Z][a-z]+(?: [a-z]+)?: ?[\w.$'\"-]+")
+MIN_LABELLED_VALUES = 4
+
+# where one sentence of a request ends and the next begins
+_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
 
 
 def other_function_named(request: str, called: Sequence[str], offered: Sequence[str]) -> str | None:

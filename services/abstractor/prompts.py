@@ -86,9 +86,12 @@ def _char_regex(char: str) -> str:
 
 
 def value_regex(value: Any) -> str:
-    """A regex writing ``value``: a string in any case, as ``written`` (completion.py)
-    reads it. A number inside a longer one (10 in 100) also matches: the request's check
+    """A regex writing ``value``: a string in any case, a whole-number float with or
+    without its ``.0`` (a user writes 10 for 10.0), as ``written`` (completion.py) reads
+    them. A number inside a longer one (10 in 100) also matches: the request's check
     after decoding refuses it."""
+    if isinstance(value, float) and value.is_integer():
+        return f"{int(value)}([.]0+)?{_TEXT}*"
     return "".join(_char_regex(c) for c in str(value)) + f"{_TEXT}*"
 
 
@@ -127,39 +130,33 @@ sentence, unless the conversation already says it or an earlier call returns it;
 - ask for what the calls do, in their order, and nothing more; a call that only looks \
 something up, or logs in, may be implied by what follows it.
 
-For example, for a call that sends the message "Lunch at noon?" to the user with id \
-USR003, a user might write: "Could you message USR003 and ask: Lunch at noon?"
-
 Answer with one JSON object: {"description": <one sentence saying what the task is>, \
 "request": <the user's request>}."""
 
 
-def spoken_value(value: Any) -> str:
-    """A value as a sentence can hold it: a word or number as itself, text with spaces
-    in single quotes, anything else as JSON."""
-    if isinstance(value, str):
-        return value if value and " " not in value else f"'{value}'"
-    return json.dumps(value, ensure_ascii=False)
-
-
 def describe_call(index: int, call_name: str, arguments: dict[str, Any], tool: Any) -> str:
-    """One call in words: what it does and with which values, never its identifier,
-    which a 0.5B model copied into the request ("place_order" in 2 of run 10's 6
-    candidates), nor a label before a colon, which it copied as "get stock info: ..."
-    (run 17) and "arguments: symbol = ..." (when the values were required)."""
+    """One call in words: what it does, never its identifier, which a 0.5B model copied
+    into the request ("place_order" in 2 of run 10's 6 candidates), nor its name as a
+    label before a colon, which it copied as "get stock info: ..." (run 17). Its values
+    stay on a line of their own: a copy of that line is code, which the request's check
+    refuses, where a copy of a sentence ("Get the details of a stock, with symbol XTC")
+    passed every check as a template."""
     what = compact_description(tool) if tool is not None else ""
-    what = (what or " ".join(name_words(call_name))).rstrip(". ")
-    values = ", ".join(f"{' '.join(name_words(k))} {spoken_value(v)}" for k, v in arguments.items())
-    return f"{index}. {what}, with {values}." if values else f"{index}. {what}."
+    values = ", ".join(f"{k} = {json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
+    lines = [f"{index}. It does: {what or ' '.join(name_words(call_name))}"]
+    lines.append(f"   arguments: {values}" if values else "   arguments: none")
+    return "\n".join(lines)
 
 
 def render_conversation(conversation: Sequence[ChatMessage]) -> str:
-    """The last messages of the conversation, one line each (calls shown as words)."""
+    """The last messages of the conversation, one line each. The assistant's earlier
+    calls are counted, not named: a 0.5B model copied their names ("get watchlist")
+    into requests for other calls; what they returned follows as the tool's line."""
     lines: list[str] = []
     for message in conversation[-CONVERSATION_MESSAGES:]:
         if message.role == "assistant" and message.tool_calls:
-            text = "; ".join(" ".join(name_words(c.name)) for c in message.tool_calls)
-            lines.append(f"assistant (did): {text}")
+            count = len(message.tool_calls)
+            lines.append(f"assistant: (made {count} call{'s' if count > 1 else ''})")
             continue
         text = " ".join(message.content.split())
         if len(text) > CONVERSATION_MESSAGE_CHARS:
@@ -192,7 +189,7 @@ def request_messages(
         returned = " ".join(observation.split())
         if len(returned) > OBSERVATION_CHARS:
             returned = returned[: OBSERVATION_CHARS - 3] + "..."
-        steps.append(f"   (the assistant then sees {returned})")
+        steps.append(f"   returned: {returned}")
     user = (
         f"The conversation so far:\n{scenario}\n\n"
         f"The calls it will make, in order:\n" + "\n".join(steps) + "\n\n"

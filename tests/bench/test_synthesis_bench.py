@@ -60,7 +60,7 @@ class ScriptedBrain(WellFormedBrain):
         self.script = script
 
     def abstractor(self, request: dict[str, Any]) -> dict[str, Any]:
-        folder = re.search(r"with dir name ([\w.]+?)\.?(?:,|\s|$)", prompt_text(request))
+        folder = re.search(r'dir_name = "([^"]+)"', prompt_text(request))
         if folder is None:  # calls of another kind (the committed explorations)
             return {"description": "A listing.", "request": "Please list my current folder."}
         kind = self.script.get(folder.group(1), "good")

@@ -196,8 +196,8 @@ class WellFormedBrain:
             return {"description": "The explored task again.", "request": self.parent.user_turns[0]}
         if kind == "malformed":
             return {"description": "A function name.", "request": "mkdir"}
-        folder = re.search(r"with dir name ([\w.]+?)\.?(?:,|\s|$)", text)
-        file = re.search(r"with file name ([\w.]+?)\.?(?:,|\s|$)", text)
+        folder = re.search(r'dir_name = "([^"]+)"', text)
+        file = re.search(r'file_name = "([^"]+)"', text)
         if kind == "code":
             name = folder.group(1) if folder else "x"
             return {

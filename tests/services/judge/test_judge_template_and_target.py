@@ -37,6 +37,9 @@ TEMPLATES = [
     "Please remove my last message. Details: receiver id 'USR005'.",
     "receiver id 'USR005'; message 'Meeting at 10'.",
     "Delete the latest message sent to a receiver.",
+    # a description copied as one sentence of several (a 0.5B abstractor, 2026-11-29)
+    "View all historical messages sent by the current user. Then tell USR005 hello.",
+    "Send a message. Receiver: USR005, Message: hello, Sender: USR002, Priority: high",
 ]
 
 
@@ -71,6 +74,8 @@ def test_why_a_template_is_refused() -> None:
     assert "name of message_login and a colon" in str(reasons[1])
     assert "list of argument values" in str(reasons[3])
     assert "copied from a description" in str(reasons[4])
+    assert "a sentence copies a description" in str(reasons[5])
+    assert "it labels its values" in str(reasons[6])
 
 
 @pytest.mark.parametrize(
