@@ -88,6 +88,18 @@ TICK_S = 10.0
 PROGRESS_EVERY_MINUTES = 5.0
 
 
+def base_config_file(spec: ExperimentSpec, out: Path) -> Path | None:
+    """The base configuration as the warm start's ``up`` reads it: ``OUT/base.yaml``,
+    written from :meth:`ExperimentSpec.base_settings` (its ``d0.file`` made absolute);
+    None without one."""
+    if spec.base_config is None:
+        return None
+    path = out / "base.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(spec.base_settings(), sort_keys=False))
+    return path
+
+
 def read_base_config(path: str | None) -> dict[str, Any]:
     """The YAML configuration every run of an experiment starts from ({} for none). A
     relative ``d0.file`` is made absolute from the current directory: each arm's run
@@ -758,8 +770,7 @@ def run_experiment(
         log("[experiment] every arm x seed is finished")
         return []
     log(f"[experiment] running {', '.join(f'{arm} s{seed}' for arm, seed in todo)}")
-    config = Path(spec.base_config) if spec.base_config else None
-    warm = ensure_warm_start(out, results, base_run_dir, log, config)
+    warm = ensure_warm_start(out, results, base_run_dir, log, base_config_file(spec, out))
     if not (results / WARM_EVAL_FILE).exists():
         log("[experiment] evaluating the warm start (v1)")
         scores = evaluate(

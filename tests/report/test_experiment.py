@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from coevolve.cli import app
@@ -381,6 +382,11 @@ def test_a_no_label_base_configuration_is_the_no_label_setting(tmp_path: Path) -
         Path("docs/results/d0-20261129.json").resolve()
     )
     assert ExperimentSpec(("none",), (0,), 10.0).setting() == "labelled"
+    # the warm start's up reads the same, from a file of its own
+    written = ablation.base_config_file(spec, tmp_path / "out")
+    assert written is not None
+    assert yaml.safe_load(written.read_text())["d0"]["file"] == spec.base_settings()["d0"]["file"]
+    assert ablation.base_config_file(ExperimentSpec(("none",), (0,), 10.0), tmp_path) is None
 
 
 def test_arms_differ_only_in_synthesis() -> None:
