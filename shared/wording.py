@@ -140,6 +140,14 @@ MIN_COPIED_WORDS = 5
 # sentence now and then ("Get the nearest airport to the given location"), never whole
 MIN_SENTENCE_COPIED_SHARE = 0.95
 
+# "Order type: Buy, Symbol: XYZ, Price: 150.0": a capitalised label, a colon, a value
+# (a 0.5B abstractor's form, 2026-11-29), under this many different labels
+_LABELLED_VALUES = re.compile(r"\b[A-Z][a-z]+(?: [a-z]+)?: ?[\w.$'\"-]+")
+MIN_LABELLED_VALUES = 4
+
+# where one sentence of a request ends and the next begins
+_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
+
 
 def _spoken(label: str) -> list[str]:
     """A label's words as :func:`name_words` splits a name: "Delete Message" and
@@ -234,15 +242,6 @@ def template_request(
             if share >= MIN_SENTENCE_COPIED_SHARE:
                 return f"a sentence copies a description: {description[:60]!r}"
     return None
-
-
-# "Order type: Buy, Symbol: XYZ, Price: 150.0": a capitalised label, a colon, a value
-# (a 0.5B abstractor's form, 2026-11-29), under this many different labels
-_LABELLED_VALUES = re.compile(r"\b[A-Z][a-z]+(?: [a-z]+)?: ?[\w.$'\"-]+")
-MIN_LABELLED_VALUES = 4
-
-# where one sentence of a request ends and the next begins
-_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
 
 
 def other_function_named(request: str, called: Sequence[str], offered: Sequence[str]) -> str | None:

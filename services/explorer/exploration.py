@@ -148,11 +148,11 @@ async def explore_round(
             tools = environment.tools()
             if not tools:
                 break
+            first = not steps
             offered = tools
-            if not steps and first_functions:
+            if first and first_functions:
                 wanted = set(first_functions)
                 offered = [t for t in tools if t.get("function", t).get("name") in wanted] or tools
-            first = not steps
             earlier = [call_json(call) for call in tried if call.arguments] if first else []
             messages = exploration_messages(
                 tools, goal, shown, failed=sorted(failed_calls), tried=earlier

@@ -453,14 +453,18 @@ def exploration_messages(
                 "content": f"Observation: {clip(observation, OBSERVATION_CHARS)}\nNext action?",
             }
         )
+    notes = []
     if failed:
-        note = "These calls failed in this round; do not repeat them, try another function or "
-        note += "other arguments:\n" + "\n".join(failed)
-        last = messages[-1]
-        last["content"] = f"{last['content']}\n\n{note}"
+        notes.append(
+            "These calls failed in this round; do not repeat them, try another function or "
+            "other arguments:\n" + "\n".join(failed)
+        )
     if tried:
-        note = "Earlier rounds already made these calls; make yours with other argument "
-        note += "values:\n" + "\n".join(tried)
+        notes.append(
+            "Earlier rounds already made these calls; make yours with other argument "
+            "values:\n" + "\n".join(tried)
+        )
+    if notes:
         last = messages[-1]
-        last["content"] = f"{last['content']}\n\n{note}"
+        last["content"] = "\n\n".join([last["content"], *notes])
     return messages
