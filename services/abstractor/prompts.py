@@ -68,9 +68,11 @@ def request_schema(values: Sequence[Any] = ()) -> dict[str, Any]:
     }
 
 
-# A JSON string's unescaped character other than a quote or a backslash: the regex's "."
-# would let the grammar close the string early.
-_TEXT = r'[^"\\]'
+# A request's character outside its values: not a quote or a backslash (the regex's "."
+# would let the grammar close the JSON string early), and none of the characters that
+# only code writes. A 0.5B model copied the prompt's "arguments:" and "returned:" lines
+# ("{'zipcode': ...") into 3 of run 24's 5 requests, each then refused as code.
+_TEXT = r'[^"\\{}=_<>|`]'
 # values in every order up to this many (a sentence orders them its own way), else in
 # the calls' order
 MAX_PERMUTED_VALUES = 3

@@ -180,10 +180,16 @@ def describe_signal(kind: SignalKind, evidence: dict[str, Any]) -> str:
             f"{_num(evidence.get('current_score'))}. A skill it had is fading."
         )
     if kind == "boundary":
-        success = evidence.get("success_actions") or []
-        contrast = (
-            f" A successful attempt called: {', '.join(map(str, success))}." if success else ""
-        )
+        best = evidence.get("success_actions") or []
+        if evidence.get("successes", 1) == 0:
+            # the margin rule: attempts that differ, none solved it
+            contrast = f" The best attempt called: {', '.join(map(str, best))}." if best else ""
+            return (
+                f"Signal BOUNDARY: no attempt of one group at this task solved it, but their "
+                f"rewards spread by {_num(evidence.get('spread'))}: some got more of it right "
+                f"than others. The episode below is the worst attempt.{contrast}"
+            )
+        contrast = f" A successful attempt called: {', '.join(map(str, best))}." if best else ""
         return (
             f"Signal BOUNDARY: of one group of attempts at this task, "
             f"{evidence.get('successes', '?')} succeeded and {evidence.get('failures', '?')} "

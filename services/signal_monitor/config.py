@@ -10,6 +10,10 @@ from coevolve.shared.messages import SIGNAL_KINDS, SignalKind
 class MonitorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
     kinds: tuple[SignalKind, ...] = SIGNAL_KINDS
     threshold: float = 0.5
+    # boundary also fires on a group whose best and worst rewards differ by this much
+    # (None: the threshold rule alone). 0.1 is one matched call of four at rollout's
+    # partial credit 0.4; in runs 17-24 it flagged 5-9 groups of 15-22, the threshold 0-2
+    boundary_margin: float | None = 0.1
     window: int = 10
     rare_theta: float = 0.05
     # about 4 minutes of rollout on a 2-core CPU (200 took 9: the first signal came at 17 min)

@@ -2,7 +2,12 @@
 
 - forgetting: the task's last ``window`` group scores (a group's score is its mean reward)
   include one >= ``threshold`` while the current score is < ``threshold``.
-- boundary: within one group some reward is > ``threshold`` and some is < ``threshold``.
+- boundary: within one group some reward is > ``threshold`` and some is < ``threshold``;
+  or, with ``boundary_margin`` set, the group's best and worst rewards differ by at least
+  the margin while the worst is < ``threshold``. With 0/1 rewards both read the same; with
+  partial credit the margin also finds groups where one attempt matched more of the
+  ground truth than another though none solved it (most groups of a policy that solves
+  little, which the threshold alone never flags).
 - rare: a pattern of the group occurs in under ``rare_theta`` of all patterns of its order
   counted so far (this group included). Patterns are the names of executed calls (order
   1) and adjacent pairs of them within a trajectory (order 2); refused calls do not
@@ -107,21 +112,34 @@ def detect_forgetting(
 
 
 def detect_boundary(group: RolloutGroup, config: MonitorConfig) -> Finding | None:
+    if not group.trajectories:
+        return None
     above = [t for t in group.trajectories if t.reward > config.threshold]
     below = [t for t in group.trajectories if t.reward < config.threshold]
-    if not above or not below:
+    best = max(group.trajectories, key=lambda t: t.reward)
+    worst = _lowest_reward(group.trajectories)
+    crosses = bool(above and below)
+    spread = best.reward - worst.reward
+    # a small tolerance: partial credit is a float product (0.4 * 1/4 reads 0.1000...02)
+    by_margin = (
+        config.boundary_margin is not None
+        and bool(below)
+        and spread >= config.boundary_margin - 1e-9
+    )
+    if not crosses and not by_margin:
         return None
-    success = max(above, key=lambda t: t.reward)
     return Finding(
         "boundary",
-        _lowest_reward(below),
+        worst,
         {
             "rewards": group.rewards(),
             "successes": len(above),
             "failures": len(below),
             "threshold": config.threshold,
-            "success_trajectory_id": success.id,
-            "success_actions": trajectory_actions(success),
+            "margin": config.boundary_margin,
+            "spread": spread,
+            "success_trajectory_id": best.id,
+            "success_actions": trajectory_actions(best),
         },
     )
 

@@ -24,6 +24,7 @@ from coevolve.services.abstractor.prompts import (
 from coevolve.services.explorer.prompts import (
     CONTEXT_SCHEMA,
     GOAL_TEMPLATES,
+    describe_signal,
     exploration_goal,
     exploration_messages,
     render_trajectory,
@@ -140,6 +141,15 @@ def test_summarizer_prompt_per_signal_kind(kind: SignalKind, bfcl: tuple[Task, l
     for field in CONTEXT_SCHEMA["required"]:
         assert f"- {field}:" in user
     assert len(user) < 6000
+
+
+def test_boundary_by_margin_names_the_best_attempt_not_a_success() -> None:
+    words = describe_signal(
+        "boundary",
+        {"successes": 0, "failures": 8, "spread": 0.2, "success_actions": ["cd", "mv"]},
+    )
+    assert "no attempt" in words and "0.20" in words
+    assert "The best attempt called: cd, mv." in words and "succeeded" not in words
 
 
 def test_context_schema_grammar_and_type_agree() -> None:
@@ -274,6 +284,11 @@ def test_a_request_schema_with_values_accepts_only_requests_that_write_them() ->
     assert accepts("At 210.65 a share, get me 10 of AAPL")
     assert not accepts("Please buy some shares of AAPL at 210.65 each.")  # no 10
     assert not accepts("Buy 10 shares at 210.65.")  # no symbol
+    # code is refused while it is written, not after: the arguments or a result copied
+    assert not accepts("{'symbol': 'AAPL', 'amount': 10, 'price': 210.65}")
+    assert not accepts("arguments: symbol = AAPL, amount = 10, price = 210.65")
+    assert not accepts("Call place_order for AAPL, 10 at 210.65")
+    assert accepts("Buy 10 of AAPL (at 210.65, please): that's all.")
     # a value JSON must escape is not required; the others still are
     assert values_pattern(['say "hi"', "USR005"]) == values_pattern(["USR005"])
     assert _is_grammar_accept_string(

@@ -364,11 +364,15 @@ def test_every_role_schema_becomes_a_grammar_without_falling_back(
         "context": CONTEXT_SCHEMA,
         "action": function_call_schema(tools),
         "request": request_schema(),
+        "request with values": request_schema(["AAPL", 210.65, "zip_1"]),
         "judgment": JUDGE_SCHEMA,
     }
     for role, schema in schemas.items():
         grammar = json_schema_to_gbnf(json.dumps(schema))
         assert "root ::=" in grammar, role
+    # the request's pattern: its values, and prose that no code character enters
+    with_values = json_schema_to_gbnf(json.dumps(schemas["request with values"]))
+    assert '[^"\\\\{}=_<>|`]*' in with_values and "[zZ] [iI] [pP] [_]" in with_values
     action = json_schema_to_gbnf(json.dumps(schemas["action"]))
     for name in tool_names(tools):
         assert f'\\"{name}\\"' in action  # each function name is a literal of the grammar

@@ -87,11 +87,41 @@ def test_forgetting_through_the_monitor_state() -> None:
     ],
 )
 def test_boundary_threshold_edges(rewards: list[float], fires: bool) -> None:
-    finding = detect_boundary(group(rewards), CONFIG)
+    finding = detect_boundary(group(rewards), MonitorConfig(boundary_margin=None))
     assert (finding is not None) is fires
     if finding is not None:
         assert finding.trajectory.reward < 0.5
         assert finding.evidence["rewards"] == rewards
+
+
+@pytest.mark.parametrize(
+    ("rewards", "fires"),
+    [
+        ([0.1, 0.0, 0.0], True),  # one attempt matched a call of four, none solved it
+        ([0.4 * 0.25, 0.0], True),  # the float product partial credit writes
+        ([0.3, 0.2], True),
+        ([0.05, 0.0], False),  # under the margin
+        ([0.2, 0.2, 0.2], False),  # a uniform group: nothing separates the attempts
+        ([1.0, 1.0], False),
+        ([1.0, 0.9], False),  # all above the threshold: no failure to aim at
+        ([0.5, 0.0], True),  # the threshold rule's edge, which the margin covers
+    ],
+)
+def test_boundary_margin_flags_groups_of_partial_credit(rewards: list[float], fires: bool) -> None:
+    finding = detect_boundary(group(rewards), MonitorConfig(boundary_margin=0.1))
+    assert (finding is not None) is fires
+    if finding is not None:
+        assert finding.trajectory.reward == min(rewards)
+        assert finding.evidence["spread"] == pytest.approx(max(rewards) - min(rewards))
+
+
+def test_boundary_margin_contrast_is_the_best_attempt() -> None:
+    recorded = group([0.0, 0.2, 0.1], calls=[["ls"], ["cd", "mv"], ["rm"]])
+    finding = detect_boundary(recorded, CONFIG)
+    assert finding is not None
+    assert finding.evidence["successes"] == 0 and finding.evidence["failures"] == 3
+    assert finding.evidence["success_actions"] == ["cd", "mv"]
+    assert trajectory_actions(finding.trajectory) == ["ls"]
 
 
 def test_boundary_evidence_points_at_a_success() -> None:
