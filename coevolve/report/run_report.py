@@ -17,6 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coevolve.report import plots
+from coevolve.report.accepted import (
+    ACCEPTED_FILE,
+    accepted_rows,
+    accepted_summary,
+    write_accepted_rows,
+)
 from coevolve.report.repair import (
     MEASURED_FILE,
     NO_SIGNAL,
@@ -27,7 +33,7 @@ from coevolve.report.repair import (
     parent_groups,
     read_measured,
 )
-from coevolve.report.run_data import EVAL_PREFIX, RunData, Scalar, load_run
+from coevolve.report.run_data import EVAL_PREFIX, POOL_FILE, RunData, Scalar, load_run
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -546,11 +552,21 @@ def render_run_report(run_dir: Path, out: Path | None = None) -> Path:
     plot_verdicts(data, summary, out / "verdicts.png")
     plot_stages(summary, out / "stages.png")
     measured = read_measured(out / MEASURED_FILE)
-    (out / REPORT_FILE).write_text(run_markdown(data, summary, measured))
+    accepted = None
+    if (run_dir / POOL_FILE).exists() and not data.pool_error:
+        rows = accepted_rows(run_dir)
+        write_accepted_rows(rows, out / ACCEPTED_FILE)
+        accepted = accepted_summary(rows)
+    (out / REPORT_FILE).write_text(run_markdown(data, summary, measured, accepted))
     return out / REPORT_FILE
 
 
-def run_markdown(data: RunData, summary: RunSummary, measured: dict[str, Any] | None = None) -> str:
+def run_markdown(
+    data: RunData,
+    summary: RunSummary,
+    measured: dict[str, Any] | None = None,
+    accepted: dict[str, Any] | None = None,
+) -> str:
     parts = [
         f"# Run report: `{data.run_dir.name if data.run_dir.name != 'run' else data.run_dir}`",
         "",
@@ -590,6 +606,7 @@ def run_markdown(data: RunData, summary: RunSummary, measured: dict[str, Any] | 
         "![verdicts](verdicts.png)",
         "",
         _verdict_text(summary),
+        *(["", _accepted_text(accepted)] if accepted is not None else []),
         "",
         "## Repair",
         "",
@@ -664,6 +681,19 @@ def _verdict_text(summary: RunSummary) -> str:
         head
         + "\n\n"
         + table(("rejection reason", "count"), [(r, str(n)) for r, n in summary.top_reasons])
+    )
+
+
+def _accepted_text(accepted: dict[str, Any]) -> str:
+    count = accepted["accepted_with_parent"]
+    if not count:
+        return "Accepted tasks with a parent: none."
+    return (
+        f"Accepted tasks with a parent: {count}; {accepted['shares_failed_function']} of the "
+        f"{accepted['failure_known']} whose parent's failure is recorded call a function the "
+        f"policy got wrong there; {accepted['two_or_more_calls']} make two or more calls. "
+        f"Each beside its parent turn, with an empty label to fill in: [{ACCEPTED_FILE}]"
+        f"({ACCEPTED_FILE})."
     )
 
 
