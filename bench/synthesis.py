@@ -63,6 +63,7 @@ from coevolve.shared.structured import RejectionCounter
 
 ROOT = Path(__file__).resolve().parents[1]
 INPUTS = Path("docs/results/explorations-20261126-run10.jsonl")
+MODEL_CHOICES = ROLE_MODELS  # --models
 QUICK_EXPLORATIONS = 4
 SERVED_ROLES: tuple[Role, ...] = ("abstractor", "judge")  # the round-trip solver is the judge's
 # outcomes of candidates that never got past the deterministic stages

@@ -38,6 +38,10 @@ BENCHMARKS = {
 }
 
 
+# the module attribute that lists an option's accepted values, where one does
+CHOICES = {"compare": "COMPARISONS", "models": "MODEL_CHOICES"}
+
+
 def bench(
     name: Annotated[str, typer.Argument(help="One of: " + ", ".join(BENCHMARKS))],
     quick: Annotated[bool, typer.Option("--quick", help="Small sizes: under a minute.")] = False,
@@ -74,6 +78,22 @@ def bench(
             "counted from spawn (below 1: the data loop slows the learner).",
         ),
     ] = None,
+    inputs: Annotated[
+        Path | None,
+        typer.Option(
+            help="synthesis: a file of recorded explorations (one msgspec JSON a line, as a "
+            "run's RUN_DIR/explorer/explorations-*.jsonl) instead of the committed inputs.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    models: Annotated[
+        str | None,
+        typer.Option(
+            help="synthesis: the role models compared, comma-separated aliases (default: "
+            "every one it knows).",
+        ),
+    ] = None,
     json_output: JsonOption = False,
 ) -> None:
     """Run a benchmark and print its table; --json adds one JSON object as the last line."""
@@ -86,19 +106,23 @@ def bench(
         typer.echo(f"error: benchmark {name!r} is not available in this build: {exc}", err=True)
         raise typer.Exit(1) from exc
     options: dict[str, Any] = {"quick": quick}
-    for option, parameter, value in (
+    given: tuple[tuple[str, str, Any], ...] = (
         ("minutes", "minutes", minutes),
         ("seeds", "seeds", seeds),
         ("resume", "run_dir", resume),
         ("compare", "compare", compare),
-    ):
+        ("inputs", "inputs", inputs),
+        ("models", "models", models.split(",") if models else None),
+    )
+    for option, parameter, value in given:
         if value is None:
             continue
         if parameter not in inspect.signature(module.run).parameters:
             raise typer.BadParameter(f"benchmark {name!r} does not take --{option}")
-        choices = getattr(module, "COMPARISONS", {}) if option == "compare" else {}
-        if choices and value not in choices:
-            raise typer.BadParameter(f"--compare takes one of: {', '.join(choices)}")
+        choices = getattr(module, CHOICES.get(option, ""), {})
+        values = value if isinstance(value, list) else [value]
+        if choices and any(v not in choices for v in values):
+            raise typer.BadParameter(f"--{option} takes: {', '.join(choices)}")
         options[parameter] = value
     result: dict[str, Any] = module.run(**options)
     if json_output:

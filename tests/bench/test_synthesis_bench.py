@@ -14,9 +14,11 @@ from typing import Any
 
 import msgspec
 import pytest
+from typer.testing import CliRunner
 
 from coevolve.bench import synthesis
 from coevolve.bench.local_llm import local_role
+from coevolve.cli import app
 from coevolve.cli.bench import BENCHMARKS
 from coevolve.services.abstractor.config import AbstractorConfig
 from coevolve.services.judge.config import JudgeConfig
@@ -243,3 +245,18 @@ def test_local_role_points_a_role_at_the_server_with_its_settings() -> None:
 def test_the_benchmark_is_registered_and_runs_every_judge_stage() -> None:
     assert "synthesis" in BENCHMARKS
     assert synthesis.Setup().judge.round_trip and not synthesis.Setup().judge.llm_judge
+
+
+def test_cli_takes_recorded_inputs_and_refuses_an_unknown_model(tmp_path: Path) -> None:
+    inputs = explorations_file(tmp_path / "explorations.jsonl", [["alpha", "beta"]])
+    unknown = CliRunner().invoke(
+        app, ["bench", "synthesis", "--inputs", str(inputs), "--models", "gpt-9"]
+    )
+    assert (
+        unknown.exit_code != 0 and "--models takes: qwen2.5-coder-0.5b-instruct" in unknown.output
+    )
+    missing = CliRunner().invoke(app, ["bench", "synthesis", "--inputs", str(tmp_path / "no")])
+    assert missing.exit_code != 0
+    assert "does not exist" in " ".join(missing.output.replace("│", " ").split())
+    elsewhere = CliRunner().invoke(app, ["bench", "dataloop", "--inputs", str(inputs)])
+    assert elsewhere.exit_code != 0 and "does not take --inputs" in elsewhere.output
