@@ -40,7 +40,7 @@ ENGINE_KINDS: tuple[EngineKind, ...] = ("llama_cpp", "transformers", "vllm")
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 # the copies of every stream and bucket (bus.replicas), as `up --nats-cluster` tells services
 REPLICAS_ENV = "COEVOLVE_NATS_REPLICAS"
-# the section of the LLM roles (summarizer, explorer, abstractor, judge) under services:
+# the section of the LLM roles (summarizer, explorer, abstractor, judge, attributor) under services:
 LLM_SECTION = "llm"
 # every section under services: that something reads; any other name is a ConfigError
 SERVICE_SECTIONS: tuple[str, ...] = (*SERVICES, LLM_SECTION)

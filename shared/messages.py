@@ -27,6 +27,7 @@ NonNegativeFinite = Annotated[float, msgspec.Meta(ge=0.0, le=sys.float_info.max)
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Version = Annotated[int, msgspec.Meta(ge=0)]
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
+StepLabel = Annotated[int, msgspec.Meta(ge=-1, le=1)]
 # far beyond any context window: a longer trajectory is garbage or an attack
 MAX_TRAJECTORY_TOKENS = 262_144
 MAX_GROUP_SIZE = 1024
@@ -179,7 +180,9 @@ class Trajectory(Part):
     (0.0 where the mask is 0), sampled at ``temperature``. ``entropies`` is the policy's
     mean token entropy per assistant turn, used by the uncertainty signal.
     ``tool_rendering`` is how the prompt showed the tools (``compact`` or ``full``; None
-    when not recorded).
+    when not recorded). ``step_labels`` is the attributor's word on each assistant message
+    the policy generated, in order (+1 helped, -1 hurt, 0 neutral; empty: not labelled);
+    the i-th is about the i-th run of 1s in ``loss_mask`` (``shared/attribution``).
     """
 
     id: str
@@ -200,6 +203,7 @@ class Trajectory(Part):
     finished: bool = True
     error: str | None = None
     tool_rendering: Literal["compact", "full"] | None = None
+    step_labels: list[StepLabel] = msgspec.field(default_factory=list)
 
     def validate(self) -> None:
         if not len(self.token_ids) == len(self.logprobs) == len(self.loss_mask):
@@ -249,6 +253,9 @@ class RolloutGroup(Message):
     trajectories: Annotated[list[Trajectory], msgspec.Meta(max_length=MAX_GROUP_SIZE)]
     job_id: str | None = None
     created_at: float = msgspec.field(default_factory=now)
+    # seconds the attributor role spent labelling the group's steps (failed tries
+    # included; 0: not labelled), see ``rollout.step_credit``
+    label_s: NonNegativeFinite = 0.0
 
     def validate(self) -> None:
         for trajectory in self.trajectories:

@@ -72,3 +72,29 @@ def test_subjects_are_prefixed_and_captured_by_one_stream() -> None:
     assert stream_for(signal_subject("rare")).subjects == (SIGNALS_ALL,)
     with pytest.raises(KeyError):
         stream_for("coevolve.nowhere")
+
+
+def test_step_labels_are_optional_and_bounded() -> None:
+    traj = m.Trajectory(
+        id="x",
+        task_id="t",
+        messages=[],
+        token_ids=[1, 2],
+        logprobs=[0.0, -0.5],
+        loss_mask=[0, 1],
+        reward=0.0,
+        policy_version=0,
+    )
+    group = m.RolloutGroup(task_id="t", origin="seed", policy_version=0, trajectories=[traj])
+    # a group encoded before the fields existed: no key for them on the wire
+    wire = msgspec.msgpack.decode(m.encode(group))
+    assert "label_s" not in wire and "step_labels" not in wire["trajectories"][0]
+    decoded = m.decode(msgspec.msgpack.encode(wire), m.RolloutGroup)
+    assert decoded.trajectories[0].step_labels == [] and decoded.label_s == 0.0
+    labelled = msgspec.structs.replace(
+        group, trajectories=[msgspec.structs.replace(traj, step_labels=[-1])], label_s=1.5
+    )
+    assert m.decode(m.encode(labelled), m.RolloutGroup) == labelled
+    wire["trajectories"][0]["step_labels"] = [2]
+    with pytest.raises(m.DecodeError):
+        m.decode(msgspec.msgpack.encode(wire), m.RolloutGroup)

@@ -31,6 +31,13 @@ def enabled_optional_services(settings: Settings) -> set[str]:
     return {"evaluator"} if evaluator_enabled(settings) else set()
 
 
+def step_credit_enabled(settings: Settings) -> bool:
+    """Whether rollout labels steps (so the attributor LLM role is in use)."""
+    from coevolve.services.rollout.config import RolloutConfig
+
+    return settings.section("rollout", RolloutConfig).step_credit.enabled
+
+
 def section_config(name: str) -> type[msgspec.Struct]:
     module, _, struct = SECTION_CONFIGS[name].partition(":")
     kind: type[msgspec.Struct] = getattr(importlib.import_module(module), struct)

@@ -17,7 +17,11 @@ import typer
 from coevolve.cli.discover_cmd import ensure_d0
 from coevolve.cli.events import EventPrinter, EventTracker, EventWatcherThread
 from coevolve.cli.options import ConfigOption, RunDirOption, settings_from
-from coevolve.cli.sections import check_sections, enabled_optional_services
+from coevolve.cli.sections import (
+    check_sections,
+    enabled_optional_services,
+    step_credit_enabled,
+)
 from coevolve.schedules.synthesis import DEFAULT_MAX_SIGNALS
 from coevolve.shared.config import (
     D0_FILE_ENV,
@@ -214,7 +218,12 @@ def up(
         nats_url = server.url
     typer.echo(f"NATS: {nats_url}   run directory: {run}")
     try:  # the local LLM server, unless every LLM role names an endpoint
-        llm_server = start_for_run(settings.services.get("llm"), run, lambda e: typer.echo(e))
+        llm_server = start_for_run(
+            settings.services.get("llm"),
+            run,
+            lambda e: typer.echo(e),
+            step_credit=step_credit_enabled(settings),
+        )
     except LLMServerError as exc:
         if server is not None:
             server.stop()

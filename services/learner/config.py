@@ -42,7 +42,12 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # scaled. Not measured here yet: no default run has trained on enough synthesized
     # tasks to compare, so it stays off
     origin_advantage_scale: dict[str, float] = msgspec.field(default_factory=dict)
-    # a group whose rewards are all equal has zero advantage: skip its compute (DAPO)
+    # step credit (rollout.step_credit): a labelled step's advantage, scale times its label
+    # standardised within the group, joins the outcome's on that step's tokens (grpo.py).
+    # Used only when trajectories carry step labels; unmeasured here
+    step_credit_scale: float = 0.2
+    # a group whose rewards are all equal has zero advantage: skip its compute (DAPO); one
+    # whose steps carry differing labels has a step advantage and is kept
     drop_uniform_groups: bool = True
     # sequences longer than this are cut (their later tokens are not trained); None: no cut
     max_tokens: int | None = None

@@ -41,6 +41,21 @@ Choices worth knowing:
   allowed; equal values give the classic PPO clip.
 * **Advantages use the population std** of the group (so K=1 is defined) and are exactly 0
   when all rewards are equal: such a group carries no policy-gradient signal.
+* **Step credit** (AgentEvolver's self-attributing; only when trajectories carry
+  ``step_labels``, see ``rollout.step_credit``). A trajectory's labels count only when
+  there is one per step, i.e. per run of 1s in its ``loss_mask`` (the i-th run holds the
+  tokens of the i-th assistant message it generated: ``shared/attribution/steps.py``);
+  others count as unlabelled. The labels (+1 GOOD, -1 BAD) of every labelled step of the
+  group are pooled, neutral (0) ones left out, and standardised:
+  ``s = scale·(l - mean) / (std + eps)``, population std over the pool, ``scale`` =
+  ``step_credit_scale`` (0.2), ``eps`` = ``advantage_eps``; a pool whose labels are all
+  equal (or empty) gives every step ``s = 0``, and so does a neutral label. The advantage
+  of token t of a trajectory is then ``A_k + s_ki`` when t lies in step i, and ``A_k``
+  elsewhere (outside steps the mask is 0 anyway): the outcome advantage stays on every
+  token, the step's joins it on that step's tokens only (no suffix sums, no per-trajectory
+  weighting, unlike AgentEvolver's ADCA-GRPO). The origin factor
+  (``origin_advantage_scale``) multiplies both. Without labels nothing changes: the
+  advantages stay ``[B]``, bit for bit as before.
 """
 
 from __future__ import annotations
@@ -74,6 +89,32 @@ def group_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
     advantages = (rewards - mean) / (std + eps)
     uniform = rewards.amax(dim=-1, keepdim=True) == rewards.amin(dim=-1, keepdim=True)
     return torch.where(uniform, torch.zeros_like(advantages), advantages)
+
+
+def step_advantages(
+    labels: Sequence[Sequence[int]], scale: float, eps: float = 1e-6
+) -> list[list[float]]:
+    """One advantage per step of each trajectory of a group, from its step labels (see the
+    module's "Step credit"): the group's nonzero labels standardised together, times
+    ``scale``; 0 for a neutral label and for every step when those labels all agree."""
+    pooled = torch.tensor([v for row in labels for v in row if v], dtype=torch.float32)
+    if pooled.numel() == 0 or bool(pooled.amax() == pooled.amin()):
+        return [[0.0] * len(row) for row in labels]
+    mean = pooled.mean()
+    std = pooled.std(correction=0)
+    return [[float(scale * (v - mean) / (std + eps)) if v else 0.0 for v in row] for row in labels]
+
+
+def step_token_advantages(
+    spans: Sequence[tuple[int, int]], values: Sequence[float], length: int
+) -> list[float]:
+    """Per token of a sequence of ``length``: ``values[i]`` on the tokens of ``spans[i]``
+    (cut at ``length``), 0 elsewhere; spans without a value get 0."""
+    out = [0.0] * length
+    for (start, end), value in zip(spans, values, strict=False):
+        for position in range(start, min(end, length)):
+            out[position] = value
+    return out
 
 
 @dataclass(frozen=True)

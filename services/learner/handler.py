@@ -54,14 +54,16 @@ def step_record(
     was given: the ones within ``max_staleness`` of ``version_before`` (the learner's
     version when the step began, as the trainer's own ``filter_stale`` decides) go under
     ``groups``, each with its task, origin, policy version, mean reward and whether its
-    rewards were all equal (``uniform``: no gradient); the others under ``stale``.
+    rewards were all equal (``uniform``: no outcome advantage); the others under ``stale``.
+    A group the attributor worked on (``rollout.step_credit``) also has ``label_s``, its
+    seconds on the group, and ``labelled``, its trajectories that carry step labels.
     """
     kept, _ = filter_stale(groups, version_before, max_staleness)
     kept_ids = {id(group) for group in kept}
 
     def entry(group: RolloutGroup) -> dict[str, Any]:
         rewards = group.rewards()
-        return {
+        fields = {
             "group_id": group.id,
             "task_id": group.task_id,
             "origin": group.origin,
@@ -69,6 +71,10 @@ def step_record(
             "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
             "uniform": not rewards or max(rewards) == min(rewards),
         }
+        labelled = sum(bool(t.step_labels) for t in group.trajectories)
+        if group.label_s or labelled:
+            fields |= {"label_s": group.label_s, "labelled": labelled}
+        return fields
 
     return {
         "step": step,

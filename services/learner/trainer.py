@@ -50,6 +50,8 @@ from coevolve.services.learner.grpo import (
     group_version,
     grpo_loss,
     shared_prompt_length,
+    step_advantages,
+    step_token_advantages,
 )
 from coevolve.services.learner.memory import (
     activation_checkpointing,
@@ -59,6 +61,7 @@ from coevolve.services.learner.memory import (
     release_freed_memory,
 )
 from coevolve.services.learner.sft import accumulate_sft_gradients, prompt_key
+from coevolve.shared.attribution.steps import labels_fit, step_spans
 from coevolve.shared.demonstrations import SftExample
 from coevolve.shared.messages import RolloutGroup, Trajectory
 from coevolve.shared.policy import LoadedPolicy, export_weights
@@ -113,6 +116,10 @@ class StepMetrics:
     # the process's resident-memory high-water mark so far, in GB (the step's own peak
     # when it is the largest yet)
     peak_rss_gb: float = 0.0
+    # groups trained with a step advantage (rollout.step_credit), and the attributor's
+    # seconds on this step's groups (RolloutGroup.label_s, failed tries included)
+    step_credit_groups: int = 0
+    label_s: float = 0.0
 
     def scalars(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items() if k not in ("step", "version")}
@@ -121,7 +128,9 @@ class StepMetrics:
 @dataclass
 class Sample:
     """One trajectory as trained: ``proximal_logprobs`` are filled in by the no-grad pass
-    before several updates (None: the detached log-probs of the update's own pass)."""
+    before several updates (None: the detached log-probs of the update's own pass).
+    ``step_advantages`` (per token, 0 outside steps) are added to the outcome ``advantage``
+    when the trajectory's steps are labelled (None: the outcome's alone)."""
 
     token_ids: list[int]
     behaviour_logprobs: list[float]
@@ -129,10 +138,12 @@ class Sample:
     advantage: float
     temperature: float = 1.0
     proximal_logprobs: list[float] | None = None
+    step_advantages: list[float] | None = None
 
     def after(self, start: int) -> Sample:
         """The part from token ``start`` on (what follows a shared prompt)."""
         proximal = self.proximal_logprobs
+        steps = self.step_advantages
         return Sample(
             self.token_ids[start:],
             self.behaviour_logprobs[start:],
@@ -140,17 +151,20 @@ class Sample:
             self.advantage,
             self.temperature,
             None if proximal is None else proximal[start:],
+            None if steps is None else steps[start:],
         )
 
 
 @dataclass(frozen=True)
 class SampleBatch:
-    """What ``build_samples`` kept (per group) and what it refused, counted by reason."""
+    """What ``build_samples`` kept (per group) and what it refused, counted by reason;
+    ``step_credit`` counts the kept groups trained with step advantages."""
 
     groups: list[list[Sample]]
     uniform: int
     malformed: int
     truncated: int
+    step_credit: int = 0
 
 
 class PaddedBatch(NamedTuple):
@@ -160,7 +174,7 @@ class PaddedBatch(NamedTuple):
     attention: Tensor
     loss_mask: Tensor
     behaviour: Tensor
-    advantages: Tensor  # [B]
+    advantages: Tensor  # [B], or [B, T] when a sample has step advantages
     temperatures: Tensor  # [B]
     proximal: Tensor | None  # when every sample has them
 
@@ -212,6 +226,12 @@ def pad_batch(samples: Sequence[Sample], pad_id: int, device: torch.device) -> P
         if proximal is not None and sample.proximal_logprobs is not None:
             proximal[row, :n] = torch.tensor(sample.proximal_logprobs)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    if any(s.step_advantages is not None for s in samples):
+        steps = torch.zeros(shape, dtype=torch.float32)
+        for row, sample in enumerate(samples):
+            if sample.step_advantages is not None:
+                steps[row, : len(sample.step_advantages)] = torch.tensor(sample.step_advantages)
+        advantages = advantages[:, None] + steps
     temperatures = torch.tensor([s.temperature for s in samples], dtype=torch.float32)
     return PaddedBatch(
         ids.to(device),
@@ -339,6 +359,8 @@ class GrpoLearner:
             duration_s=duration,
             demo_loss=sum(demo_losses) / len(demo_losses) if demo_losses else 0.0,
             peak_rss_gb=peak_resident_gb(),
+            step_credit_groups=batch.step_credit,
+            label_s=sum(g.label_s for g in kept),
         )
         self.log_metrics(metrics)
         release_freed_memory()
@@ -402,22 +424,26 @@ class GrpoLearner:
     def build_samples(self, groups: Sequence[RolloutGroup]) -> SampleBatch:
         """Samples with their advantages, per group, and the refusals by reason."""
         grouped: list[list[Sample]] = []
-        uniform = malformed = truncated = 0
+        uniform = malformed = truncated = step_credit = 0
         for group in groups:
-            advantages = group_advantages(
-                torch.tensor(group.rewards(), dtype=torch.float32), self.config.advantage_eps
-            ) * self.config.origin_advantage_scale.get(group.origin, 1.0)
-            if self.config.drop_uniform_groups and not bool(advantages.any()):
+            factor = self.config.origin_advantage_scale.get(group.origin, 1.0)
+            rewards = torch.tensor(group.rewards(), dtype=torch.float32)
+            advantages = group_advantages(rewards, self.config.advantage_eps) * factor
+            steps = self.step_values(group, factor)
+            if self.config.drop_uniform_groups and not bool(advantages.any()) and steps is None:
                 uniform += 1
                 continue
+            per_trajectory: Sequence[list[float] | None] = steps or [None] * len(group.trajectories)
             samples: list[Sample] = []
-            for trajectory, advantage in zip(group.trajectories, advantages.tolist(), strict=True):
+            for trajectory, advantage, values in zip(
+                group.trajectories, advantages.tolist(), per_trajectory, strict=True
+            ):
                 reason = malformed_reason(trajectory)
                 if reason is None and (how := truncation(trajectory)) is not None:
                     self.refuse_truncated(trajectory, how)
                     truncated += 1
                     continue
-                sample = self.to_sample(trajectory, advantage)
+                sample = self.to_sample(trajectory, advantage, values)
                 if reason is None and not any(sample.loss_mask):
                     reason = "cut before its first generated token"
                 if reason is not None:
@@ -427,7 +453,35 @@ class GrpoLearner:
                 samples.append(sample)
             if samples:
                 grouped.append(samples)
-        return SampleBatch(grouped, uniform, malformed, truncated)
+                step_credit += steps is not None
+        return SampleBatch(grouped, uniform, malformed, truncated, step_credit)
+
+    def step_values(self, group: RolloutGroup, factor: float = 1.0) -> list[list[float]] | None:
+        """Each trajectory's step advantages (``grpo.step_advantages``, times the origin's
+        ``factor``); None when they are all 0: no trajectory of the group has a label for
+        each of its steps, the labels all agree, or ``step_credit_scale`` is 0. A
+        trajectory whose labels do not fit is unlabelled."""
+        if self.config.step_credit_scale == 0:
+            return None
+        fitting = [labels_fit(t) for t in group.trajectories]
+        for trajectory, fits in zip(group.trajectories, fitting, strict=True):
+            if trajectory.step_labels and not fits:
+                log.warning(
+                    "trajectory %s: %d step labels for %d steps; trained without them",
+                    trajectory.id,
+                    len(trajectory.step_labels),
+                    len(step_spans(trajectory.loss_mask)),
+                )
+        if not any(fitting):
+            return None
+        labels = [
+            list(t.step_labels) if fits else []
+            for t, fits in zip(group.trajectories, fitting, strict=True)
+        ]
+        values = step_advantages(
+            labels, self.config.step_credit_scale * factor, self.config.advantage_eps
+        )
+        return values if any(any(row) for row in values) else None
 
     def refuse_truncated(self, trajectory: Trajectory, how: str) -> None:
         """Say loudly, once per learner, why such trajectories are refused; then quietly."""
@@ -444,14 +498,24 @@ class GrpoLearner:
             how,
         )
 
-    def to_sample(self, trajectory: Trajectory, advantage: float) -> Sample:
+    def to_sample(
+        self, trajectory: Trajectory, advantage: float, step_values: list[float] | None = None
+    ) -> Sample:
+        """The trajectory cut at ``max_tokens``; with ``step_values`` (one per step) each
+        step's value on its tokens (``Sample.step_advantages``)."""
         limit = self.config.max_tokens or len(trajectory.token_ids)
+        mask = trajectory.loss_mask[:limit]
+        steps = None
+        if step_values:
+            spans = step_spans(trajectory.loss_mask)
+            steps = step_token_advantages(spans, step_values, len(mask))
         return Sample(
             token_ids=trajectory.token_ids[:limit],
             behaviour_logprobs=trajectory.logprobs[:limit],
-            loss_mask=trajectory.loss_mask[:limit],
+            loss_mask=mask,
             advantage=advantage,
             temperature=trajectory.temperature,
+            step_advantages=steps,
         )
 
     def group_layout(self, group: Sequence[Sample]) -> tuple[int, bool]:

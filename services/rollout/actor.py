@@ -3,6 +3,9 @@
 Replicas share the job queue. Between episodes a worker hot-swaps to the newest policy
 version announced by the learner. Before taking on a job it waits while the learner has
 more than ``max_unconsumed_groups`` groups it has not consumed yet (backpressure).
+With ``step_credit`` on, the attributor LLM role labels each group's steps before it is
+published (the worker would mostly be waiting for the learner meanwhile); a group whose
+labelling fails is published unlabelled.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ import anyio
 from nats.js.errors import NotFoundError
 
 from coevolve.services.rollout.config import RolloutConfig
-from coevolve.services.rollout.handler import roll_out
+from coevolve.services.rollout.handler import attribute_steps, roll_out
 from coevolve.shared.config import Settings
+from coevolve.shared.llm import RoleClients, RoleLLM
 from coevolve.shared.messages import (
     PolicyVersion,
+    RolloutGroup,
     RolloutJob,
+    Task,
     decode,
 )
 from coevolve.shared.runtime.actor import Actor, Consumer, Delivery
@@ -30,6 +36,7 @@ from coevolve.shared.runtime.subjects import (
     ROLLOUT_JOBS_CONSUMER,
     ROLLOUT_RESULTS,
 )
+from coevolve.shared.structured import RejectionCounter
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +44,7 @@ log = logging.getLogger(__name__)
 class RolloutActor(Actor):
     name = "rollout"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, llm: RoleClients | None = None) -> None:
         super().__init__(settings)
         self.config = settings.section(self.name, RolloutConfig)
         self.engine: Any = None
@@ -45,6 +52,15 @@ class RolloutActor(Actor):
         # announcements whose weights failed their digest: not fetched again
         self._refused: set[tuple[str, str]] = set()
         self.throttled_s = 0.0
+        # the attributor role (step credit on only); clients given are closed by their maker
+        self._own_llm = llm is None
+        self.llm = llm
+        if llm is None and self.config.step_credit.enabled:
+            self.llm = RoleClients.from_section(
+                settings.services.get("llm"), settings.run_dir, roles=("attributor",)
+            )
+        self.attributions = RejectionCounter()
+        self.step_credit_s = 0.0
 
     async def setup(self) -> None:
         from coevolve.shared.policy_sync import latest_policy
@@ -58,6 +74,14 @@ class RolloutActor(Actor):
         interrupt = getattr(self.engine, "interrupt", None)
         if interrupt is not None:
             interrupt()
+        if self._own_llm and self.llm is not None:
+            await self.llm.aclose()
+
+    @property
+    def attributor(self) -> RoleLLM | None:
+        if self.llm is None or not self.config.step_credit.enabled:
+            return None
+        return self.llm["attributor"]
 
     def _load_engine(self) -> Any:
         from coevolve.shared.policy.factory import build_engine
@@ -149,8 +173,32 @@ class RolloutActor(Actor):
         rolled = await anyio.to_thread.run_sync(
             lambda: roll_out(engine, job, config), abandon_on_cancel=True
         )
-        await self.publish(ROLLOUT_GROUPS, rolled.group)
+        group = rolled.group
+        if (attributor := self.attributor) is not None:
+            group = await self._attribute(group, job.task, attributor)
+        await self.publish(ROLLOUT_GROUPS, group)
         await self.publish(ROLLOUT_RESULTS, rolled.results)
+
+    async def _attribute(
+        self, group: RolloutGroup, task: Task, attributor: RoleLLM
+    ) -> RolloutGroup:
+        """The group with its steps labelled (unlabelled when that fails); the attributor's
+        seconds go out as ``step_credit_s`` (running total) and ``step_credit_group_s``."""
+        self.report_progress("labelling steps", detail=f"group {group.id[:8]}")
+        rejected_before = dict(self.attributions.rejected)
+        try:
+            attributed = await attribute_steps(
+                group, task, attributor, self.config.step_credit, self.attributions
+            )
+        finally:
+            self.clear_progress()
+        self.step_credit_s += attributed.seconds
+        await self.metric("step_credit_s", self.step_credit_s)
+        await self.metric("step_credit_group_s", attributed.seconds, outcome=attributed.outcome)
+        for kind, count in self.attributions.rejected.items():
+            if count != rejected_before.get(kind, 0):
+                await self.metric("llm_rejections", count, role="attributor", kind=kind)
+        return attributed.group
 
 
 def build(settings: Settings) -> Actor:

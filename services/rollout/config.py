@@ -8,6 +8,23 @@ from coevolve.shared.config import EngineKind
 from coevolve.shared.toolcalls import CLOSE_TAG
 
 
+class StepCreditConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Self-attributing (``rollout.step_credit``): before a group is published, the
+    attributor LLM role labels each step of each trajectory GOOD or BAD; the learner adds
+    a step advantage (``learner.grpo.step_credit_scale``). Off: unmeasured here."""
+
+    enabled: bool = False
+    # a group whose rewards are all equal has no outcome advantage: its steps' labels are
+    # the only gradient it can give
+    label_uniform_groups: bool = True
+    # the group is published unlabelled when labelling takes longer
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0:
+            raise ValueError(f"rollout.step_credit.timeout_s must be > 0, got {self.timeout_s}")
+
+
 class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None
     # llama_cpp: the CPU engine (a float GGUF base, each policy version as a LoRA adapter);
@@ -41,6 +58,7 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # take no job before the learner's first announced policy (its warm start): the base
     # model calls no tool, so its groups all score 0 and only take CPU from the warm start
     wait_for_policy: bool = True
+    step_credit: StepCreditConfig = msgspec.field(default_factory=StepCreditConfig)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.partial_credit < 1.0:

@@ -1,13 +1,21 @@
-"""Rollout's work without the bus: a rollout job in, its group and scores out."""
+"""Rollout's work without the bus: a rollout job in, its group and scores out; with
+``step_credit`` on, the group's steps labelled by the attributor role before it goes out."""
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from coevolve.services.rollout.config import RolloutConfig
+import anyio
+import msgspec
+
+from coevolve.services.rollout.config import RolloutConfig, StepCreditConfig
+from coevolve.shared.attribution import label_group
 from coevolve.shared.envs import make_environment
 from coevolve.shared.episodes import run_group
+from coevolve.shared.llm import RoleLLM
 from coevolve.shared.messages import (
     RolloutGroup,
     RolloutJob,
@@ -17,6 +25,14 @@ from coevolve.shared.messages import (
     derived_id,
 )
 from coevolve.shared.policy import SamplingParams
+from coevolve.shared.structured import RejectionCounter
+
+log = logging.getLogger(__name__)
+
+# labelled: every trajectory asked (an unusable answer leaves its labels empty);
+# uniform_skipped: equal rewards and ``label_uniform_groups`` off; timed_out, failed: the
+# group goes out unlabelled
+AttributionOutcome = Literal["labelled", "uniform_skipped", "timed_out", "failed"]
 
 
 @dataclass(frozen=True)
@@ -75,3 +91,47 @@ def roll_out(engine: Any, job: RolloutJob, config: RolloutConfig) -> RolledOut:
     ]
     results = RolloutResults(id=derived_id("results", job.id), group_id=group.id, samples=samples)
     return RolledOut(group, results)
+
+
+@dataclass(frozen=True)
+class Attributed:
+    group: RolloutGroup  # with ``step_labels`` and ``label_s`` when labelled
+    outcome: AttributionOutcome
+    seconds: float  # the attributor's time on the group, a failed try's included
+
+
+async def attribute_steps(
+    group: RolloutGroup,
+    task: Task,
+    llm: RoleLLM,
+    config: StepCreditConfig,
+    counter: RejectionCounter | None = None,
+) -> Attributed:
+    """``group`` with its steps labelled by the attributor (``shared/attribution``).
+
+    Never loses the group: when labelling fails (the endpoint down, past ``timeout_s``,
+    any error) the group comes back unlabelled, with the seconds spent on it.
+    """
+    rewards = group.rewards()
+    if not config.label_uniform_groups and (not rewards or max(rewards) == min(rewards)):
+        return Attributed(group, "uniform_skipped", 0.0)
+    started = time.perf_counter()
+    outcome: AttributionOutcome = "labelled"
+    labelled = group
+    try:
+        with anyio.fail_after(config.timeout_s):
+            labelled = await label_group(group, task, llm, counter)
+    except TimeoutError:
+        outcome = "timed_out"
+        log.warning(
+            "group %s: step labelling took over %.0f s; published unlabelled",
+            group.id,
+            config.timeout_s,
+        )
+    except Exception as exc:  # labelling is an extra: whatever breaks it, the group goes out
+        outcome = "failed"
+        log.warning("group %s: step labelling failed (%r); published unlabelled", group.id, exc)
+    seconds = time.perf_counter() - started
+    if outcome != "labelled":
+        labelled = group
+    return Attributed(msgspec.structs.replace(labelled, label_s=seconds), outcome, seconds)

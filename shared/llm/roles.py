@@ -39,8 +39,10 @@ from coevolve.shared.llm.server import (
     ServerSettings,
 )
 
-Role = Literal["summarizer", "explorer", "abstractor", "judge"]
-ROLES: tuple[Role, ...] = ("summarizer", "explorer", "abstractor", "judge")
+# attributor: labels each step of a rollout GOOD or BAD (``rollout.step_credit``; off by
+# default, and unused then)
+Role = Literal["summarizer", "explorer", "abstractor", "judge", "attributor"]
+ROLES: tuple[Role, ...] = ("summarizer", "explorer", "abstractor", "judge", "attributor")
 
 # The local server runs one request at a time for every service: a call may wait behind
 # several others, so its timeout is longer than a remote endpoint's.

@@ -318,9 +318,11 @@ def start_for_run(
     section: dict[str, object] | None,
     run_dir: Path,
     on_event: Callable[[str], None] | None = None,
+    step_credit: bool = False,
 ) -> LlamaServer | None:
     """The local server ``coevolve up`` shares among its services, started and healthy;
-    None when every role names its own endpoint or ``COEVOLVE_LLM_BASE_URL`` is set."""
+    None when every role in use names its own endpoint or ``COEVOLVE_LLM_BASE_URL`` is
+    set. The attributor is in use only with ``step_credit`` (rollout.step_credit)."""
     from coevolve.shared.llm.roles import parse_llm_section, role_settings
 
     if os.environ.get(BASE_URL_ENV):
@@ -329,7 +331,8 @@ def start_for_run(
         roles = role_settings(section)
     except ValueError as exc:
         raise LLMServerError(str(exc)) from exc
-    if all(config.base_url for config in roles.values()):
+    in_use = [c for role, c in roles.items() if step_credit or role != "attributor"]
+    if all(config.base_url for config in in_use):
         return None
     server = LlamaServer(
         parse_llm_section(section).server,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -14,8 +15,8 @@ from coevolve.shared.llm import (
     role_settings,
     role_settings_from_yaml,
 )
-from coevolve.shared.llm.roles import OwnServerBackend, make_backend, parse_llm_section
-from coevolve.shared.llm.server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV
+from coevolve.shared.llm.roles import ROLES, OwnServerBackend, make_backend, parse_llm_section
+from coevolve.shared.llm.server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV, start_for_run
 from coevolve.shared.structured import Rejection, json_schema_of_parameter, parse_structured
 from tests.support.fake_llm import FakeOpenAI, completion
 
@@ -38,7 +39,7 @@ llm:
 
 def test_defaults_every_role_on_the_local_server() -> None:
     roles = role_settings(None)
-    assert set(roles) == {"summarizer", "explorer", "abstractor", "judge"}
+    assert set(roles) == {"summarizer", "explorer", "abstractor", "judge", "attributor"}
     assert all(r.local and r.model is None for r in roles.values())
 
 
@@ -187,3 +188,14 @@ def test_parameter_types_from_function_docs_become_json_schema() -> None:
         "required": ["amount"],
         "additionalProperties": False,
     }
+
+
+def test_no_local_server_when_every_role_in_use_names_an_endpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attributor is in use only with rollout.step_credit: four remote roles and an
+    unset attributor start no local server."""
+    monkeypatch.delenv(BASE_URL_ENV, raising=False)
+    remote = {"base_url": "http://gpu-box:8000/v1", "model": "Qwen/Qwen2.5-32B-Instruct"}
+    section = {"roles": {role: remote for role in ROLES if role != "attributor"}}
+    assert start_for_run(section, tmp_path) is None

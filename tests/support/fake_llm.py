@@ -5,10 +5,11 @@ Both speak real HTTP (stdlib ``ThreadingHTTPServer``) and answer ``POST
 /v1/chat/completions``, recording every request body:
 
 - ``FakeOpenAI`` answers with scripted replies in order (the backend tests);
-- ``RoleFakeLLM`` tells the four roles apart by the JSON schema of the request's
-  ``response_format`` (summary -> summarizer, request -> abstractor, criteria -> judge, a
-  function call -> explorer) and answers each with ``brain(role, request)``, so a test
-  decides what the "remote LLM" says, including malformed answers (the data-loop tests).
+- ``RoleFakeLLM`` tells the roles apart by the JSON schema of the request's
+  ``response_format`` (summary -> summarizer, request -> abstractor, criteria -> judge,
+  labels -> attributor, a function call -> explorer) and answers each with
+  ``brain(role, request)``, so a test decides what the "remote LLM" says, including
+  malformed answers (the data-loop tests).
 """
 
 from __future__ import annotations
@@ -150,6 +151,8 @@ def role_of(request: dict[str, Any]) -> str:
         return "abstractor"
     if "criteria" in properties:
         return "judge"
+    if "labels" in properties:
+        return "attributor"
     return "explorer"
 
 

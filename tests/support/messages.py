@@ -4,7 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from coevolve.shared.messages import ChatMessage, Heartbeat, Origin, RolloutGroup, Trajectory
+from coevolve.shared.messages import (
+    ChatMessage,
+    Heartbeat,
+    Origin,
+    RolloutGroup,
+    Task,
+    ToolCall,
+    Trajectory,
+)
+
+# a BFCL turn and its two ground-truth calls, for prompts about one
+CD = ToolCall(name="cd", arguments={"folder": "documents"})
+TOUCH = ToolCall(name="touch", arguments={"file_name": "notes.txt"})
+NOTES_TASK = Task(
+    id="t",
+    environment="bfcl",
+    user_turns=["Go to documents and create notes.txt."],
+    ground_truth=[[CD, TOUCH]],
+)
 
 
 def untokenized_trajectory(
@@ -69,4 +87,34 @@ def heartbeat(
         in_flight=in_flight,
         progress_done=progress_done,
         progress_total=progress_total,
+    )
+
+
+def stepped_trajectory(
+    trajectory_id: str,
+    task_id: str,
+    prompt: Sequence[ChatMessage],
+    steps: Sequence[Sequence[ChatMessage]],
+    *,
+    reward: float = 0.0,
+    step_labels: Sequence[int] = (),
+) -> Trajectory:
+    """A trajectory laid out as ``shared/episodes.py`` lays one out, with stand-in token
+    ids: the prompt's messages (3 tokens, loss mask 0), then per step its assistant message
+    (2 tokens, mask 1) and the messages that answered it (1 token each, mask 0)."""
+    messages = list(prompt)
+    mask = [0, 0, 0]
+    for step in steps:  # its assistant message first
+        messages.extend(step)
+        mask.extend([1, 1] + [0] * (len(step) - 1))
+    return Trajectory(
+        id=trajectory_id,
+        task_id=task_id,
+        messages=messages,
+        token_ids=[7] * len(mask),
+        logprobs=[-0.5 if m else 0.0 for m in mask],
+        loss_mask=mask,
+        reward=reward,
+        policy_version=0,
+        step_labels=list(step_labels),
     )

@@ -110,3 +110,18 @@ def test_the_report_reads_what_the_learner_writes(tmp_path: Path) -> None:
         ("task-b", "synthesized", True),
     ]
     assert [(g.group_id, g.policy_version) for g in steps[0].stale] == [("g3", 1)]
+
+
+def test_a_labelled_group_records_the_attributors_seconds() -> None:
+    plain, labelled = (
+        rewarded_group("g1", "a", "seed", 5, 0.0, 0.0),
+        rewarded_group("g2", "b", "seed", 5, 0.0, 0.0),
+    )
+    labelled.label_s = 2.5
+    labelled.trajectories[0].step_labels = [1]
+    record = step_record(
+        [plain, labelled], step=1, version=6, published=True, version_before=5, max_staleness=4
+    )
+    first, second = record["groups"]
+    assert "label_s" not in first and "labelled" not in first
+    assert (second["label_s"], second["labelled"]) == (2.5, 1)
