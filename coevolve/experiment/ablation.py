@@ -701,6 +701,8 @@ def run_arm_until_end(
         pacer = Pacer(curve)
     until = f"{spec.minutes:g} min" + (f" or {spec.steps} steps" if spec.steps else "")
     log(f"[experiment] {arm} seed {seed}: {until} in {run}")
+    # read as the services start: the working tree may change while the arm runs
+    started_code = code_version()
     process = start_up(run, free_port(), directory / "up.log", config, scale)
     started = time.monotonic()
     wall_started = time.time()
@@ -732,7 +734,7 @@ def run_arm_until_end(
         "steps": spec.steps,
         "ended_by": live.ended_by,
         "end_minute": live.end_minute,
-        "code_version": code_version(),
+        "code_version": started_code,
         "machine": machine_facts(),
         "warm_start_sha256": warm.sha256,
         "started_at": wall_started,

@@ -424,3 +424,27 @@ def test_code_version_names_the_package_trees() -> None:
         pytest.skip("not a git checkout")
     assert re.fullmatch(r"[0-9a-f]{12}(\+dirty)?", version)
     assert code_version("no-such-commit") is None
+
+
+def test_an_arm_records_the_code_its_services_started_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit made while an arm runs does not become the arm's code version."""
+    versions = iter(["started-code", "later-code"])
+    monkeypatch.setattr(ablation, "code_version", lambda: next(versions))
+    monkeypatch.setattr(ablation, "start_up", lambda *args: subprocess.Popen(["true"]))
+    monkeypatch.setattr(ablation, "wait_for_nats_url", lambda *args: "nats://127.0.0.1:1")
+    monkeypatch.setattr(ablation, "stop_up", lambda *args: None)
+
+    async def finished_arm(*args: object, **kwargs: object) -> ablation.ArmLive:
+        assert ablation.code_version() == "later-code"  # the tree changed meanwhile
+        return ablation.ArmLive(end_minute=3.0, end_version=2, ended_by="steps")
+
+    monkeypatch.setattr(ablation, "control_arm", finished_arm)
+    spec = ExperimentSpec(("none",), (0,), minutes=140.0, steps=1)
+    warm = WarmStart(tmp_path / "warm-start.safetensors", WARM)
+    record = ablation.run_arm_until_end(
+        spec, tmp_path / "out", tmp_path / "results", "none", 0, warm, tmp_path, lambda _: None
+    )
+    assert record["code_version"] == "started-code"
+    assert record["mark_versions"][-1] == ("end", 3.0, 2)
