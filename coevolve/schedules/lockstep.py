@@ -6,7 +6,8 @@ the next rollout at once (no weight transfer); nothing runs concurrently.
 
 - ``collect_groups``: one group of K episodes per task, all batched, as ``RolloutGroup``s;
 - ``success_rate``: greedy single-episode success on a task list (held-out evaluation);
-- ``LockstepLoop``: sample tasks -> ``collect_groups`` -> ``GrpoLearner.step`` -> every
+- ``LockstepLoop``: sample tasks -> ``collect_groups`` -> ``GrpoLearner.step`` (with the
+  tasks' expert sides under a preference objective, ``learner.grpo.objective``) -> every
   ``synthesize_every`` steps call the synthesis hook (the data loop), which returns new
   tasks for the task source. Synthesis is optional (``None``): on CPU the data loop's LLM
   roles cost minutes per call;
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from coevolve.services.learner.config import LearnerConfig, LearnerServiceConfig, WarmStartConfig
+from coevolve.services.learner.preference_pairs import ExpertCache
 from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
 from coevolve.services.learner.warm_start import (
     DEMONSTRATIONS_SEED,
@@ -213,11 +215,16 @@ class LockstepLoop:
     log_dir: Path | None = None
     synthesize: Synthesizer | None = None
     on_new_tasks: Callable[[list[Task]], None] | None = None
+    # how a preference objective's expert sides are built (the warm start's length limits)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
 
     def __post_init__(self) -> None:
         learner_config = self.learner_config or LearnerConfig()
         self.engine = TransformersEngine(self.policy)
         self.learner = GrpoLearner(self.policy, learner_config, log_dir=self.log_dir)
+        self.experts: ExpertCache | None = None
+        if learner_config.objective != "grpo":
+            self.experts = ExpertCache(self.policy, self.warm_start)
         self.iterations = 0
         # groups since the last synthesis: the signal detectors see every group once
         self.unsynthesized: list[RolloutGroup] = []
@@ -236,7 +243,10 @@ class LockstepLoop:
         # the learner's version (after a warm start, 1): the groups are on-policy
         self.engine.policy_version = self.learner.version
 
+        drawn: dict[str, Task] = {}
+
         def sample(tasks: list[Task], refill: int) -> list[RolloutGroup]:
+            drawn.update((task.id, task) for task in tasks)
             seed = None if params.seed is None else params.seed + refill * REFILL_SEED_STRIDE
             return collect_groups(
                 self.engine,
@@ -251,7 +261,10 @@ class LockstepLoop:
             self.source, sample, config.tasks_per_step, config.refill_rounds
         )
         rolled = time.perf_counter()
-        metrics = self.learner.step(groups)
+        experts = None
+        if self.experts is not None:
+            experts = self.experts.for_tasks([drawn[g.task_id] for g in groups])
+        metrics = self.learner.step(groups, experts)
         # same weights object: the engine serves the new version from the next rollout on
         self.engine.policy_version = self.learner.version
         learned = time.perf_counter()
@@ -377,11 +390,13 @@ def run_lockstep(
         log_dir=run_dir / "tensorboard" / "lockstep",
         synthesize=synthesizer,
         on_new_tasks=on_new_tasks,
+        warm_start=learner.warm_start,
     )
     try:
         origin = demonstration_origin(settings.labels)
         warm = warm_start_once(loop.learner, store, run_dir, learner.warm_start, echo, origin)
-        if warm and learner.grpo.demo_coef > 0 and learner.demo_tasks > 0:
+        replay = learner.grpo.demo_coef > 0 and learner.grpo.objective == "grpo"
+        if warm and replay and learner.demo_tasks > 0:
             count = learner.demo_tasks
             sampled = store.sample_batch(
                 OVERSAMPLE * count, mix={origin: 1.0}, seed=DEMONSTRATIONS_SEED

@@ -17,6 +17,10 @@ reference (GRPO trains a fresh adapter on top), its completion is recorded in th
 checkpoint, and it is published as version 1. Then the ground truth of other seed tasks
 is replayed as demonstrations, a little of it with every GRPO update (``demo_coef``).
 
+With a preference objective (``grpo.objective`` eto or coevolving_dpo) each step also
+needs the expert side of its groups' tasks: the learner asks the pool for each task once
+and replays its ground truth as the warm start does (``preference_pairs.ExpertCache``).
+
 A checkpoint is written before its version is announced, and an announcement's id
 carries the weights' digest: a restarted learner never announces a version number twice.
 """
@@ -44,6 +48,7 @@ from coevolve.services.learner.handler import (
     version_to_announce,
     write_atomically,
 )
+from coevolve.services.learner.preference_pairs import ExpertCache, PairSide
 from coevolve.services.learner.ranks import PolicySpec, Ranks, build_learner
 from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
 from coevolve.shared.config import Settings
@@ -84,6 +89,7 @@ class LearnerActor(Actor):
         self.last_metrics: StepMetrics | None = None
         self.ranks: Ranks | None = None
         self._rank_failure: str | None = None
+        self._expert_cache: ExpertCache | None = None
 
     # ------------------------------------------------------------------ start-up
 
@@ -119,7 +125,8 @@ class LearnerActor(Actor):
                 await self._adopt_warm_start()
             elif not self.learner.warm_started:
                 await self._warm_start()
-            if self.config.grpo.demo_coef > 0 and self.config.demo_tasks > 0:
+            replay = self.config.grpo.demo_coef > 0 and self.config.demo_tasks > 0
+            if replay and self.config.grpo.objective == "grpo":  # GRPO's alone
                 await self._load_demonstrations()
         if self.ranks is not None:
             ranks, learner = self.ranks, self.learner
@@ -146,10 +153,10 @@ class LearnerActor(Actor):
                 raise ServiceFailed(f"learner rank lost: {reason}; restart from the checkpoint")
             await anyio.sleep(RANK_WATCH_S)
 
-    def _step(self, groups: list[RolloutGroup]) -> StepMetrics:
+    def _step(self, groups: list[RolloutGroup], experts: dict[str, PairSide] | None) -> StepMetrics:
         assert self.learner is not None
         try:
-            return train_step(self.learner, groups, self.ranks)
+            return train_step(self.learner, groups, self.ranks, experts)
         except Exception as exc:
             if self.ranks is not None:  # a collective failed: the ranks are out of step for good
                 self._rank_failure = repr(exc)
@@ -266,6 +273,32 @@ class LearnerActor(Actor):
         sampled: list[Task] = await pool.sample(OVERSAMPLE * count, mix={origin: 1.0}, seed=seed)
         return warm_start_tasks(sampled, settings, count)
 
+    async def _experts(self, groups: Sequence[RolloutGroup]) -> dict[str, PairSide] | None:
+        """A preference objective's expert sides for the groups' tasks (None under GRPO):
+        the tasks from the pool, each replayed once (``ExpertCache``)."""
+        from coevolve.shared.pool_client import PoolClient
+
+        if self.config.grpo.objective == "grpo":
+            return None
+        assert self.learner is not None
+        if self._expert_cache is None:
+            self._expert_cache = ExpertCache(self.learner.policy, self.config.warm_start)
+        cache = self._expert_cache
+        missing = cache.missing(g.task_id for g in groups)
+        if missing:
+            pool = PoolClient(self.bus)
+            tasks: list[Task] = []
+            for task_id in missing:
+                try:
+                    task = await pool.get(task_id)
+                except Exception as exc:  # the pool-store is restarting: try next step
+                    log.warning("no expert for task %s this step: %r", task_id, exc)
+                    continue
+                if task is not None:
+                    tasks.append(task)
+            await anyio.to_thread.run_sync(cache.build, tasks, abandon_on_cancel=True)
+        return cache.experts(g.task_id for g in groups)
+
     async def _announce_if_newer(self) -> None:
         from coevolve.shared.policy import weights_digest
         from coevolve.shared.policy_sync import latest_policy
@@ -363,7 +396,10 @@ class LearnerActor(Actor):
             groups = [w.group for w in batch]
             version_before = learner.version
             try:
-                metrics = await anyio.to_thread.run_sync(self._step, groups, abandon_on_cancel=True)
+                experts = await self._experts(groups)
+                metrics = await anyio.to_thread.run_sync(
+                    self._step, groups, experts, abandon_on_cancel=True
+                )
                 self.last_metrics = metrics
                 self._trained.extend(w.group.id for w in batch)
                 # checkpoint first: an announced version always exists on disk

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,16 +107,24 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    check: Callable[[Path, dict[str, Any]], None] | None = None,
 ) -> CheckpointState:
     """Restore ``model``'s trainable weights, ``optimizer`` and the RNGs from ``path``.
 
     The model must have the same trainable parameters (same names and shapes) as the one
     saved; anything else is refused with a clear error rather than loaded partially.
+    ``check(path, extra)`` sees the saved ``extra`` first and may refuse it by raising,
+    before anything is restored.
     """
     payload = torch.load(path, map_location="cpu", weights_only=True)
     if payload.get("format") != FORMAT_VERSION:
         raise ValueError(f"{path}: unsupported checkpoint format {payload.get('format')}")
+    if check is not None:
+        check(path, payload["extra"])
     reference: dict[str, torch.Tensor] = payload.get("reference") or {}
     if reference:
         add_reference_adapter(model)

@@ -1,5 +1,6 @@
-"""The learner's settings: the GRPO trainer's (``grpo``), the warm start's and the
-service's (the ``services.learner`` section)."""
+"""The learner's settings: the trainer's (``grpo``, with the objective it optimises and the
+preference objectives' own), the warm start's and the service's (the ``services.learner``
+section)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,42 @@ import msgspec
 # tool list (median ~1.1k tokens) and a shared-prompt micro-batch of them stay under it.
 DEFAULT_ACTIVATION_TOKENS = 2048
 
+Objective = Literal["grpo", "eto", "coevolving_dpo"]
+OBJECTIVES: tuple[Objective, ...] = ("grpo", "eto", "coevolving_dpo")
+
+
+class PreferenceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The preference objectives' settings (``services.learner.grpo.preference``; used only
+    when ``objective`` is not ``grpo``). Unmeasured here: no run has compared them."""
+
+    # DPO's beta: how far the policy may move from the reference to separate a pair
+    beta: float = 0.1
+    # weight of the expert's NLL (TRL's loss_type ["sigmoid", "sft"] weight; rpo_alpha):
+    # the paper's supervised term for stability, about 0.5/0.5 with DPO (second-hand)
+    sft_coef: float = 1.0
+    # coevolving_dpo: at most this many failure-vs-failure pairs per group, the widest
+    # reward gaps first
+    failure_pairs_per_group: int = 4
+
+    def __post_init__(self) -> None:
+        if not self.beta > 0:
+            raise ValueError(f"learner.grpo.preference.beta must be > 0, got {self.beta}")
+        if self.sft_coef < 0:
+            raise ValueError(f"learner.grpo.preference.sft_coef must be >= 0, got {self.sft_coef}")
+        if self.failure_pairs_per_group < 0:
+            raise ValueError("learner.grpo.preference.failure_pairs_per_group must be >= 0")
+
 
 class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """GRPO settings (``services.learner.grpo``)."""
+    """The trainer's settings (``services.learner.grpo``): GRPO's, and which objective a
+    step optimises."""
+
+    # grpo: the GRPO objective below. eto: DPO of the task's replayed ground truth
+    # (chosen) against the step's failed trajectories (rejected) plus the expert's NLL;
+    # coevolving_dpo: eto's pairs plus failure-vs-failure pairs ordered by partial credit
+    # (a stand-in for the failure agent's hard negatives). See ``preference``
+    objective: Objective = "grpo"
+    preference: PreferenceConfig = msgspec.field(default_factory=PreferenceConfig)
 
     # a fresh adapter on top of the warm start: at 5e-5 a run's 1-4 steps moved KL below
     # 2e-4 and no greedy decision; 3e-4 is where bench/short_tasks.py's GRPO did learn
@@ -62,11 +96,16 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # demonstration replay (as PPO-ptx mixes in its pretraining loss): every update also
     # lowers the cross-entropy of ``demo_examples`` ground-truth examples of seed tasks,
     # weighted by ``demo_coef``, so GRPO sharpens the policy without drifting from the
-    # wording of real calls (0 or no demonstrations set: off)
+    # wording of real calls (0 or no demonstrations set: off). GRPO only: the preference
+    # objectives have their own supervised term (``preference.sft_coef``)
     demo_coef: float = 0.1
     demo_examples: int = 4
 
     def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(
+                f"learner.grpo.objective must be one of {OBJECTIVES}, got {self.objective!r}"
+            )
         if self.ppo_epochs < 1 or self.mini_batches < 1:
             raise ValueError("ppo_epochs and mini_batches must be at least 1")
         if self.behaviour_weight_cap is not None and self.behaviour_weight_cap <= 0:

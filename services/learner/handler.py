@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from coevolve.services.learner.grpo import filter_stale, group_version
+from coevolve.services.learner.preference_pairs import PairSide
 from coevolve.services.learner.ranks import Ranks
 from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
 from coevolve.shared.messages import PolicyVersion, RolloutGroup, Task
@@ -29,12 +30,16 @@ STEPS_FILE = "learner/steps.jsonl"
 
 
 def train_step(
-    learner: GrpoLearner, groups: list[RolloutGroup], ranks: Ranks | None
+    learner: GrpoLearner,
+    groups: list[RolloutGroup],
+    ranks: Ranks | None,
+    experts: Mapping[str, PairSide] | None = None,
 ) -> StepMetrics:
-    """One step on ``groups``: in this process, or shared among the data-parallel ranks."""
+    """One step on ``groups`` (``experts``: the expert sides of a preference objective):
+    in this process, or shared among the data-parallel ranks."""
     if ranks is None:
-        return learner.step(groups)
-    return ranks.step(learner, groups)
+        return learner.step(groups, experts)
+    return ranks.step(learner, groups, experts)
 
 
 def step_record(

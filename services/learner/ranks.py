@@ -4,7 +4,8 @@ Rank 0 is the learner service: it talks to the bus, warm-starts, checkpoints and
 versions. Ranks 1..N-1 are processes it starts; each loads the same policy, joins the
 process group and follows rank 0's orders, handed over by broadcast: ``sync`` (take rank
 0's weights, optimizer state, step count, version and demonstrations), ``step`` (train on
-a step's groups, each rank its share; ``distributed``) and ``stop``. A rank that dies fails
+a step's groups, each rank its share, with the expert sides of a preference objective;
+``distributed``) and ``stop``. A rank that dies fails
 rank 0's next collective and is seen by ``Ranks.dead``; the service then exits and is
 restarted from its last checkpoint, as a one-process learner is.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -30,6 +31,7 @@ from coevolve.services.learner.distributed import (
     init_ranks,
 )
 from coevolve.services.learner.memory import map_large_blocks
+from coevolve.services.learner.preference_pairs import PairSide
 from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
 from coevolve.shared.messages import RolloutGroup
 from coevolve.shared.runtime.child_process import terminate_with_parent
@@ -115,7 +117,8 @@ def rank_main(rank: int, world_size: int, address: str, spec: PolicySpec) -> Non
             if order == "sync":
                 synced(learner, payload)
             elif order == "step":
-                learner.step(payload)
+                groups, experts = payload
+                learner.step(groups, experts)
     finally:
         close_ranks()
 
@@ -158,9 +161,14 @@ class Ranks:
         broadcast_object(("sync", sync_payload(learner)))
         broadcast_parameters(learner.model)
 
-    def step(self, learner: GrpoLearner, groups: Sequence[RolloutGroup]) -> StepMetrics:
-        broadcast_object(("step", list(groups)))
-        return learner.step(groups)
+    def step(
+        self,
+        learner: GrpoLearner,
+        groups: Sequence[RolloutGroup],
+        experts: Mapping[str, PairSide] | None = None,
+    ) -> StepMetrics:
+        broadcast_object(("step", (list(groups), dict(experts or {}))))
+        return learner.step(groups, experts)
 
     def dead(self) -> list[str]:
         """The ranks whose process has exited, with its exit code."""

@@ -18,7 +18,12 @@ Each step makes one new policy version, however many updates it made.
 
 The reference policy is the base model: with LoRA (the default) it is the same network
 with its adapters switched off, so it costs no memory; under full fine-tuning a frozen copy
-of the starting weights is kept (only when the KL term is on).
+of the starting weights is kept (only when the KL term or a preference objective is on).
+
+``LearnerConfig.objective`` chooses what a step optimises: GRPO (the default, above) or a
+preference objective on pairs built from the step's groups (``eto``, ``coevolving_dpo``;
+``preference.py``), against the same reference. A checkpoint records its objective, and
+resuming it under another is refused.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -60,6 +65,8 @@ from coevolve.services.learner.memory import (
     peak_resident_gb,
     release_freed_memory,
 )
+from coevolve.services.learner.preference import preference_step
+from coevolve.services.learner.preference_pairs import PairSide
 from coevolve.services.learner.sft import accumulate_sft_gradients, prompt_key
 from coevolve.shared.attribution.steps import labels_fit, step_spans
 from coevolve.shared.demonstrations import SftExample
@@ -120,9 +127,39 @@ class StepMetrics:
     # seconds on this step's groups (RolloutGroup.label_s, failed tries included)
     step_credit_groups: int = 0
     label_s: float = 0.0
+    # a preference objective's step (``LearnerConfig.objective`` eto or coevolving_dpo;
+    # ``preference.py``): its pairs, of which failure-vs-failure ones; DPO's loss (also in
+    # ``policy_loss``; ``loss`` adds sft_coef x ``sft_loss``), the expert's NLL per token,
+    # the share of pairs whose margin is positive, the mean margin and DPO's implicit
+    # rewards β·(π - ref) of the chosen and rejected sides. Left out of ``scalars`` under GRPO
+    preference: bool = False
+    pairs: int = 0
+    failure_pairs: int = 0
+    preference_loss: float = 0.0
+    sft_loss: float = 0.0
+    preference_accuracy: float = 0.0
+    preference_margin: float = 0.0
+    chosen_reward: float = 0.0
+    rejected_reward: float = 0.0
 
     def scalars(self) -> dict[str, float]:
-        return {k: float(v) for k, v in asdict(self).items() if k not in ("step", "version")}
+        left_out = {"step", "version", "preference"}
+        if not self.preference:
+            left_out |= set(PREFERENCE_METRICS)
+        return {k: float(v) for k, v in asdict(self).items() if k not in left_out}
+
+
+# the StepMetrics fields only a preference objective's step fills in
+PREFERENCE_METRICS = (
+    "pairs",
+    "failure_pairs",
+    "preference_loss",
+    "sft_loss",
+    "preference_accuracy",
+    "preference_margin",
+    "chosen_reward",
+    "rejected_reward",
+)
 
 
 @dataclass
@@ -249,6 +286,10 @@ def split_groups(grouped: Sequence[list[Sample]], parts: int) -> list[list[list[
     return [list(grouped[i::parts]) for i in range(min(parts, len(grouped)))]
 
 
+class ObjectiveMismatch(ValueError):
+    """A checkpoint trained with one objective, resumed under another."""
+
+
 class GrpoLearner:
     def __init__(
         self,
@@ -278,7 +319,7 @@ class GrpoLearner:
             weight_decay=self.config.weight_decay,
         )
         self.frozen_reference: nn.Module | None = None
-        if policy.finetune != "lora" and self.config.kl_beta > 0:
+        if policy.finetune != "lora" and self.needs_reference:
             self.frozen_reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         pad_id = policy.tokenizer.pad_token_id
         self.pad_id = int(pad_id if pad_id is not None else policy.tokenizer.eos_token_id or 0)
@@ -287,10 +328,23 @@ class GrpoLearner:
         # ground-truth examples replayed with every update (``set_demonstrations``)
         self.demonstrations: list[SftExample] = []
 
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a step runs the reference: GRPO's KL term, or a preference objective."""
+        return self.config.kl_beta > 0 or self.config.objective != "grpo"
+
     # ------------------------------------------------------------------ training
 
-    def step(self, groups: Sequence[RolloutGroup]) -> StepMetrics:
-        """The updates of one batch of ``groups``; returns its metrics (and logs them)."""
+    def step(
+        self, groups: Sequence[RolloutGroup], experts: Mapping[str, PairSide] | None = None
+    ) -> StepMetrics:
+        """The updates of one batch of ``groups``; returns its metrics (and logs them).
+
+        Under a preference objective (``LearnerConfig.objective``) the groups become pairs
+        (``preference.py``), ``experts`` giving the expert side of each task id that has
+        one; GRPO ignores ``experts``."""
+        if self.config.objective != "grpo":
+            return preference_step(self, groups, experts or {})
         started = time.perf_counter()
         kept, dropped = filter_stale(groups, self.version, self.config.max_staleness)
         batch = self.build_samples(kept)
@@ -727,7 +781,9 @@ class GrpoLearner:
     # ------------------------------------------------------------------ outputs
 
     def log_metrics(self, metrics: StepMetrics) -> None:
-        if metrics.trained:
+        if metrics.trained and metrics.preference:
+            self._log_preference_step(metrics)
+        elif metrics.trained:
             self._log_step(metrics)
         else:  # the step count and version stay: no "step" line for a batch without one
             log.info(
@@ -767,6 +823,24 @@ class GrpoLearner:
             metrics.peak_rss_gb,
         )
 
+    def _log_preference_step(self, metrics: StepMetrics) -> None:
+        log.info(
+            "step %d v%d %s: %d pairs (%d failure vs failure) dpo %.4f sft %.4f "
+            "accuracy %.3f margin %.4f reward %.3f tokens/s %.0f dropped %d",
+            metrics.step,
+            metrics.version,
+            self.config.objective,
+            metrics.pairs,
+            metrics.failure_pairs,
+            metrics.preference_loss,
+            metrics.sft_loss,
+            metrics.preference_accuracy,
+            metrics.preference_margin,
+            metrics.reward_mean,
+            metrics.tokens_per_s,
+            metrics.dropped_stale,
+        )
+
     def export_weights(self) -> bytes:
         """The current trainable weights as safetensors bytes, for the rollout workers."""
         return export_weights(self.model)
@@ -782,19 +856,32 @@ class GrpoLearner:
                 "model": self.policy.name,
                 "config": msgspec.to_builtins(self.config),
                 "warm_started": self.warm_started,
+                "objective": self.config.objective,
             },
         )
 
     def restore_checkpoint(self, path: Path) -> None:
-        state = load_checkpoint(path, self.model, self.optimizer)
+        """Resume from ``path``: weights, optimizer, counters. A checkpoint trained with
+        another objective is refused (checkpoints from before objectives were recorded
+        are GRPO's)."""
+        state = load_checkpoint(path, self.model, self.optimizer, check=self.check_objective)
         self.apply_optimizer_settings()
         self.step_count = state.step
         self.version = state.version
         self.warm_started = bool(state.extra.get("warm_started", False))
-        if self.warm_started and self.policy.finetune != "lora" and self.config.kl_beta > 0:
+        if self.warm_started and self.policy.finetune != "lora" and self.needs_reference:
             # the frozen copy is not in the checkpoint: the closest reference is the policy
             log.warning("full fine-tuning resumed: the KL reference restarts from these weights")
             self.frozen_reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+
+    def check_objective(self, path: Path, extra: Mapping[str, Any]) -> None:
+        saved = extra.get("objective", "grpo")
+        if saved != self.config.objective:
+            raise ObjectiveMismatch(
+                f"{path} was trained with objective {saved!r}, but learner.grpo.objective is "
+                f"{self.config.objective!r}: resume with objective {saved!r}, or start a new "
+                "run directory for the other objective"
+            )
 
     def apply_optimizer_settings(self) -> None:
         """The configured lr, betas and weight decay on every parameter group: a restored

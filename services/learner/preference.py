@@ -1,0 +1,328 @@
+"""A learner step on preference pairs: the ``eto`` and ``coevolving_dpo`` objectives.
+
+The step's groups (within the staleness bound, as GRPO's) become pairs
+(``preference_pairs``): the expert against each failure for ``eto``, and failures ordered
+by partial credit as well for ``coevolving_dpo``. Both sides are cut at ``max_tokens``.
+The reference log-probs come first, without gradient, from the network GRPO's KL term uses
+(``GrpoLearner.reference_model``: under LoRA the same network with the trained adapter
+off, i.e. base + warm start, the policy before any preference update; under full
+fine-tuning a frozen copy). Then each of ``mini_batches`` parts, ``ppo_epochs`` times, is
+one AdamW update of ``dpo.dpo_loss``: a pair's two sequences run together, their common
+prompt once (``SharedPrefix``) unless the pair is over the activation budget (then each
+side alone, checkpointed), and its loss is backpropagated at once, normalised by the
+part's pair and expert-token counts so the pairs add up to the part's mean. Under data
+parallelism each rank takes a share of a part's pairs (``distributed``).
+
+Log-probs are at temperature 1 (the policy itself, whatever the rollout sampled at), and
+summed over the agent's own tokens only. ``coevolving_dpo``'s failure-vs-failure pairs
+stand in for the failure agent's hard negatives: the failure agent (a second adapter
+trained by DPO on these pairs, whose trajectories would join the rejected sides) is not
+built yet.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from coevolve.services.learner.distributed import GradientSum, gathered, share, world
+from coevolve.services.learner.dpo import DpoStats, dpo_loss, summed_logprobs
+from coevolve.services.learner.grpo import (
+    SharedPrefix,
+    filter_stale,
+    group_version,
+    shared_prompt_length,
+)
+from coevolve.services.learner.memory import (
+    activation_checkpointing,
+    over_budget,
+    padded_tokens,
+    peak_resident_gb,
+    release_freed_memory,
+)
+from coevolve.services.learner.preference_pairs import (
+    EXPERT,
+    PairSide,
+    PreferencePair,
+    preference_pairs,
+    trajectory_side,
+)
+from coevolve.shared.messages import RolloutGroup
+from coevolve.shared.policy.logprobs import sequence_logprobs
+
+if TYPE_CHECKING:
+    from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
+
+Indexed = tuple[int, PreferencePair]
+
+
+def step_pairs(
+    learner: GrpoLearner, groups: Sequence[RolloutGroup], experts: Mapping[str, PairSide]
+) -> list[PreferencePair]:
+    """The pairs the learner's objective trains on from ``groups``, cut at ``max_tokens``."""
+    config = learner.config
+    pairs = preference_pairs(
+        groups, experts, config.objective, config.preference.failure_pairs_per_group
+    )
+    cut = (pair.cut(config.max_tokens) for pair in pairs)
+    return [pair for pair in cut if pair is not None]
+
+
+def pad_sides(
+    sides: Sequence[tuple[list[int], list[int]]], pad_id: int, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Right-padded ids, attention mask and bool loss mask of ``(token_ids, loss_mask)``s."""
+    length = max(len(ids) for ids, _ in sides)
+    ids = torch.full((len(sides), length), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(sides), length), dtype=torch.long)
+    mask = torch.zeros((len(sides), length), dtype=torch.bool)
+    for row, (tokens, loss_mask) in enumerate(sides):
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        attention[row, : len(tokens)] = 1
+        mask[row, : len(tokens)] = torch.tensor(loss_mask, dtype=torch.bool)
+    return ids.to(device), attention.to(device), mask.to(device)
+
+
+def pair_layout(learner: GrpoLearner, pair: PreferencePair) -> tuple[int, bool]:
+    """The length of the pair's common prompt to run once (0: none), and whether the pair
+    is over the activation budget (then each side runs alone, checkpointed)."""
+    config = learner.config
+    sides = (pair.chosen, pair.rejected)
+    prompt_length = 0
+    if config.share_prompt:
+        prompt_length = shared_prompt_length(
+            [s.token_ids for s in sides], [s.loss_mask for s in sides]
+        )
+    if prompt_length < config.min_shared_prompt:
+        prompt_length = 0
+    held = [prompt_length, padded_tokens([len(s.token_ids) - prompt_length for s in sides])]
+    if over_budget(held, config.activation_tokens):
+        return 0, True
+    return prompt_length, False
+
+
+def pair_logprobs(
+    learner: GrpoLearner,
+    model: nn.Module,
+    pair: PreferencePair,
+    prompt_length: int,
+    *,
+    one_at_a_time: bool = False,
+    requires_grad: bool = False,
+) -> tuple[Tensor, SharedPrefix | None, int]:
+    """``[2]``: the chosen and rejected sides' log-probs summed over their agent tokens,
+    with the prompt run once when ``prompt_length`` > 0 (its ``backward`` is the
+    caller's) or each side alone with ``one_at_a_time``; and the tokens run."""
+    sides = [(s.token_ids, s.loss_mask) for s in (pair.chosen, pair.rejected)]
+    device = learner.device
+    if one_at_a_time:
+        sums = []
+        for side in sides:
+            ids, attention, mask = pad_sides([side], learner.pad_id, device)
+            logprobs, _ = sequence_logprobs(
+                model, ids, attention, 1.0, positions=mask, with_entropy=False
+            )
+            sums.append(summed_logprobs(logprobs, mask))
+        return torch.cat(sums), None, sum(len(ids) for ids, _ in sides)
+    prompt: SharedPrefix | None = None
+    tokens = 0
+    if prompt_length:
+        prompt_ids = torch.tensor(sides[0][0][:prompt_length], device=device)
+        prompt = SharedPrefix(model, prompt_ids, 1.0, requires_grad=requires_grad)
+        tokens += prompt_length
+    tails = [(ids[prompt_length:], mask[prompt_length:]) for ids, mask in sides]
+    ids, attention, mask = pad_sides(tails, learner.pad_id, device)
+    tokens += int(attention.sum())
+    if prompt is not None:
+        logprobs, _ = prompt.logprobs(ids, attention, mask, with_entropy=False)
+    else:
+        logprobs, _ = sequence_logprobs(
+            model, ids, attention, 1.0, positions=mask, with_entropy=False
+        )
+    return summed_logprobs(logprobs, mask), prompt, tokens
+
+
+@torch.no_grad()
+def reference_logprobs(learner: GrpoLearner, pair: PreferencePair) -> tuple[Tensor, int]:
+    """The pair's summed log-probs under the reference (no gradient), and the tokens run."""
+    prompt_length, over = pair_layout(learner, pair)
+    with learner.reference_model() as reference:
+        logps, _, tokens = pair_logprobs(
+            learner, reference, pair, prompt_length, one_at_a_time=over
+        )
+    return logps.detach(), tokens
+
+
+def accumulate_pair(
+    learner: GrpoLearner,
+    pair: PreferencePair,
+    reference: Tensor,
+    pair_normalizer: float,
+    token_normalizer: float,
+) -> tuple[DpoStats, int]:
+    """Forward and backward one pair's share of the part's loss; its stats and tokens."""
+    settings = learner.config.preference
+    prompt_length, over = pair_layout(learner, pair)
+    checkpointed = activation_checkpointing(learner.model) if over else nullcontext()
+    with checkpointed:
+        logps, prompt, tokens = pair_logprobs(
+            learner, learner.model, pair, prompt_length, one_at_a_time=over, requires_grad=True
+        )
+        loss, stats = dpo_loss(
+            logps[:1],
+            logps[1:],
+            reference[:1],
+            reference[1:],
+            beta=settings.beta,
+            sft_coef=settings.sft_coef,
+            chosen_tokens=torch.tensor([pair.chosen.agent_tokens], device=logps.device),
+            expert_chosen=torch.tensor([pair.kind == "expert"], device=logps.device),
+            pair_normalizer=pair_normalizer,
+            token_normalizer=token_normalizer,
+        )
+        loss.backward()
+        if prompt is not None:
+            prompt.backward()
+    return stats, tokens
+
+
+def expert_tokens(pairs: Sequence[Indexed]) -> int:
+    """The agent tokens of the expert chosen sides: the supervised term's normaliser."""
+    return sum(pair.chosen.agent_tokens for _, pair in pairs if pair.kind == "expert")
+
+
+def preference_step(
+    learner: GrpoLearner, groups: Sequence[RolloutGroup], experts: Mapping[str, PairSide]
+) -> StepMetrics:
+    """One step of the preference objective on ``groups`` (see the module)."""
+    started = time.perf_counter()
+    config = learner.config
+    kept, dropped = filter_stale(groups, learner.version, config.max_staleness)
+    staleness = [learner.version - group_version(g) for g in kept]
+    pairs = step_pairs(learner, kept, experts)
+    indexed = list(enumerate(pairs))
+    references: dict[int, Tensor] = {}
+    stats: list[DpoStats] = []
+    grad_norms: list[float] = []
+    tokens = 0
+    for _ in range(config.ppo_epochs):
+        for part in split_pairs(indexed, config.mini_batches):
+            total = GradientSum(learner.trainable)
+            count, supervised = float(len(part)), float(max(expert_tokens(part), 1))
+            for index, pair in share(part):
+                if index not in references:
+                    references[index], run = reference_logprobs(learner, pair)
+                    tokens += run
+                pair_stats, run = accumulate_pair(
+                    learner, pair, references[index], count, supervised
+                )
+                stats.append(pair_stats)
+                tokens += run
+                total.collect()
+            total.finish()
+            grad_norms.append(learner.apply_update())
+    if world()[1] > 1:
+        stats = [s for rank_stats in gathered(stats) for s in rank_stats]
+        tokens = sum(gathered(tokens))
+    updates = sum(math.isfinite(norm) for norm in grad_norms)
+    if updates:
+        learner.step_count += 1
+        learner.version += 1
+    metrics = step_metrics(
+        learner, kept, (dropped, staleness), pairs, stats, grad_norms, (tokens, started)
+    )
+    learner.log_metrics(metrics)
+    release_freed_memory()
+    return metrics
+
+
+def step_metrics(
+    learner: GrpoLearner,
+    kept: Sequence[RolloutGroup],
+    stale: tuple[int, list[int]],
+    pairs: Sequence[PreferencePair],
+    stats: Sequence[DpoStats],
+    grad_norms: Sequence[float],
+    work: tuple[int, float],
+) -> StepMetrics:
+    """What the step did, in GRPO's ``StepMetrics`` (its PPO diagnostics left at 0):
+    ``stale`` is the groups dropped and each kept group's staleness, ``work`` the tokens
+    run and the step's start (``time.perf_counter``)."""
+    from coevolve.services.learner.trainer import StepMetrics
+
+    dropped, staleness = stale
+    tokens, started = work
+    rewards = torch.tensor([r for g in kept for r in g.rewards()], dtype=torch.float32)
+    duration = time.perf_counter() - started
+    updates = sum(math.isfinite(norm) for norm in grad_norms)
+    return StepMetrics(
+        step=learner.step_count,
+        version=learner.version,
+        trained=updates > 0,
+        groups=len(kept),
+        dropped_stale=dropped,
+        uniform_groups=0,
+        malformed=sum(trajectory_side(t) is None for g in kept for t in g.trajectories),
+        refused_truncated=0,
+        updates=updates,
+        reward_mean=float(rewards.mean()) if len(rewards) else 0.0,
+        reward_std=float(rewards.std(correction=0)) if len(rewards) else 0.0,
+        staleness_mean=sum(staleness) / len(staleness) if staleness else 0.0,
+        staleness_max=max(staleness, default=0),
+        kl=0.0,
+        clip_fraction=0.0,
+        ratio_mean=0.0,
+        behaviour_weight_mean=0.0,
+        behaviour_weight_max=0.0,
+        behaviour_capped=0.0,
+        entropy=0.0,
+        grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else 0.0,
+        tokens=tokens,
+        tokens_per_s=tokens / duration if duration > 0 else 0.0,
+        duration_s=duration,
+        peak_rss_gb=peak_resident_gb(),
+        label_s=sum(g.label_s for g in kept),
+        preference=True,
+        **preference_means(stats, learner.config.preference.sft_coef, pairs),
+    )
+
+
+def split_pairs(pairs: Sequence[Indexed], parts: int) -> list[list[Indexed]]:
+    """Pairs dealt round-robin into at most ``parts`` non-empty mini-batches."""
+    return [list(pairs[i::parts]) for i in range(min(parts, len(pairs)))]
+
+
+def preference_means(
+    stats: Sequence[DpoStats], sft_coef: float, pairs: Sequence[PreferencePair]
+) -> dict[str, Any]:
+    """The step's ``StepMetrics`` fields of a preference objective: means over every pair
+    evaluated (each update's), the NLL per expert token."""
+    evaluated = sum(s.pairs for s in stats)
+    supervised = sum(s.sft_tokens for s in stats)
+
+    def mean(name: str) -> float:
+        return sum(float(getattr(s, name)) for s in stats) / evaluated if evaluated else 0.0
+
+    preference = mean("preference_loss")
+    sft = sum(s.sft_nll for s in stats) / supervised if supervised else 0.0
+    sources = {side.source for p in pairs for side in (p.chosen, p.rejected)} - {EXPERT}
+    return {
+        "loss": preference + sft_coef * sft,
+        "policy_loss": preference,
+        "pairs": len(pairs),
+        "failure_pairs": sum(p.kind == "failure" for p in pairs),
+        "trajectories": len(sources),
+        "trained_tokens": sum(p.chosen.agent_tokens + p.rejected.agent_tokens for p in pairs),
+        "preference_loss": preference,
+        "sft_loss": sft,
+        "preference_accuracy": mean("correct"),
+        "preference_margin": mean("margin"),
+        "chosen_reward": mean("chosen_reward"),
+        "rejected_reward": mean("rejected_reward"),
+    }
