@@ -185,7 +185,7 @@ async def abstract(exploration: Exploration, deps: AbstractorDeps) -> Abstractio
             result.rejections.append(draft)
             continue
         if isinstance(draft, MalformedDraft):
-            drop("malformed_request", "; ".join(draft.problems))
+            drop("malformed_request", f"{draft.draft.request!r}: " + "; ".join(draft.problems))
             continue
         task = unit_task(
             draft, unit, exploration, index, signal_evidence=exploration.signal_evidence
@@ -304,7 +304,9 @@ async def write_request(
         if rewrites == config.rewrites:
             return MalformedDraft(draft, problems)
         rewrites += 1
-        log.info("exploration %s: request rewritten: %s", exploration.id, problems)
+        log.info(
+            "exploration %s: request %r rewritten: %s", exploration.id, draft.request, problems
+        )
         messages = rewrite_messages(messages, draft, problems)
 
 
