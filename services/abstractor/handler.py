@@ -282,7 +282,9 @@ async def write_request(
     known = tool_names(tools)
     context = "\n".join(m.content for m in conversation)
     needed = [value for _, value in unstated_values("", unit.calls, unit.observations, context)]
-    schema = request_schema(needed if config.constrain_values else ())
+    # a unit whose values the conversation already says still gets the prose pattern: a
+    # 0.5B copied "get_stock_info(symbol=NVDA); place_order(..." where none was set
+    schema = request_schema(needed, prose=True) if config.constrain_values else request_schema()
     rewrites = 0
     while True:
         draft = await ask_structured(

@@ -51,11 +51,12 @@ class RequestDraft(msgspec.Struct, forbid_unknown_fields=True):
     request: str
 
 
-def request_schema(values: Sequence[Any] = ()) -> dict[str, Any]:
+def request_schema(values: Sequence[Any] = (), prose: bool = False) -> dict[str, Any]:
     """Schema of :class:`RequestDraft`; with ``values``, the request must write each of
-    them (:func:`values_pattern`)."""
+    them, and with ``values`` or ``prose`` no code character enters it outside them
+    (:func:`values_pattern`)."""
     request: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": MAX_REQUEST_CHARS}
-    if values:
+    if values or prose:
         request["pattern"] = values_pattern(values)
     return {
         "type": "object",

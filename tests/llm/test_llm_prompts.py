@@ -289,6 +289,11 @@ def test_a_request_schema_with_values_accepts_only_requests_that_write_them() ->
     assert not accepts("arguments: symbol = AAPL, amount = 10, price = 210.65")
     assert not accepts("Call place_order for AAPL, 10 at 210.65")
     assert accepts("Buy 10 of AAPL (at 210.65, please): that's all.")
+    # with no value to write, prose alone: code still cannot enter
+    prose = grammar(request_schema((), prose=True))
+    for request, ok in (("Show me my watchlist.", True), ("get_watchlist()", False)):
+        draft = compact(RequestDraft(description="d", request=request))
+        assert _is_grammar_accept_string(prose, draft) is ok
     # a value JSON must escape is not required; the others still are
     assert values_pattern(['say "hi"', "USR005"]) == values_pattern(["USR005"])
     assert _is_grammar_accept_string(
