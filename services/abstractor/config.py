@@ -24,9 +24,6 @@ class AbstractorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     # the request's JSON schema holds a pattern that writes every value the calls need
     # (prompts.values_pattern): constrained decoding cannot leave one out
     constrain_values: bool = True
-    # show the parent turn's request beside its ground-truth calls, and ask for a variant
-    # of it in that user's words (instead of the request alone, unnamed calls)
-    show_parent_calls: bool = False
     dedup_threshold: float = 0.7
     dedup_backend: SimilarityBackend = "ngram"
     dedup_refresh_s: float = 120.0

@@ -19,7 +19,7 @@ import msgspec
 
 from coevolve.services.abstractor.call_units import CallUnit
 from coevolve.shared.envs.rendering import compact_description
-from coevolve.shared.failures import call_text, target_functions
+from coevolve.shared.failures import target_functions
 from coevolve.shared.messages import (
     ChatMessage,
     Exploration,
@@ -125,9 +125,9 @@ ABSTRACTOR_SYSTEM = (
     "that these calls, and nothing else, accomplish."
 )
 
-INSTRUCTIONS_HEAD = "Write the user's next message, asking for exactly these calls:\n"
-INSTRUCTION_RULES = """- plain English, as the same user would say it next in this conversation; \
-never a function name, code, JSON, a log line, or a list of "name: value" details;
+ABSTRACTOR_INSTRUCTIONS = """Write the user's next message, asking for exactly these calls:
+- plain English, as the same user would say it next in this conversation; never a \
+function name, code, JSON, a log line, or a list of "name: value" details;
 - say every argument value shown above (names, ids, amounts, file names) in the \
 sentence, unless the conversation already says it or an earlier call returns it;
 - ask for what the calls do, in their order, and nothing more; a call that only looks \
@@ -168,40 +168,19 @@ def render_conversation(conversation: Sequence[ChatMessage]) -> str:
     return "\n".join(lines)
 
 
-PARENT_EXAMPLE_INSTRUCTION = (
-    "- word it the way this user words things: a variant of the user's own request shown "
-    "above, for these calls and their values, not a description of the functions;\n"
-)
-
-
-def parent_example(task: Task) -> str | None:
-    """The parent turn's request beside the calls that answered it: how its user asked
-    for calls at this point. None without ground truth."""
-    if not task.user_turns or not task.ground_truth or not task.ground_truth[0]:
-        return None
-    calls = "; ".join(call_text(call) for call in task.ground_truth[0])
-    return f"(At this point the user once asked {task.user_turns[0]!r}, for the calls: {calls})"
-
-
 def request_messages(
     exploration: Exploration,
     unit: CallUnit,
     tools: Sequence[dict[str, Any]],
     conversation: Sequence[ChatMessage] = (),
-    show_parent_calls: bool = False,
 ) -> ChatMessages:
     """The abstractor's prompt for one unit (ask with :func:`request_schema`): the
-    conversation so far, how its user spoke (with ``show_parent_calls``, the parent's
-    request beside its calls, as an example to vary), and the calls the next request is
-    for."""
+    conversation so far, how its user spoke, and the calls the next request is for."""
     by_name = {tool.get("function", tool).get("name"): tool for tool in tools}
     parent = exploration.task.user_turns[:1]
-    example = parent_example(exploration.task) if show_parent_calls else None
     if conversation:
         scenario = render_conversation(conversation)
-        if example is not None:
-            scenario += f"\n{example}"
-        elif parent:
+        if parent:
             scenario += f"\n(At this point the user once said: {parent[0]!r})"
     else:
         scenario = "\n".join(f"- {turn}" for turn in exploration.task.user_turns[:2])
@@ -217,9 +196,7 @@ def request_messages(
     user = (
         f"The conversation so far:\n{scenario}\n\n"
         f"The calls it will make, in order:\n" + "\n".join(steps) + "\n\n"
-        f"{INSTRUCTIONS_HEAD}"
-        f"{PARENT_EXAMPLE_INSTRUCTION if example is not None else ''}"
-        f"{INSTRUCTION_RULES}"
+        f"{ABSTRACTOR_INSTRUCTIONS}"
     )
     return [{"role": "system", "content": ABSTRACTOR_SYSTEM}, {"role": "user", "content": user}]
 

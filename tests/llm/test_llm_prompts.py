@@ -328,23 +328,6 @@ def test_request_prompt_shows_the_calls_their_functions_and_results(
     )
 
 
-def test_request_prompt_can_show_the_parents_request_beside_its_calls(
-    bfcl: tuple[Task, list[Any]],
-) -> None:
-    task, tools = bfcl
-    earlier = [ChatMessage(role="user", content="Move into my documents folder.")]
-    plain = request_messages(exploration_of(task), UNIT, tools, earlier)[1]["content"]
-    shown = request_messages(exploration_of(task), UNIT, tools, earlier, show_parent_calls=True)
-    text = shown[1]["content"]
-    first_call = task.ground_truth[0][0].name
-    assert f"(At this point the user once asked {task.user_turns[0]!r}, for the calls: " in text
-    assert f"{first_call}(" in text and f"{first_call}(" not in plain
-    assert "a variant of the user's own request shown above" in text
-    assert "a variant of the user's own request" not in plain
-    # the rules follow the example's line, unchanged
-    assert text.index("a variant of") < text.index("- plain English")
-
-
 def test_request_problems(bfcl: tuple[Task, list[Any]]) -> None:
     _, tools = bfcl
     names = {t["function"]["name"] for t in tools}
