@@ -23,16 +23,26 @@ from coevolve.services.abstractor.call_units import CallUnit, call_units
 from coevolve.services.abstractor.completion import complete_requests, unstated_values
 from coevolve.services.abstractor.config import AbstractorConfig, SimilarityBackend
 from coevolve.services.abstractor.prompts import (
+    MIN_REQUEST_WORDS,
     RequestDraft,
+    lacks_plain_words,
     request_messages,
     request_problems,
     request_schema,
     rewrite_messages,
     unit_task,
 )
+from coevolve.shared.argument_values import salient_values
 from coevolve.shared.envs import make_environment
 from coevolve.shared.llm import RoleLLM
-from coevolve.shared.messages import ChatMessage, Exploration, PoolStats, Task, TaskCandidate
+from coevolve.shared.messages import (
+    ChatMessage,
+    Exploration,
+    PoolStats,
+    Task,
+    TaskCandidate,
+    ToolCall,
+)
 from coevolve.shared.similarity import MIN_WORDS, LeakGuard, NearDuplicateIndex
 from coevolve.shared.structured import Rejection, RejectionCounter, ask_structured, tool_names
 
@@ -51,6 +61,19 @@ def query_texts(task: Task) -> list[str]:
     joined when none is substantial."""
     turns = [turn for turn in task.user_turns if _long_enough(turn)]
     return turns or ["\n".join(task.user_turns)]
+
+
+def ground_truth_calls(task: Task) -> list[ToolCall]:
+    return [call for turn in task.ground_truth for call in turn]
+
+
+def names_other_values(text: str, match: str, values: Sequence[Any]) -> bool:
+    """Whether ``text`` names one of ``values`` that ``match`` does not name. The explorer's
+    variant rounds call the failed function again with other values, and their requests
+    differ from each other in those values alone (0.95 similar in n-grams)."""
+    text, match = text.lower(), match.lower()
+    named = [str(value).lower() for value in values if str(value).lower() in text]
+    return any(value not in match for value in named)
 
 
 class PoolQueries:
@@ -96,11 +119,13 @@ class PoolQueries:
 
     def duplicate_of(self, task: Task) -> tuple[float, str] | None:
         """(similarity, matched pool text) of the least novel turn when every turn has
-        a near copy; None when the task asks something new."""
+        a near copy; None when the task asks something new. A near copy in wording that
+        names another value than the turn (GOOG for AAPL) is a variant, not a copy."""
+        values = [value for _, _, value in salient_values(ground_truth_calls(task))]
         worst: tuple[float, str] | None = None
         for text in query_texts(task):
             score, match = self.nearest(text)
-            if match is None or score < self.threshold:
+            if match is None or score < self.threshold or names_other_values(text, match, values):
                 return None
             if worst is None or score < worst[0]:
                 worst = (score, match)
@@ -309,6 +334,8 @@ async def write_request(
         log.info(
             "exploration %s: request %r rewritten: %s", exploration.id, draft.request, problems
         )
+        if config.constrain_values and lacks_plain_words(problems):
+            schema = request_schema(needed, prose=True, lead_words=MIN_REQUEST_WORDS)
         messages = rewrite_messages(messages, draft, problems)
 
 

@@ -51,13 +51,15 @@ class RequestDraft(msgspec.Struct, forbid_unknown_fields=True):
     request: str
 
 
-def request_schema(values: Sequence[Any] = (), prose: bool = False) -> dict[str, Any]:
+def request_schema(
+    values: Sequence[Any] = (), prose: bool = False, lead_words: int = 0
+) -> dict[str, Any]:
     """Schema of :class:`RequestDraft`; with ``values``, the request must write each of
     them, and with ``values`` or ``prose`` no code character enters it outside them
-    (:func:`values_pattern`)."""
+    (:func:`values_pattern`), and it opens with ``lead_words`` plain words."""
     request: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": MAX_REQUEST_CHARS}
-    if values or prose:
-        request["pattern"] = values_pattern(values)
+    if values or prose or lead_words:
+        request["pattern"] = values_pattern(values, lead_words)
     return {
         "type": "object",
         "properties": {
@@ -74,6 +76,10 @@ def request_schema(values: Sequence[Any] = (), prose: bool = False) -> dict[str,
 # only code writes. A 0.5B model copied the prompt's "arguments:" and "returned:" lines
 # ("{'zipcode': ...") into 3 of run 24's 5 requests, each then refused as code.
 _TEXT = r'[^"\\{}=_<>|`]'
+# one plain word and the space after it: a rewrite of a request refused as too short
+# opens with MIN_REQUEST_WORDS of them. Asked in words, a 0.5B wrote a short request again
+# three times in a row (2 of run 25's 3 explorations dropped so)
+_PLAIN_WORD = "[A-Za-z][a-z]*[ ]"
 # values in every order up to this many (a sentence orders them its own way), else in
 # the calls' order
 MAX_PERMUTED_VALUES = 3
@@ -98,17 +104,19 @@ def value_regex(value: Any) -> str:
     return "".join(_char_regex(c) for c in str(value)) + f"{_TEXT}*"
 
 
-def values_pattern(values: Sequence[Any]) -> str:
+def values_pattern(values: Sequence[Any], lead_words: int = 0) -> str:
     """A JSON-schema ``pattern`` of a request that writes every value of ``values`` (but
     those with a quote, a backslash or a line break, which JSON escapes, or a bracket
-    or caret, which a class cannot hold as itself).
+    or caret, which a class cannot hold as itself), opening with ``lead_words`` plain
+    words.
 
     Grammar-constrained decoding then keeps the model writing until it has said them: a
     0.5B model's requests still left out a value the rewrite had named in 5 of 7 units it
     gave up on (recorded explorations of runs 17-21)."""
+    lead = "^" + _PLAIN_WORD * lead_words
     values = [v for v in values if not re.search(r'["\\\n\r\]\[^]', str(v))]
     if not values:
-        return f"^{_TEXT}*$"
+        return f"{lead}{_TEXT}*$"
     orders = (
         list(itertools.permutations(values))
         if len(values) <= MAX_PERMUTED_VALUES
@@ -116,7 +124,7 @@ def values_pattern(values: Sequence[Any]) -> str:
     )
     alternatives = ["".join(value_regex(v) for v in order) for order in orders]
     body = alternatives[0] if len(alternatives) == 1 else "(" + "|".join(alternatives) + ")"
-    return f"^{_TEXT}*{body}$"
+    return f"{lead}{_TEXT}*{body}$"
 
 
 ABSTRACTOR_SYSTEM = (
@@ -242,6 +250,12 @@ def request_problems(
     if template is not None:
         problems.append(f"a template, not what a user says: {template}")
     return problems
+
+
+def lacks_plain_words(problems: Sequence[str]) -> bool:
+    """Whether ``problems`` refuse a request for too few plain words (in all, or before
+    a "Details:" clause: ``wording.call_syntax``)."""
+    return any("plain words" in problem for problem in problems)
 
 
 def rewrite_messages(

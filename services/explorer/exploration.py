@@ -9,9 +9,10 @@ its observation). An unusable answer is a counted rejection that uses up the ste
 never ends the exploration early. A call that already failed in the round is not run
 again: the model is asked once more, and a second repeat is a ``repeated_call``
 rejection. A round's first call that repeats, with the same arguments, an earlier
-round's first call is asked for again once, warmer, then run: later rounds are variants
-with other values where the state has them. :class:`~coevolve.shared.llm.LLMUnavailable`
-propagates: the caller retries the whole exploration later.
+round's first call is restricted to the other values the state holds for one of its
+parameters (``variants.py``); where it holds none, a repeat is asked for again once,
+warmer, then run. :class:`~coevolve.shared.llm.LLMUnavailable` propagates: the caller
+retries the whole exploration later.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import msgspec
 
 from coevolve.services.explorer.config import ExplorerConfig
 from coevolve.services.explorer.prompts import exploration_messages
-from coevolve.shared.envs import Environment
+from coevolve.services.explorer.variants import varied_tools
+from coevolve.shared.envs import Environment, state_of
 from coevolve.shared.llm import RoleLLM
 from coevolve.shared.llm.client import ChatMessages
 from coevolve.shared.messages import ChatMessage, ExplorationRound, InteractionStep, Task, ToolCall
@@ -136,7 +138,9 @@ async def explore_round(
     (the first step that makes one) is constrained to those of them the environment
     offers, so every round tries one of them; later steps may call any function (a
     lookup, a call that uses what the first returned). ``tried``: earlier rounds' first
-    calls, which this round's first call should not repeat when they take arguments."""
+    calls, which this round's first call should not repeat when they take arguments:
+    where the state holds other values for one of their parameters, the schema offers
+    only those (``variants.py``)."""
     environment = make_env()
     schemas = _SchemaCache()
     try:
@@ -154,12 +158,15 @@ async def explore_round(
                 wanted = set(first_functions)
                 offered = [t for t in tools if t.get("function", t).get("name") in wanted] or tools
             earlier = [call_json(call) for call in tried if call.arguments] if first else []
+            schema = schemas.get(offered)
+            if earlier and first_functions:
+                varied = varied_tools(offered, tried, state_of(environment))
+                if varied != offered:
+                    schema = function_call_schema(varied)
             messages = exploration_messages(
                 tools, goal, shown, failed=sorted(failed_calls), tried=earlier
             )
-            outcome = await next_action(
-                llm, messages, schemas.get(offered), config, failed_calls, set(earlier)
-            )
+            outcome = await next_action(llm, messages, schema, config, failed_calls, set(earlier))
             counter.record(outcome)
             if isinstance(outcome, Rejection):
                 stats.rejections.append(outcome)

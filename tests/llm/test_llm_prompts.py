@@ -15,6 +15,7 @@ from coevolve.services.abstractor.call_units import CallUnit
 from coevolve.services.abstractor.prompts import (
     RequestDraft,
     describe_call,
+    lacks_plain_words,
     request_messages,
     request_problems,
     request_schema,
@@ -430,3 +431,20 @@ def test_decide(accept: bool, criteria: tuple[bool, ...], accepted: bool, extra:
     for line in extra:
         assert line in reasons
     assert list(table) == list(CRITERIA)
+
+
+def test_a_rewrite_for_too_few_words_opens_with_three_plain_words() -> None:
+    def accepts(schema: dict[str, Any], request: str) -> bool:
+        draft = compact(RequestDraft(description="d", request=request))
+        return _is_grammar_accept_string(grammar(schema), draft)
+
+    free, lead = request_schema(["USR005"], prose=True), request_schema(["USR005"], lead_words=3)
+    for request in ("USR005", "USR005 messages", "Messages USR005"):
+        assert accepts(free, request) and not accepts(lead, request)
+    assert accepts(lead, "Show me every message sent by USR005.")
+    assert not accepts(lead, "Show me get_watchlist USR005")  # code still cannot enter
+    prose = request_schema((), prose=True, lead_words=3)
+    assert accepts(prose, "Show my sent messages.") and not accepts(prose, "Messages sent.")
+    assert lacks_plain_words(["a request of fewer than 3 plain words"])
+    assert lacks_plain_words(["written as code: 1 plain words before its details"])
+    assert not lacks_plain_words(["written as code: get_watchlist"])

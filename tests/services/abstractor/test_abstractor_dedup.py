@@ -8,7 +8,7 @@ import msgspec
 
 from coevolve.services.abstractor.actor import PoolQueries, query_texts
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
-from coevolve.shared.messages import Task
+from coevolve.shared.messages import Task, ToolCall
 from tests.dataloop.dataloop_harness import filesystem_seed_tasks
 
 
@@ -56,3 +56,19 @@ def test_recent_candidates_count_until_they_reach_the_pool(tmp_path: Path) -> No
 def test_short_turns_alone_are_compared_joined() -> None:
     task = Task(id="t", environment="bfcl", user_turns=["Yes.", "Do it now."])
     assert query_texts(task) == ["Yes.\nDo it now."]
+
+
+def test_a_near_copy_naming_other_values_is_a_variant_not_a_duplicate(tmp_path: Path) -> None:
+    queries = PoolQueries(0.7, "ngram", tmp_path)
+    request = "Get the price, volume and moving averages for the stock with symbol {}, please."
+    queries.replace_pool([request.format("AAPL")])
+    seed = next(t for t in seed_tasks() if "TradingBot" in t.env_config["involved_classes"])
+
+    def candidate(symbol: str) -> Task:
+        call = ToolCall(name="get_stock_info", arguments={"symbol": symbol})
+        return msgspec.structs.replace(
+            seed, id="c", user_turns=[request.format(symbol)], ground_truth=[[call]]
+        )
+
+    assert queries.duplicate_of(candidate("AAPL")) is not None
+    assert queries.duplicate_of(candidate("GOOG")) is None

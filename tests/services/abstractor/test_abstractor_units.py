@@ -84,3 +84,20 @@ async def test_a_request_written_as_code_is_asked_for_again_with_the_reason(
     [candidate] = result.candidates
     assert "mkdir(" not in candidate.task.user_turns[0]
     assert "'alpha'" in candidate.task.user_turns[0]
+
+
+async def test_a_request_too_short_is_asked_for_again_opening_with_plain_words(
+    tmp_path: Path,
+) -> None:
+    brain = WellFormedBrain(requests=["malformed", "good"])
+    result, fake = await abstracted(
+        tmp_path, brain, logged_exploration([[(folder("alpha"), True)]])
+    )
+    patterns = [
+        request["response_format"]["json_schema"]["schema"]["properties"]["request"]["pattern"]
+        for role, request in fake.requests
+        if role == "abstractor"
+    ]
+    assert len(patterns) == 2 and len(result.candidates) == 1
+    assert not patterns[0].startswith("^[A-Za-z]")
+    assert patterns[1].startswith("^" + "[A-Za-z][a-z]*[ ]" * 3)

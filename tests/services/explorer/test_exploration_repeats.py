@@ -149,3 +149,14 @@ def test_a_first_call_without_arguments_may_repeat_across_aimed_rounds(
     )
     assert [r.steps[0].action.name for r in rounds] == ["get_watchlist"] * 2
     assert len(endpoint.requests) == 2
+
+
+def test_an_aimed_round_offers_only_the_other_values_the_state_holds(
+    endpoint: FakeOpenAI, trading_task: Task
+) -> None:
+    run(endpoint, [NVDA, AAPL], trading_task, steps=1, rounds=2, first_functions=["get_stock_info"])
+    first_schema = json.dumps(endpoint.requests[0]["response_format"])
+    second = endpoint.requests[1]["response_format"]["json_schema"]["schema"]
+    offered = second["properties"]["arguments"]["properties"]["symbol"]["enum"]
+    assert '"enum"' not in first_schema
+    assert "NVDA" not in offered and "AAPL" in offered and len(offered) >= 3
