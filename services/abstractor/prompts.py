@@ -76,6 +76,12 @@ def request_schema(
 # only code writes. A 0.5B model copied the prompt's "arguments:" and "returned:" lines
 # ("{'zipcode': ...") into 3 of run 24's 5 requests, each then refused as code.
 _TEXT = r'[^"\\{}=_<>|`]'
+# the text before, between and after the values: bounded, so a model that will not write
+# a value is made to within this many characters. Unbounded, the 0.5B wrote on to its
+# token limit instead for all 3 units of one of run 26's explorations (a grammar's
+# pattern overrides the schema's maxLength in llama.cpp's converter)
+GAP_CHARS = 120
+_GAP = f"{_TEXT}{{0,{GAP_CHARS}}}"
 # one plain word and the space after it: a rewrite of a request refused as too short
 # opens with MIN_REQUEST_WORDS of them. Asked in words, a 0.5B wrote a short request again
 # three times in a row (2 of run 25's 3 explorations dropped so)
@@ -100,8 +106,8 @@ def value_regex(value: Any) -> str:
     them. A number inside a longer one (10 in 100) also matches: the request's check
     after decoding refuses it."""
     if isinstance(value, float) and value.is_integer():
-        return f"{int(value)}([.]0+)?{_TEXT}*"
-    return "".join(_char_regex(c) for c in str(value)) + f"{_TEXT}*"
+        return f"{int(value)}([.]0+)?{_GAP}"
+    return "".join(_char_regex(c) for c in str(value)) + _GAP
 
 
 def values_pattern(values: Sequence[Any], lead_words: int = 0) -> str:
@@ -116,7 +122,7 @@ def values_pattern(values: Sequence[Any], lead_words: int = 0) -> str:
     lead = "^" + _PLAIN_WORD * lead_words
     values = [v for v in values if not re.search(r'["\\\n\r\]\[^]', str(v))]
     if not values:
-        return f"{lead}{_TEXT}*$"
+        return f"{lead}{_TEXT}{{1,{MAX_REQUEST_CHARS}}}$"
     orders = (
         list(itertools.permutations(values))
         if len(values) <= MAX_PERMUTED_VALUES
@@ -124,7 +130,7 @@ def values_pattern(values: Sequence[Any], lead_words: int = 0) -> str:
     )
     alternatives = ["".join(value_regex(v) for v in order) for order in orders]
     body = alternatives[0] if len(alternatives) == 1 else "(" + "|".join(alternatives) + ")"
-    return f"{lead}{_TEXT}*{body}$"
+    return f"{lead}{_GAP}{body}$"
 
 
 ABSTRACTOR_SYSTEM = (

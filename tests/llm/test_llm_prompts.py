@@ -13,6 +13,7 @@ from xgrammar.testing import _is_grammar_accept_string
 
 from coevolve.services.abstractor.call_units import CallUnit
 from coevolve.services.abstractor.prompts import (
+    GAP_CHARS,
     RequestDraft,
     describe_call,
     lacks_plain_words,
@@ -448,3 +449,18 @@ def test_a_rewrite_for_too_few_words_opens_with_three_plain_words() -> None:
     assert lacks_plain_words(["a request of fewer than 3 plain words"])
     assert lacks_plain_words(["written as code: 1 plain words before its details"])
     assert not lacks_plain_words(["written as code: get_watchlist"])
+
+
+def test_the_text_around_the_values_is_bounded() -> None:
+    def accepts(schema: dict[str, Any], request: str) -> bool:
+        draft = compact(RequestDraft(description="d", request=request))
+        return _is_grammar_accept_string(grammar(schema), draft)
+
+    schema = request_schema([20.0])
+    ramble = "I would really like you to help me with the car today, " * 3
+    assert len(ramble) > GAP_CHARS
+    assert accepts(schema, "Please add 20 gallons of fuel to my tank.")
+    assert not accepts(schema, ramble + "add 20 gallons.")  # the value comes too late
+    assert not accepts(schema, "Add 20 gallons. " + ramble)  # and nothing rambles after it
+    prose = request_schema((), prose=True)
+    assert accepts(prose, "Show me my watchlist.") and not accepts(prose, ramble * 2)
