@@ -202,6 +202,10 @@ async def abstract(exploration: Exploration, deps: AbstractorDeps) -> Abstractio
         return result
     await refresh_pool_queries(deps)
     for index, unit in enumerate(units):
+        if unit.calls in exploration.task.ground_truth:
+            # the parent turn again: its request would be a copy (nothing asked of the LLM)
+            drop("parent_calls", "the unit makes exactly a turn of the parent's calls")
+            continue
         with deps.tracer.start_as_current_span("abstractor abstract"):
             draft = await write_request(
                 deps.llm, exploration, unit, tools, config, deps.outputs, conversation

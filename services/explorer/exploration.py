@@ -131,6 +131,7 @@ async def explore_round(
     stats: ExplorationStats,
     first_functions: Sequence[str] = (),
     tried: Sequence[ToolCall] = (),
+    avoid: Sequence[ToolCall] = (),
 ) -> ExplorationRound:
     """One round of at most ``config.max_steps`` actions from the task's initial state.
 
@@ -140,7 +141,8 @@ async def explore_round(
     lookup, a call that uses what the first returned). ``tried``: earlier rounds' first
     calls, which this round's first call should not repeat when they take arguments:
     where the state holds other values for one of their parameters, the schema offers
-    only those (``variants.py``)."""
+    only those (``variants.py``), other than those of ``avoid`` too (the calls the parent
+    turn expected: a variant of the parent, not the parent again)."""
     environment = make_env()
     schemas = _SchemaCache()
     try:
@@ -159,8 +161,9 @@ async def explore_round(
                 offered = [t for t in tools if t.get("function", t).get("name") in wanted] or tools
             earlier = [call_json(call) for call in tried if call.arguments] if first else []
             schema = schemas.get(offered)
-            if earlier and first_functions:
-                varied = varied_tools(offered, tried, state_of(environment))
+            avoided = [*avoid, *tried] if first else []
+            if first_functions and any(call.arguments for call in avoided):
+                varied = varied_tools(offered, avoided, state_of(environment))
                 if varied != offered:
                     schema = function_call_schema(varied)
             messages = exploration_messages(
@@ -212,17 +215,18 @@ async def explore(
     counter: RejectionCounter,
     rounds: int | None = None,
     first_functions: Sequence[str] = (),
+    avoid: Sequence[ToolCall] = (),
 ) -> tuple[list[ExplorationRound], ExplorationStats]:
     """``rounds`` (default ``config.rounds``) rounds, each in a fresh environment; with
     ``first_functions``, each first calls one of them, with other values than the rounds
-    before it."""
+    before it and than the calls of ``avoid`` where the state holds others."""
     stats = ExplorationStats()
     done: list[ExplorationRound] = []
     for _ in range(config.rounds if rounds is None else rounds):
         tried = [r.steps[0].action for r in done if r.steps] if first_functions else []
         done.append(
             await explore_round(
-                llm, make_env, task, goal, config, counter, stats, first_functions, tried
+                llm, make_env, task, goal, config, counter, stats, first_functions, tried, avoid
             )
         )
     return done, stats

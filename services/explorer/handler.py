@@ -181,6 +181,7 @@ async def explore_task(
             deps.actions,
             rounds,
             first_functions=target_functions(failed or []),
+            avoid=[call.expected for call in failed or []],
         )
     if stats.steps == 0:
         log.warning("exploration %s: no usable action in %d rounds", exploration_id, rounds)

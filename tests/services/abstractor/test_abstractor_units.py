@@ -101,3 +101,13 @@ async def test_a_request_too_short_is_asked_for_again_opening_with_plain_words(
     assert len(patterns) == 2 and len(result.candidates) == 1
     assert not patterns[0].startswith("^[A-Za-z]")
     assert patterns[1].startswith("^" + "[A-Za-z][a-z]*[ ]" * 3)
+
+
+async def test_a_unit_that_makes_the_parents_own_calls_is_dropped_unasked(
+    tmp_path: Path,
+) -> None:
+    parent = filesystem_seed_tasks(1)[0]
+    own = [(call, True) for call in parent.ground_truth[0]]
+    result, fake = await abstracted(tmp_path, WellFormedBrain(), logged_exploration([own], parent))
+    assert not fake.calls and not result.candidates
+    assert [reason for reason, _ in result.dropped] == ["parent_calls"]

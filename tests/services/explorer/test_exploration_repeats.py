@@ -20,7 +20,7 @@ from coevolve.services.explorer.exploration import explore
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.llm import RoleClients, role_settings
-from coevolve.shared.messages import Task
+from coevolve.shared.messages import Task, ToolCall
 from coevolve.shared.structured import RejectionCounter
 from tests.support.fake_llm import FakeOpenAI, completion
 
@@ -40,6 +40,7 @@ def run(
     steps: int,
     rounds: int = 1,
     first_functions: Sequence[str] = (),
+    avoid: Sequence[ToolCall] = (),
 ) -> tuple[Any, RejectionCounter]:
     endpoint.reply(*(completion(json.dumps(answer)) for answer in answers))
     section = {"default": {"base_url": endpoint.base_url, "model": "m", "temperature": 0.7}}
@@ -57,6 +58,7 @@ def run(
                 config,
                 counter,
                 first_functions=first_functions,
+                avoid=avoid,
             )
         finally:
             await clients.aclose()
@@ -160,3 +162,21 @@ def test_an_aimed_round_offers_only_the_other_values_the_state_holds(
     offered = second["properties"]["arguments"]["properties"]["symbol"]["enum"]
     assert '"enum"' not in first_schema
     assert "NVDA" not in offered and "AAPL" in offered and len(offered) >= 3
+
+
+def test_the_first_round_varies_from_the_parents_expected_call(
+    endpoint: FakeOpenAI, trading_task: Task
+) -> None:
+    expected = ToolCall(name="get_stock_info", arguments={"symbol": "NVDA"})
+    run(
+        endpoint,
+        [AAPL],
+        trading_task,
+        steps=1,
+        first_functions=["get_stock_info"],
+        avoid=[expected],
+    )
+    schema = endpoint.requests[0]["response_format"]["json_schema"]["schema"]
+    offered = schema["properties"]["arguments"]["properties"]["symbol"]["enum"]
+    assert "NVDA" not in offered and "AAPL" in offered
+    assert "Earlier rounds" not in endpoint.requests[0]["messages"][-1]["content"]
