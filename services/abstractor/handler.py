@@ -48,6 +48,10 @@ from coevolve.shared.structured import Rejection, RejectionCounter, ask_structur
 
 log = logging.getLogger(__name__)
 
+# added to the temperature for each rewrite: at the role's 0.7 the 0.5B wrote the same
+# refused request three times in a row for 3 of run 26's units
+REWRITE_WARMER = 0.3
+
 
 RECENT_TEXTS = 500
 
@@ -320,7 +324,7 @@ async def write_request(
             RequestDraft,
             schema=schema,
             max_tokens=config.max_tokens,
-            temperature=llm.settings.temperature,
+            temperature=llm.settings.temperature + REWRITE_WARMER * rewrites,
             counter=counter,
         )
         if isinstance(draft, Rejection):

@@ -74,8 +74,10 @@ def request_schema(
 # A request's character outside its values: not a quote or a backslash (the regex's "."
 # would let the grammar close the JSON string early), and none of the characters that
 # only code writes. A 0.5B model copied the prompt's "arguments:" and "returned:" lines
-# ("{'zipcode': ...") into 3 of run 24's 5 requests, each then refused as code.
-_TEXT = r'[^"\\{}=_<>|`]'
+# ("{'zipcode': ...") into 3 of run 24's 5 requests, each then refused as code; without
+# braces it still copied them ("... arguments: orderId 12446 returned: ...", run 26), so
+# a colon is out too (a value holding one is still written: value_regex)
+_TEXT = r'[^"\\{}=_<>|`:]'
 # the text before, between and after the values: bounded, so a model that will not write
 # a value is made to within this many characters. Unbounded, the 0.5B wrote on to its
 # token limit instead for all 3 units of one of run 26's explorations (a grammar's

@@ -289,8 +289,9 @@ def test_a_request_schema_with_values_accepts_only_requests_that_write_them() ->
     # code is refused while it is written, not after: the arguments or a result copied
     assert not accepts("{'symbol': 'AAPL', 'amount': 10, 'price': 210.65}")
     assert not accepts("arguments: symbol = AAPL, amount = 10, price = 210.65")
+    assert not accepts("Buy shares. arguments: AAPL 10 210.65 returned: order")
     assert not accepts("Call place_order for AAPL, 10 at 210.65")
-    assert accepts("Buy 10 of AAPL (at 210.65, please): that's all.")
+    assert accepts("Buy 10 of AAPL (at 210.65, please), that's all.")
     # with no value to write, prose alone: code still cannot enter
     prose = grammar(request_schema((), prose=True))
     for request, ok in (("Show me my watchlist.", True), ("get_watchlist()", False)):
@@ -300,7 +301,9 @@ def test_a_request_schema_with_values_accepts_only_requests_that_write_them() ->
     assert values_pattern(['say "hi"', "USR005"]) == values_pattern(["USR005"])
     assert _is_grammar_accept_string(
         grammar(request_schema(["USR005", "See you at noon?"])),
-        compact(RequestDraft(description="d", request="Tell USR005: see you at noon? Thanks.")),
+        compact(
+            RequestDraft(description="d", request="Tell USR005 this, see you at noon? Thanks.")
+        ),
     )
 
 

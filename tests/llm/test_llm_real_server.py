@@ -372,7 +372,7 @@ def test_every_role_schema_becomes_a_grammar_without_falling_back(
         assert "root ::=" in grammar, role
     # the request's pattern: its values, and prose that no code character enters
     with_values = json_schema_to_gbnf(json.dumps(schemas["request with values"]))
-    assert '[^"\\\\{}=_<>|`]' in with_values and "[zZ] [iI] [pP] [_]" in with_values
+    assert '[^"\\\\{}=_<>|`:]' in with_values and "[zZ] [iI] [pP] [_]" in with_values
     action = json_schema_to_gbnf(json.dumps(schemas["action"]))
     for name in tool_names(tools):
         assert f'\\"{name}\\"' in action  # each function name is a literal of the grammar

@@ -111,3 +111,14 @@ async def test_a_unit_that_makes_the_parents_own_calls_is_dropped_unasked(
     result, fake = await abstracted(tmp_path, WellFormedBrain(), logged_exploration([own], parent))
     assert not fake.calls and not result.candidates
     assert [reason for reason, _ in result.dropped] == ["parent_calls"]
+
+
+async def test_each_rewrite_is_asked_warmer(tmp_path: Path) -> None:
+    brain = WellFormedBrain(requests=["malformed", "malformed", "good"])
+    result, fake = await abstracted(
+        tmp_path, brain, logged_exploration([[(folder("alpha"), True)]])
+    )
+    assert [reason for reason, _ in result.dropped] == ["malformed_request"]
+    temperatures = [request["temperature"] for role, request in fake.requests]
+    assert len(temperatures) == 2  # rewrites=1 in these tests: dropped after the second
+    assert temperatures[1] > temperatures[0]
