@@ -141,6 +141,8 @@ ABSTRACTOR_SYSTEM = (
     "that these calls, and nothing else, accomplish."
 )
 
+FIRST_MESSAGE = "(nothing yet: this is the user's first message)"
+
 ABSTRACTOR_INSTRUCTIONS = """Write the user's next message, asking for exactly these calls:
 - plain English, as the same user would say it next in this conversation; never a \
 function name, code, JSON, a log line, or a list of "name: value" details;
@@ -194,12 +196,11 @@ def request_messages(
     conversation so far, how its user spoke, and the calls the next request is for."""
     by_name = {tool.get("function", tool).get("name"): tool for tool in tools}
     parent = exploration.task.user_turns[:1]
-    if conversation:
-        scenario = render_conversation(conversation)
-        if parent:
-            scenario += f"\n(At this point the user once said: {parent[0]!r})"
-    else:
-        scenario = "\n".join(f"- {turn}" for turn in exploration.task.user_turns[:2])
+    # with no earlier turn the parent's request is not "the conversation so far": shown
+    # so, the 0.5B wrote it again for calls it did not describe (run 26)
+    scenario = render_conversation(conversation) if conversation else FIRST_MESSAGE
+    if parent:
+        scenario += f"\n(At this point the user once said: {parent[0]!r})"
     steps = []
     for index, (call, observation) in enumerate(
         zip(unit.calls, unit.observations, strict=True), start=1

@@ -13,6 +13,7 @@ from xgrammar.testing import _is_grammar_accept_string
 
 from coevolve.services.abstractor.call_units import CallUnit
 from coevolve.services.abstractor.prompts import (
+    FIRST_MESSAGE,
     GAP_CHARS,
     RequestDraft,
     describe_call,
@@ -315,7 +316,9 @@ def test_request_prompt_shows_the_calls_their_functions_and_results(
     assert "1. It does: " in user and '   arguments: folder = "documents"' in user
     assert '   returned: {"current_working_directory": "documents"}' in user
     assert "2. It does: " in user and 'file_name = "a.txt"' in user
-    assert f"- {task.user_turns[0]}" in user
+    # a first turn: no conversation yet, the parent's request shown as what the user once said
+    assert f"{FIRST_MESSAGE}\n(At this point the user once said: {task.user_turns[0]!r})" in user
+    assert f"- {task.user_turns[0]}" not in user
     assert 'never a function name, code, JSON, a log line, or a list of "name: value"' in user
     # with the conversation before the request: its messages, and how its user spoke
     earlier = [
