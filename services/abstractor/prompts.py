@@ -38,6 +38,8 @@ from coevolve.shared.wording import (
 ChatMessages = list[dict[str, str]]
 
 MIN_REQUEST_WORDS = 3
+# a phrase this many words long written twice in one request is padding
+REPEATED_WORDS = 5
 OBSERVATION_CHARS = 300
 MAX_REQUEST_CHARS = 300
 CONVERSATION_MESSAGES = 8
@@ -79,11 +81,21 @@ def request_schema(
 # a colon is out too (a value holding one is still written: value_regex)
 _TEXT = r'[^"\\{}=_<>|`:]'
 # the text before, between and after the values: bounded, so a model that will not write
-# a value is made to within this many characters. Unbounded, the 0.5B wrote on to its
-# token limit instead for all 3 units of one of run 26's explorations (a grammar's
-# pattern overrides the schema's maxLength in llama.cpp's converter)
-GAP_CHARS = 120
-_GAP = f"{_TEXT}{{0,{GAP_CHARS}}}"
+# a value is made to within so many characters. Unbounded, the 0.5B wrote on to its token
+# limit instead for all 3 units of one of run 26's explorations (a grammar's pattern
+# overrides the schema's maxLength in llama.cpp's converter). The gaps share TEXT_CHARS,
+# each at least MIN_GAP_CHARS: with 120 a gap, a unit with 4 values got a 440-character
+# ramble (run 27)
+TEXT_CHARS = 240
+MIN_GAP_CHARS = 40
+GAP_CHARS = TEXT_CHARS // 2  # the gaps of one value
+
+
+def _gap(values: int) -> str:
+    """The text around ``values`` values: one of ``values + 1`` shares of TEXT_CHARS."""
+    return f"{_TEXT}{{0,{max(MIN_GAP_CHARS, TEXT_CHARS // (values + 1))}}}"
+
+
 # one plain word and the space after it: a rewrite of a request refused as too short
 # opens with MIN_REQUEST_WORDS of them. Asked in words, a 0.5B wrote a short request again
 # three times in a row (2 of run 25's 3 explorations dropped so)
@@ -102,14 +114,14 @@ def _char_regex(char: str) -> str:
     return char if char.isdigit() or char == " " else f"[{char}]"
 
 
-def value_regex(value: Any) -> str:
-    """A regex writing ``value``: a string in any case, a whole-number float with or
-    without its ``.0`` (a user writes 10 for 10.0), as ``written`` (completion.py) reads
-    them. A number inside a longer one (10 in 100) also matches: the request's check
-    after decoding refuses it."""
+def value_regex(value: Any, gap: str) -> str:
+    """A regex writing ``value`` and the ``gap`` after it: a string in any case, a
+    whole-number float with or without its ``.0`` (a user writes 10 for 10.0), as
+    ``written`` (completion.py) reads them. A number inside a longer one (10 in 100)
+    also matches: the request's check after decoding refuses it."""
     if isinstance(value, float) and value.is_integer():
-        return f"{int(value)}([.]0+)?{_GAP}"
-    return "".join(_char_regex(c) for c in str(value)) + _GAP
+        return f"{int(value)}([.]0+)?{gap}"
+    return "".join(_char_regex(c) for c in str(value)) + gap
 
 
 def values_pattern(values: Sequence[Any], lead_words: int = 0) -> str:
@@ -130,9 +142,10 @@ def values_pattern(values: Sequence[Any], lead_words: int = 0) -> str:
         if len(values) <= MAX_PERMUTED_VALUES
         else [tuple(values)]
     )
-    alternatives = ["".join(value_regex(v) for v in order) for order in orders]
+    gap = _gap(len(values))
+    alternatives = ["".join(value_regex(v, gap) for v in order) for order in orders]
     body = alternatives[0] if len(alternatives) == 1 else "(" + "|".join(alternatives) + ")"
-    return f"{lead}{_GAP}{body}$"
+    return f"{lead}{gap}{body}$"
 
 
 ABSTRACTOR_SYSTEM = (
@@ -226,6 +239,21 @@ def request_words(request: str, functions: set[str]) -> list[str]:
     return [w for w in words if re.fullmatch(r"[A-Za-z][a-z']*", w) and w not in functions]
 
 
+def repeated_phrase(request: str, words: int = REPEATED_WORDS) -> str | None:
+    """A run of ``words`` words that ``request`` writes twice; None when there is none.
+    The 0.5B padded a request with its own clause again ("... as I've misplaced the ID
+    but need the latest transaction. Access and get ... as I've misplaced the ID but
+    need the latest transaction", run 27, accepted by the judge's checks)."""
+    tokens = re.findall(r"[a-z0-9']+", request.lower())
+    seen: set[tuple[str, ...]] = set()
+    for start in range(len(tokens) - words + 1):
+        phrase = tuple(tokens[start : start + words])
+        if phrase in seen:
+            return " ".join(phrase)
+        seen.add(phrase)
+    return None
+
+
 def request_problems(
     draft: RequestDraft,
     known_functions: set[str],
@@ -242,6 +270,11 @@ def request_problems(
         return problems
     if len(request_words(draft.request, known_functions)) < MIN_REQUEST_WORDS:
         problems.append(f"a request of fewer than {MIN_REQUEST_WORDS} plain words")
+    if len(draft.request) > MAX_REQUEST_CHARS:
+        problems.append(f"longer than {MAX_REQUEST_CHARS} characters")
+    repeated = repeated_phrase(draft.request)
+    if repeated is not None:
+        problems.append(f"it says {repeated!r} twice")
     syntax = call_syntax(draft.request, known_functions)
     if syntax:
         problems.append("written as code: " + ", ".join(syntax))

@@ -18,6 +18,7 @@ from coevolve.services.abstractor.prompts import (
     RequestDraft,
     describe_call,
     lacks_plain_words,
+    repeated_phrase,
     request_messages,
     request_problems,
     request_schema,
@@ -470,3 +471,27 @@ def test_the_text_around_the_values_is_bounded() -> None:
     assert not accepts(schema, "Add 20 gallons. " + ramble)  # and nothing rambles after it
     prose = request_schema((), prose=True)
     assert accepts(prose, "Show me my watchlist.") and not accepts(prose, ramble * 2)
+
+
+def test_a_padded_or_overlong_request_is_refused(bfcl: tuple[Task, list[Any]]) -> None:
+    _, tools = bfcl
+    names = {t["function"]["name"] for t in tools}
+    padded = (
+        "Retrieve the details of my most recent order, as I've misplaced the ID but need the "
+        "latest transaction. Access and get 12345 details of an order, as I've misplaced the "
+        "ID but need the latest transaction."
+    )
+    assert repeated_phrase(padded) == "order as i've misplaced the"
+    problems = request_problems(RequestDraft(description="d", request=padded), names)
+    assert any("twice" in problem for problem in problems)
+    long = "Please check the details of order 12345 for me now. " * 7
+    assert any("longer than" in p for p in request_problems(RequestDraft("d", long), names))
+    assert not request_problems(RequestDraft("d", "Get the details for order 12345."), names)
+    turns = [turn for task in seed_tasks() for turn in task.user_turns]
+    assert sum(repeated_phrase(turn) is not None for turn in turns) <= 0.01 * len(turns)
+
+
+def test_the_text_budget_is_shared_by_the_gaps() -> None:
+    one, four = values_pattern(["AAPL"]), values_pattern(["a1", "b2", "c3", "d4"])
+    assert "{0,120}" in one and "{0,48}" in four
+    assert "{0,40}" in values_pattern([f"v{i}" for i in range(9)])
