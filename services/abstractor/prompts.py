@@ -96,6 +96,11 @@ def _gap(values: int) -> str:
     return f"{_TEXT}{{0,{max(MIN_GAP_CHARS, TEXT_CHARS // (values + 1))}}}"
 
 
+# what stands right before and after a value: no letter or digit. Made to write a value
+# within its gap, the 0.5B glued it to a word ("veryusr002", "canUsR004", run 27)
+_EDGE = r'[^A-Za-z0-9"\\{}=_<>|`:]'
+
+
 # one plain word and the space after it: a rewrite of a request refused as too short
 # opens with MIN_REQUEST_WORDS of them. Asked in words, a 0.5B wrote a short request again
 # three times in a row (2 of run 25's 3 explorations dropped so)
@@ -114,14 +119,13 @@ def _char_regex(char: str) -> str:
     return char if char.isdigit() or char == " " else f"[{char}]"
 
 
-def value_regex(value: Any, gap: str) -> str:
-    """A regex writing ``value`` and the ``gap`` after it: a string in any case, a
-    whole-number float with or without its ``.0`` (a user writes 10 for 10.0), as
-    ``written`` (completion.py) reads them. A number inside a longer one (10 in 100)
-    also matches: the request's check after decoding refuses it."""
+def value_regex(value: Any) -> str:
+    """A regex writing ``value``: a string in any case, a whole-number float with or
+    without its ``.0`` (a user writes 10 for 10.0), as ``written`` (completion.py) reads
+    them."""
     if isinstance(value, float) and value.is_integer():
-        return f"{int(value)}([.]0+)?{gap}"
-    return "".join(_char_regex(c) for c in str(value)) + gap
+        return f"{int(value)}([.]0+)?"
+    return "".join(_char_regex(c) for c in str(value))
 
 
 def values_pattern(values: Sequence[Any], lead_words: int = 0) -> str:
@@ -143,9 +147,10 @@ def values_pattern(values: Sequence[Any], lead_words: int = 0) -> str:
         else [tuple(values)]
     )
     gap = _gap(len(values))
-    alternatives = ["".join(value_regex(v, gap) for v in order) for order in orders]
+    between = f"{_EDGE}({gap}{_EDGE})?"
+    alternatives = [between.join(value_regex(v) for v in order) for order in orders]
     body = alternatives[0] if len(alternatives) == 1 else "(" + "|".join(alternatives) + ")"
-    return f"{lead}{gap}{body}$"
+    return f"{lead}({gap}{_EDGE})?{body}({_EDGE}{gap})?$"
 
 
 ABSTRACTOR_SYSTEM = (

@@ -495,3 +495,15 @@ def test_the_text_budget_is_shared_by_the_gaps() -> None:
     one, four = values_pattern(["AAPL"]), values_pattern(["a1", "b2", "c3", "d4"])
     assert "{0,120}" in one and "{0,48}" in four
     assert "{0,40}" in values_pattern([f"v{i}" for i in range(9)])
+
+
+def test_a_value_is_not_glued_to_a_word() -> None:
+    def accepts(request: str) -> bool:
+        draft = compact(RequestDraft(description="d", request=request))
+        return _is_grammar_accept_string(grammar(request_schema(["USR002", 12345])), draft)
+
+    assert accepts("Send it to USR002 about order 12345.")
+    assert accepts("USR002 should hear about order #12345")
+    assert not accepts("It would be veryusr002 helpful, order 12345.")
+    assert not accepts("Tell USR002 about order a12345.")
+    assert not accepts("Tell USR002s about order 12345.")
