@@ -24,6 +24,10 @@ class AbstractorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     # the request's JSON schema holds a pattern that writes every value the calls need
     # (prompts.values_pattern): constrained decoding cannot leave one out
     constrain_values: bool = True
+    # the prompt shows what each call returned. The 0.5B copied those lines into requests
+    # ("... returned user id USR008", runs 24-27), but without them fewer passed the
+    # judge's checks on run 27's explorations (3 of 7 candidates against 5 of 7)
+    show_results: bool = True
     dedup_threshold: float = 0.7
     dedup_backend: SimilarityBackend = "ngram"
     dedup_refresh_s: float = 120.0

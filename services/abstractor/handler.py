@@ -309,7 +309,7 @@ async def write_request(
     output is unusable (counted); or its last draft with the problems still left after
     ``config.rewrites`` retries. A request that leaves out a value its calls need (and
     the conversation does not give) is asked for again, naming the values."""
-    messages = request_messages(exploration, unit, tools, conversation)
+    messages = request_messages(exploration, unit, tools, conversation, config.show_results)
     known = tool_names(tools)
     context = "\n".join(m.content for m in conversation)
     needed = [value for _, value in unstated_values("", unit.calls, unit.observations, context)]

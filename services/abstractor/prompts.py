@@ -209,9 +209,11 @@ def request_messages(
     unit: CallUnit,
     tools: Sequence[dict[str, Any]],
     conversation: Sequence[ChatMessage] = (),
+    show_results: bool = True,
 ) -> ChatMessages:
     """The abstractor's prompt for one unit (ask with :func:`request_schema`): the
-    conversation so far, how its user spoke, and the calls the next request is for."""
+    conversation so far, how its user spoke, and the calls the next request is for, with
+    what each returned when ``show_results``."""
     by_name = {tool.get("function", tool).get("name"): tool for tool in tools}
     parent = exploration.task.user_turns[:1]
     # with no earlier turn the parent's request is not "the conversation so far": shown
@@ -224,6 +226,8 @@ def request_messages(
         zip(unit.calls, unit.observations, strict=True), start=1
     ):
         steps.append(describe_call(index, call.name, call.arguments, by_name.get(call.name)))
+        if not show_results:
+            continue
         returned = " ".join(observation.split())
         if len(returned) > OBSERVATION_CHARS:
             returned = returned[: OBSERVATION_CHARS - 3] + "..."

@@ -331,6 +331,9 @@ def test_request_prompt_shows_the_calls_their_functions_and_results(
     assert "user: Move into my documents folder.\nassistant: (made 1 call)\ntool: {" in continued
     assert "made 1 call" in continued and "(did): cd" not in continued  # no name to copy
     assert f"(At this point the user once said: {task.user_turns[0]!r})" in continued
+    # without results: nothing returned to copy, the values still there
+    bare = request_messages(exploration_of(task), UNIT, tools, show_results=False)[1]["content"]
+    assert "returned" not in bare and 'file_name = "a.txt"' in bare
     # identifiers are shown as words, so the request has none to copy
     assert describe_call(1, "place_order", {"symbol": "AAPL"}, None).startswith(
         "1. It does: place order"
