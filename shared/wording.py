@@ -61,13 +61,16 @@ _JSON_OBJECT = re.compile(r"\{\s*[\"']\w+[\"']\s*:")
 # three times over (a model's degenerate loop); none of BFCL's 731 base turns has either
 _ASSIGNMENT = re.compile(r"\b[A-Za-z]+(?:_[A-Za-z]+)+\s*=")
 _REPEATED = re.compile(r"\b(\w+(?:\W+\w+){1,5})(?:\W+\1\b){2,}", re.IGNORECASE)
-_LOG_LINE = re.compile(r"\b(?:arguments|returned)\s*:|\b(?:GET|POST|PUT|PATCH|DELETE)\s+\S*/")
+# the prompt's "arguments:" line, also as "arguments(user id)" (run 28, accepted)
+_LOG_LINE = re.compile(r"\b(?:arguments|returned)\s*[:(]|\b(?:GET|POST|PUT|PATCH|DELETE)\s+\S*/")
 _WORD = re.compile(r"[a-z]+")
 # a request that speaks of the call, the assistant or the request itself ("What does this
 # call do?", "the assistant needs to ...") describes the task instead of asking it; none of
-# BFCL's 2,924 multi-turn user turns (four categories) says any of these
+# BFCL's 2,924 multi-turn user turns (four categories) says any of these, nor the
+# abstractor's prompt echoed ("make 1 call, it does Log in a user ...", run 28, accepted)
 _ABOUT_THE_TASK = re.compile(
-    r"\b(?:this|that|the|each|these)\s+calls?\b|\bthe assistant\b|\b(?:your|this|the|my) request\b",
+    r"\b(?:this|that|the|each|these)\s+calls?\b|\bthe assistant\b|\b(?:your|this|the|my) request\b"
+    r"|\b\d+ calls?\b|\bit does\b",
     re.IGNORECASE,
 )
 # the abstractor's completion appends the values a request leaves out as "Details: ..."

@@ -114,6 +114,9 @@ def test_a_request_for_the_opposite_of_its_call_is_rejected() -> None:
         "What does this call do? Details: stock 'NVDA'.",
         "To keep my portfolio safe, the assistant needs to watch NVDA. Please provide this "
         "information in your request.",
+        # the abstractor's prompt echoed in words: both accepted in a default run (run 28)
+        "make 1 call, it does Add a stock to the watchlist with stock 'NVDA'.",
+        "Add a stock to the watchlist, 'NVDA'. arguments(stock)",
     ],
 )
 def test_call_syntax_in_any_form_is_found(request_text: str) -> None:
