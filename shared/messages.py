@@ -223,7 +223,15 @@ class InteractionStep(Part):
 
 
 class ExplorationRound(Part):
+    """One round's steps. A substitution round (``explorer/substitution.py``) is the
+    parent turn's calls with the value ``replaced[0]`` replaced by ``replaced[1]``;
+    ``request`` is then the parent's request with the same replacement when it states
+    the value (None: the abstractor's LLM edits the parent's request). A round the
+    explorer LLM made has neither."""
+
     steps: list[InteractionStep]
+    request: str | None = None
+    replaced: list[Any] | None = None
 
 
 class ScoreSample(Part):

@@ -16,6 +16,10 @@ whose calls include none of them gives no unit.
 
 The abstractor's LLM then writes the request for exactly these calls, so a request can no
 longer ask for a call the exploration never made, or contradict the one it made.
+
+A substitution round (``ExplorationRound.replaced``: the parent turn's calls with one
+value replaced) is a unit as it is, none of its calls left out: they are the parent's
+answer, asked about another value.
 """
 
 from __future__ import annotations
@@ -27,17 +31,21 @@ from typing import Any
 from coevolve.shared.argument_values import salient_values
 from coevolve.shared.envs import Environment, state_of
 from coevolve.shared.failures import target_functions
-from coevolve.shared.messages import Exploration, Task, ToolCall
+from coevolve.shared.messages import Exploration, ExplorationRound, Task, ToolCall
 
 
 @dataclass(frozen=True)
 class CallUnit:
     """One candidate's calls, what each returned in the replay, and whether they change
-    the environment's state (False: a question answered by one call)."""
+    the environment's state (False: a question answered by one call). A substitution
+    round's unit carries the value it replaced (``replaced``: old, new) and, where code
+    made it, its request."""
 
     calls: list[ToolCall]
     observations: list[str]
     changes_state: bool
+    replaced: list[Any] | None = None
+    request: str | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +151,26 @@ def round_unit(
     return None
 
 
+def substitution_unit(
+    task: Task, round_: ExplorationRound, make_env: Callable[[], Environment]
+) -> CallUnit | None:
+    """A substitution round's calls as they are: the parent turn's calls with one value
+    replaced, none left out (they are the parent's answer); None when they no longer
+    replay."""
+    calls = [step.action for step in round_.steps]
+    replayed = _replay(task, calls, make_env)
+    if not calls or not all(replayed.ok):
+        return None
+    changes = replayed.state is None or replayed.state != replayed.initial_state
+    return CallUnit(
+        calls,
+        list(replayed.observations),
+        changes_state=changes,
+        replaced=round_.replaced,
+        request=round_.request,
+    )
+
+
 def call_units(
     exploration: Exploration, make_env: Callable[[], Environment], max_units: int
 ) -> list[CallUnit]:
@@ -154,6 +182,11 @@ def call_units(
     for round_ in exploration.rounds:
         if len(units) >= max_units:
             break
+        if round_.replaced is not None:
+            unit = substitution_unit(exploration.task, round_, make_env)
+            if unit is not None and all(unit.calls != other.calls for other in units):
+                units.append(unit)
+            continue
         succeeded = without_repeats([step.action for step in round_.steps if step.ok])
         if not succeeded:
             continue

@@ -11,7 +11,7 @@ SimilarityBackend = Literal["auto", "embedding", "ngram"]
 
 class AbstractorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # candidates per exploration: one per round with calls that replay (call_units.py)
-    max_tasks: int = 3
+    max_tasks: int = 4
     max_tokens: int = 300
     # a request written as code, too short, or leaving out a value its calls need is asked
     # for again this many times, with the reason; then the unit is dropped as

@@ -22,6 +22,15 @@ from opentelemetry.trace import NoOpTracer, Tracer
 from coevolve.services.abstractor.call_units import CallUnit, call_units
 from coevolve.services.abstractor.completion import complete_requests, unstated_values
 from coevolve.services.abstractor.config import AbstractorConfig, SimilarityBackend
+from coevolve.services.abstractor.edits import (
+    NO_WORDS,
+    NamingWords,
+    edit_unit_problems,
+    edited_request,
+    naming_spans,
+    span_messages,
+    span_schema,
+)
 from coevolve.services.abstractor.prompts import (
     MIN_REQUEST_WORDS,
     RequestDraft,
@@ -51,6 +60,8 @@ log = logging.getLogger(__name__)
 # added to the temperature for each rewrite: at the role's 0.7 the 0.5B wrote the same
 # refused request three times in a row for 3 of run 26's units
 REWRITE_WARMER = 0.3
+# the words naming a value, as JSON
+EDIT_MAX_TOKENS = 40
 
 
 RECENT_TEXTS = 500
@@ -185,10 +196,11 @@ class Abstraction:
 async def abstract(exploration: Exploration, deps: AbstractorDeps) -> Abstraction:
     """The candidates of ``exploration`` that survive the checks (see the service's
     docstring), in round order: code picks each round's calls (``call_units``), the
-    abstractor role writes the request for them. Each candidate's user turns join the
-    de-duplication texts, so later ones (of this exploration and the next) are compared
-    with it. Raises ``LLMUnavailable``, and what the pool raises when it cannot be
-    reached."""
+    abstractor role writes the request for them; a substitution round's request is the
+    parent's, made by code or where the role points (``edit_request``). Each candidate's
+    user turns join the de-duplication texts, so later ones (of this exploration and the
+    next) are compared with it. Raises ``LLMUnavailable``, and what the pool raises when
+    it cannot be reached."""
     config = deps.config
     environment = exploration.task.environment
     tools, conversation = await anyio.to_thread.run_sync(setting_of, exploration.task)
@@ -210,10 +222,19 @@ async def abstract(exploration: Exploration, deps: AbstractorDeps) -> Abstractio
             # the parent turn again: its request would be a copy (nothing asked of the LLM)
             drop("parent_calls", "the unit makes exactly a turn of the parent's calls")
             continue
+        draft: RequestDraft | Rejection | MalformedDraft
         with deps.tracer.start_as_current_span("abstractor abstract"):
-            draft = await write_request(
-                deps.llm, exploration, unit, tools, config, deps.outputs, conversation
-            )
+            if unit.request is not None:
+                description = substitution_description(unit.request)
+                draft = RequestDraft(description=description, request=unit.request)
+            elif unit.replaced is not None:
+                draft = await edit_request(
+                    deps.llm, exploration, unit, config, deps.outputs, conversation
+                )
+            else:
+                draft = await write_request(
+                    deps.llm, exploration, unit, tools, config, deps.outputs, conversation
+                )
         if isinstance(draft, Rejection):
             result.rejections.append(draft)
             continue
@@ -223,7 +244,8 @@ async def abstract(exploration: Exploration, deps: AbstractorDeps) -> Abstractio
         task = unit_task(
             draft, unit, exploration, index, signal_evidence=exploration.signal_evidence
         )
-        if config.complete_values:
+        # a substitution's request is the parent's, which said what its calls needed
+        if config.complete_values and unit.replaced is None:
             task, added = await anyio.to_thread.run_sync(complete_requests, task)
             if added:
                 log.info("exploration %s: unit %d: %d values added", exploration.id, index, added)
@@ -345,6 +367,55 @@ async def write_request(
         if config.constrain_values and lacks_plain_words(problems):
             schema = request_schema(needed, prose=True, lead_words=MIN_REQUEST_WORDS)
         messages = rewrite_messages(messages, draft, problems)
+
+
+def substitution_description(request: str) -> str:
+    """A substitution's description is its request: the judge checks that a description's
+    quoted values and numbers are used, and the old value no longer is."""
+    return request
+
+
+async def edit_request(
+    llm: RoleLLM,
+    exploration: Exploration,
+    unit: CallUnit,
+    config: AbstractorConfig,
+    counter: RejectionCounter,
+    conversation: Sequence[ChatMessage] = (),
+) -> RequestDraft | Rejection | MalformedDraft:
+    """The parent's request with the words the abstractor role says name the unit's old
+    value written as its new one (``edits.py``); a choice that does not fit is taken out
+    of the offered words and asked again, up to ``config.rewrites`` times."""
+    assert unit.replaced is not None
+    old, new = unit.replaced
+    parent_request = exploration.task.user_turns[0]
+    messages = span_messages(parent_request, exploration.task.ground_truth[0], old, conversation)
+    spans = naming_spans(parent_request)
+    draft = RequestDraft(description=parent_request, request=parent_request)
+    problems = ["the request names no value in words"]
+    for attempt in range(config.rewrites + 1):
+        if not spans:
+            break
+        answer = await ask_structured(
+            llm,
+            messages,
+            NamingWords,
+            schema=span_schema(spans),
+            max_tokens=EDIT_MAX_TOKENS,
+            temperature=llm.settings.temperature + REWRITE_WARMER * attempt,
+            counter=counter,
+        )
+        if isinstance(answer, Rejection):
+            return answer
+        if answer.words == NO_WORDS:
+            return MalformedDraft(draft, [f"no words of the request name {old!r}"])
+        edited = edited_request(parent_request, answer.words, new)
+        draft = RequestDraft(substitution_description(edited), edited)
+        problems = edit_unit_problems(unit, draft.request, answer.words)
+        if not problems:
+            return draft
+        spans = [span for span in spans if span != answer.words]
+    return MalformedDraft(draft, problems)
 
 
 def eval_leak(guard: LeakGuard, task: Task) -> str | None:

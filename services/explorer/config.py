@@ -12,6 +12,15 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # function the policy got wrong, with other values than the rounds before: each round
     # can give one candidate (a variant); a second step can use what the first returned
     rounds: int = 3
+    # a signal aimed at a failure first gives at most this many variant turns by
+    # substitution (``substitution.py``): the parent turn's calls and its request with one
+    # value the user gave swapped for another the state holds; no LLM explores them, and
+    # no LLM writes a request the parent's request states. 0: none
+    substitution_rounds: int = 4
+    # where the parent turn gives no substitution, explore with the LLM (``rounds``
+    # rounds, requests written by the abstractor's LLM). Off: by hand, 1 of run 28's 11
+    # accepted LLM-written tasks read as a user's request (docs/main-job.md)
+    explore_without_substitution: bool = False
     max_steps: int = 2
     max_request_rounds: int = 8
     summary_max_tokens: int = 400
@@ -36,5 +45,7 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     record: str | None = "explorer/explorations"
 
     def __post_init__(self) -> None:
+        if self.substitution_rounds < 0:
+            raise ValueError(f"substitution_rounds must be >= 0, got {self.substitution_rounds}")
         if self.max_parent_depth < 0:
             raise ValueError(f"max_parent_depth must be >= 0, got {self.max_parent_depth}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 import anyio
@@ -26,6 +27,7 @@ from coevolve.services.explorer.prompts import (
     summarizer_messages,
     unguided_goal,
 )
+from coevolve.services.explorer.substitution import substitution_rounds
 from coevolve.shared.envs import Environment, make_environment, state_of
 from coevolve.shared.failures import failed_calls, target_functions
 from coevolve.shared.llm import RoleLLM
@@ -47,9 +49,16 @@ log = logging.getLogger(__name__)
 # explored: an exploration to publish; empty: no usable action; dropped_without_context:
 # the summary was unusable and ``on_context_rejection`` is ``drop``; nothing_failed: the
 # trajectory got no ground-truth call wrong (``require_failure``); too_deep: the task is
-# more synthesis generations from a seed task than ``max_parent_depth``
+# more synthesis generations from a seed task than ``max_parent_depth``;
+# nothing_to_substitute: the parent turn gives no substitution and
+# ``explore_without_substitution`` is off
 ExploreOutcome = Literal[
-    "explored", "empty", "dropped_without_context", "nothing_failed", "too_deep"
+    "explored",
+    "empty",
+    "dropped_without_context",
+    "nothing_failed",
+    "too_deep",
+    "nothing_to_substitute",
 ]
 
 
@@ -89,6 +98,34 @@ async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
     failed = failed_calls(signal.task, signal.trajectory)
     if config.require_failure and not failed:
         return Explored(None, "nothing_failed", ExplorationStats())
+    exploration_id = derived_id("exploration", signal.id)
+    substituted: list[ExplorationRound] = []
+    if failed and config.substitution_rounds > 0:
+        with deps.tracer.start_as_current_span("explorer substitute"):
+            substituted = await anyio.to_thread.run_sync(
+                partial(
+                    substitution_rounds,
+                    signal.task,
+                    partial(make_environment, signal.task.environment),
+                    config.substitution_rounds,
+                    seed=signal.id,
+                )
+            )
+    substituting = failed and config.substitution_rounds > 0
+    if substituted or (substituting and not config.explore_without_substitution):
+        if not substituted:
+            return Explored(None, "nothing_to_substitute", ExplorationStats())
+        stats = ExplorationStats(steps=sum(len(r.steps) for r in substituted))
+        exploration = exploration_message(
+            exploration_id,
+            "guided",
+            signal.task,
+            substituted,
+            context=None,
+            signal=signal,
+            failed=failed,
+        )
+        return Explored(exploration, "explored", stats)
     summary: ExplorationContext | Rejection | None = None
     if not failed or config.summarize_aimed:
         with deps.tracer.start_as_current_span(
@@ -112,7 +149,7 @@ async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
         goal = guided_goal(signal, context)
     explored = await explore_task(
         deps,
-        exploration_id=derived_id("exploration", signal.id),
+        exploration_id=exploration_id,
         mode="guided",
         task=signal.task,
         goal=goal,

@@ -47,7 +47,7 @@ def data_loop_settings(tmp_path: Path, fake: RoleFakeLLM, **services: Any) -> Se
     settings = load_settings(run_dir=str(tmp_path / "run"))
     settings.services.update(
         llm=fake.llm_section(),
-        explorer={"rounds": 1, "max_steps": 2, "summarize_aimed": True},
+        explorer={"rounds": 1, "max_steps": 2, "summarize_aimed": True, "substitution_rounds": 0},
         abstractor={"leak_backend": "ngram"},
         judge={"llm_judge": True},  # these tests cover the judge role's path too
         **services,

@@ -231,14 +231,16 @@ class WellFormedBrain:
 
 def serve_data_loop(settings: Settings, brain: Brain, **abstractor: object) -> RoleFakeLLM:
     """Start ``brain`` behind a fake remote LLM and set the data loop's services up for it:
-    a pool with whole entries, one short exploration round with the summarizer's context,
+    a pool with whole entries, one short LLM exploration round with the summarizer's context,
     the judge's LLM role on;
     ``abstractor`` adds to (or overrides) its section."""
     fake = RoleFakeLLM(brain).start()
     settings.services.update(
         llm=fake.llm_section(),
         pool_store=POOL_WITH_ENTRIES,
-        explorer={"rounds": 1, "max_steps": 2, "summarize_aimed": True},
+        # the LLM's exploration: these tests script the explorer role (substitution, which
+        # asks no LLM, is test_dataloop_e2e.py's substitution test)
+        explorer={"rounds": 1, "max_steps": 2, "summarize_aimed": True, "substitution_rounds": 0},
         abstractor={"leak_backend": "ngram", **abstractor},
         judge={"llm_judge": True},  # these tests cover the judge role's path too
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -21,11 +22,13 @@ from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.services.signal_monitor.actor import SignalMonitorActor
 from coevolve.shared.config import Settings
+from coevolve.shared.envs.bfcl.tasks import seed_pool
 from coevolve.shared.messages import Exploration, ExplorationRequest, decode, derived_id
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import EXPLORATION_REQUESTS, EXPLORATIONS, ROLLOUT_GROUPS
 from coevolve.shared.runtime.telemetry import read_spans
 from tests.dataloop.dataloop_harness import (
+    POOL_WITH_ENTRIES,
     WellFormedBrain,
     data_loop,
     filesystem_seed_tasks,
@@ -33,10 +36,53 @@ from tests.dataloop.dataloop_harness import (
     running,
     serve_data_loop,
 )
-from tests.support.fake_llm import RoleFakeLLM
+from tests.support.fake_llm import Answer, RoleFakeLLM
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.anyio
+
+
+def no_llm(role: str, request: dict[str, Any]) -> Answer:
+    raise AssertionError(f"the {role} role was asked: substitution asks no LLM")
+
+
+async def test_a_failed_turn_becomes_variant_turns_with_no_llm_call(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # "I need details on the performance of a particular stock, 'SYNX', ... It should be
+    # added to my watchlist." The group's trajectories look the stock up and stop there
+    task = next(t for t in seed_pool(classes=None) if t.id == "multi_turn_base_132#t0")
+    fake = RoleFakeLLM(no_llm).start()
+    settings.services.update(
+        llm=fake.llm_section(), pool_store=POOL_WITH_ENTRIES, abstractor={"leak_backend": "ngram"}
+    )
+    explorer, abstractor, judge = (
+        ExplorerActor(settings),
+        AbstractorActor(settings),
+        JudgeActor(settings),
+    )
+    actors = [PoolStoreActor(settings), SignalMonitorActor(settings), explorer, abstractor, judge]
+    async with data_loop(settings, fake, actors) as loop:
+        await loop.bus.publish(ROLLOUT_GROUPS, mixed_group(task))
+
+        async def all_judged() -> bool:
+            published = loop.published
+            return bool(published.candidates) and len(published.judged) == len(published.candidates)
+
+        await wait_until(all_judged, 60, "every candidate judged")
+    assert sum(fake.calls.values()) == 0
+    with PoolStore.open_readonly(settings.run_dir / "pool.duckdb") as store:
+        accepted = store.list_tasks(origin="synthesized")
+    assert accepted, (judge.outcomes, abstractor.dropped)
+    parent_request = task.user_turns[0]
+    for child in accepted:
+        calls = child.ground_truth[0]
+        assert [c.name for c in calls] == ["get_stock_info", "add_to_watchlist"]
+        symbol = calls[0].arguments["symbol"]
+        assert symbol != "SYNX" and calls[1].arguments["stock"] == symbol
+        assert child.user_turns == [parent_request.replace("SYNX", symbol)]
+        assert child.lineage.parent_task_id == task.id
+        assert "add_to_watchlist" in child.lineage.target_functions
 
 
 async def test_rollout_group_to_accepted_task_with_lineage_in_one_trace(

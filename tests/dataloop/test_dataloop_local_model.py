@@ -56,7 +56,7 @@ async def test_local_model_turns_a_boundary_signal_into_an_accepted_task(
     )
     settings.services.update(
         pool_store=POOL_WITH_ENTRIES,
-        explorer={"summarize_aimed": True},  # the summarizer role is part of the chain
+        explorer={"summarize_aimed": True, "substitution_rounds": 0},  # the LLM chain
         abstractor={
             "max_tasks": 1,
             "similarity_cache_dir": str(CACHE_DIR / "similarity"),

@@ -123,7 +123,7 @@ async def test_unreachable_llm_hands_the_signal_back_until_it_answers(
     fake = RoleFakeLLM(WellFormedBrain())  # not started yet: connections are refused
     settings.services.update(
         llm=fake.llm_section(max_retries=1, give_up_after_s=0.5),
-        explorer={"rounds": 1, "max_steps": 1, "summarize_aimed": True},
+        explorer={"rounds": 1, "max_steps": 1, "summarize_aimed": True, "substitution_rounds": 0},
     )
     explorer = ExplorerActor(settings)
     bus = await Bus.connect(settings.bus, "test")

@@ -417,3 +417,23 @@ def test_a_key_that_starts_with_a_dash_starts_the_server_and_stays_off_argv(
         assert key not in argv
     finally:
         server.stop()
+
+
+def test_abstractor_points_at_the_words_that_name_a_value(clients: RoleClients) -> None:
+    # "... include Quasar Ltd.'s stock in my watchlist ...": the parent turn's request names
+    # QUAS by its company; the edit puts another symbol in its place
+    from coevolve.services.abstractor.edits import NamingWords, naming_spans, span_messages
+    from coevolve.services.abstractor.edits import span_schema as words_schema
+    from coevolve.shared.envs.bfcl.tasks import load_turn_tasks
+
+    parent = next(t for t in load_turn_tasks() if t.id == "multi_turn_base_113#t0")
+    request = parent.user_turns[0]
+    output = ask(
+        clients["abstractor"],
+        span_messages(request, parent.ground_truth[0], "QUAS"),
+        NamingWords,
+        words_schema(naming_spans(request)),
+        40,
+    )
+    assert isinstance(output, NamingWords), output
+    assert output.words == "Quasar Ltd."

@@ -16,7 +16,7 @@ import msgspec
 from coevolve.services.explorer.config import ExplorerConfig
 from coevolve.services.explorer.handler import Explored, ExplorerDeps, explore_signal
 from coevolve.shared.envs import make_environment
-from coevolve.shared.envs.bfcl.tasks import seed_pool
+from coevolve.shared.envs.bfcl.tasks import load_turn_tasks, seed_pool
 from coevolve.shared.failures import failed_calls, failed_in_turn, policy_turns
 from coevolve.shared.llm import RoleClients, role_settings
 from coevolve.shared.messages import ChatMessage, Signal, Task, ToolCall, Trajectory
@@ -93,7 +93,13 @@ def test_the_policys_calls_are_those_after_the_replayed_prefix() -> None:
 
 
 def explore(
-    endpoint: FakeOpenAI, signal: Signal, replies: list[Any], summarize_aimed: bool = False
+    endpoint: FakeOpenAI,
+    signal: Signal,
+    replies: list[Any],
+    summarize_aimed: bool = False,
+    rounds: int = 1,
+    substitution_rounds: int = 0,
+    explore_without_substitution: bool = False,
 ) -> Explored:
     endpoint.reply(*(completion(json.dumps(reply)) for reply in replies))
     section = {"default": {"base_url": endpoint.base_url, "model": "m", "temperature": 0.7}}
@@ -101,7 +107,14 @@ def explore(
     deps = ExplorerDeps(
         summarizer=clients["summarizer"],
         explorer=clients["explorer"],
-        config=ExplorerConfig(max_steps=1, rounds=1, record=None, summarize_aimed=summarize_aimed),
+        config=ExplorerConfig(
+            max_steps=1,
+            rounds=rounds,
+            substitution_rounds=substitution_rounds,
+            explore_without_substitution=explore_without_substitution,
+            record=None,
+            summarize_aimed=summarize_aimed,
+        ),
         summaries=RejectionCounter(),
         actions=RejectionCounter(),
     )
@@ -175,3 +188,32 @@ def test_signals_with_nothing_failed_or_too_deep_are_not_explored(endpoint: Fake
     deep = signal_of(child, failed_trajectory(child, [call("get_watchlist")]))
     assert explore(endpoint, deep, []).outcome == "too_deep"
     assert endpoint.requests == []
+
+
+def test_a_substitutable_turn_gives_variants_without_asking_the_llm(
+    endpoint: FakeOpenAI,
+) -> None:
+    task = next(t for t in load_turn_tasks() if t.id == "multi_turn_base_72#t3")
+    signal = signal_of(task, failed_trajectory(task, [call("get_user_id", user="David")]))
+    explored = explore(endpoint, signal, [], substitution_rounds=2)
+    assert explored.outcome == "explored" and explored.exploration is not None
+    assert endpoint.requests == []
+    rounds = explored.exploration.rounds
+    assert len(rounds) == 2 and all(r.replaced and r.request for r in rounds)
+
+
+def test_a_turn_without_a_substitution_is_explored_by_the_llm_only_when_asked(
+    endpoint: FakeOpenAI,
+) -> None:
+    # "if 'AMZN' appears promising ... the price is larger than 300": conditional
+    task = next(t for t in load_turn_tasks() if t.id == "multi_turn_base_115#t1")
+    signal = signal_of(task, failed_trajectory(task, [call("get_watchlist")]))
+    assert explore(endpoint, signal, [], substitution_rounds=4).outcome == "nothing_to_substitute"
+    assert endpoint.requests == []
+    expected = task.ground_truth[0][0]
+    action = {"name": expected.name, "arguments": {"stock": "NVDA"}}
+    explored = explore(
+        endpoint, signal, [action], substitution_rounds=4, explore_without_substitution=True
+    )
+    assert explored.exploration is not None and len(endpoint.requests) == 1
+    assert explored.exploration.rounds[0].replaced is None
