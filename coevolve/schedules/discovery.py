@@ -198,6 +198,7 @@ async def discover(
         config=settings.section("explorer", ExplorerConfig),
         summaries=RejectionCounter(),
         actions=RejectionCounter(),
+        labelled=False,
     )
     abstractor = AbstractorDeps(
         llm=llm["abstractor"],

@@ -107,6 +107,7 @@ class LockstepSynthesis:
             config=settings.section("explorer", ExplorerConfig),
             summaries=RejectionCounter(),
             actions=RejectionCounter(),
+            labelled=settings.labels != "none",
         )
         abstractor = settings.section("abstractor", AbstractorConfig)
         self.abstractor = AbstractorDeps(

@@ -81,6 +81,7 @@ class ExplorerActor(RoleActor):
             summaries=self.summaries,
             actions=self.actions,
             tracer=self.tracer,
+            labelled=self.settings.labels != "none",
         )
 
     async def on_signal(self, signal: Signal, _: Delivery) -> None:

@@ -72,6 +72,9 @@ class ExplorerDeps:
     summaries: RejectionCounter  # unusable summaries, by kind
     actions: RejectionCounter  # unusable actions, by kind
     tracer: Tracer = field(default_factory=NoOpTracer)
+    # whether the run has labels (``settings.labels``): without, substitution takes no
+    # value the environment knows only from them
+    labelled: bool = True
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
                     partial(make_environment, signal.task.environment),
                     config.substitution_rounds,
                     seed=signal.id,
+                    known_values=deps.labelled,
                 )
             )
     substituting = failed and config.substitution_rounds > 0

@@ -27,6 +27,7 @@ from coevolve.services.explorer.exploration import HISTORY_CHARS, clipped
 from coevolve.services.explorer.variants import alternatives
 from coevolve.shared.argument_values import salient_values
 from coevolve.shared.envs import Environment, state_of
+from coevolve.shared.envs.protocol import argument_values_of
 from coevolve.shared.messages import ExplorationRound, InteractionStep, Task, ToolCall
 
 # A request whose calls depend on a condition the state decides ("if its price is above
@@ -88,11 +89,20 @@ def other_numbers(value: int | float) -> list[int | float]:
     return found
 
 
-def other_values(state: Mapping[str, Any] | None, value: Any, avoid: Sequence[Any]) -> list[Any]:
+def other_values(
+    state: Mapping[str, Any] | None,
+    value: Any,
+    avoid: Sequence[Any],
+    known: Sequence[Any] = (),
+) -> list[Any]:
     """Values to put in ``value``'s place: others of its kind and shape that the state
-    holds, or nearby numbers for a number it does not; none of ``avoid`` (the parent's
-    other values: logging in as the user the message goes to is no variant)."""
+    holds; else, for a string, others the environment knows its parameter takes
+    (``known``: a city ``get_zipcode_based_on_city`` knows lives in its code, not in a
+    state), for a number, nearby numbers; none of ``avoid`` (the parent's other values:
+    logging in as the user the message goes to is no variant)."""
     found = [other for other in alternatives(state, value, [value]) if shape(other) == shape(value)]
+    if not found and isinstance(value, str):
+        found = [other for other in known if other != value]
     if not found and isinstance(value, int | float) and not isinstance(value, bool):
         found = list(other_numbers(value))
     return [other for other in found if other not in avoid]
@@ -214,21 +224,89 @@ def _request_tokens(request: str) -> list[str]:
     return [a or b for a, b in quoted] + re.findall(r"\b[A-Z][A-Z0-9]{2,}\b", request)
 
 
+def _first_shape(other: str, value: Any) -> bool:
+    """Whether the first words of both are written alike (a city for a city, ``USR003``
+    for ``USR005``; not ``USR003`` for a message id)."""
+    return shape(other.split()[0]) == shape(str(value).split()[0])
+
+
+def is_name(value: str) -> bool:
+    """A name or an address, not a code (a zip code goes with the city the request also
+    says) nor a sentence (a message to send)."""
+    sentence = len(value.split()) > 6 or value.endswith((".", "?", "!"))
+    return any(c.isalpha() for c in value) and not sentence
+
+
+def unexplained_numbers(
+    request: str, calls: Sequence[ToolCall], observations: Sequence[str]
+) -> list[tuple[int, Any]]:
+    """(call position, number) of each number a call passes that the request does not
+    write and no earlier call returned as it is: worked out (10.04 gallons rounded to 10),
+    which a variant cannot work out again."""
+    parsed = [_parsed(text) for text in observations]
+    found: list[tuple[int, Any]] = []
+    for position, call in enumerate(calls):
+        for _, _, value in salient_values([call]):
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                continue
+            stated = _mention(value).search(request) is not None
+            returned = any(_contains(result, value) for result in parsed[:position])
+            if not stated and not returned:
+                found.append((position, value))
+    return found
+
+
+def entangled(
+    value: Any, request: str, calls: Sequence[ToolCall], observations: Sequence[str]
+) -> bool:
+    """Whether swapping ``value`` alone would leave the turn inconsistent: it is written
+    inside another argument (a message quoting the city), the request names a part of it
+    elsewhere (an address in Berkeley, "this spot in Berkeley"), or a call after the
+    first that passes it passes a number worked out from earlier results."""
+    text = str(value)
+    for _, _, other in salient_values(calls):
+        if isinstance(other, str) and other != text and text in other:
+            return True
+    parts = [word.strip(",.") for word in text.split()]
+    if len(parts) > 1:
+        outside = _mention(value).sub(" ", request)
+        if any(len(part) >= 4 and part[0].isupper() and part in outside for part in parts):
+            return True
+    passing = [i for i, call in enumerate(calls) if value in passed_values([call])]
+    first = passing[0] if passing else len(calls)
+    return any(
+        position > first and number != value
+        for position, number in unexplained_numbers(request, calls, observations)
+    )
+
+
 def given_values(calls: Sequence[ToolCall], observations: Sequence[str]) -> list[Any]:
     """The salient values of ``calls`` that no earlier call returned: what the user gave
     (in the request, in words, or earlier in the conversation)."""
+    return [value for _, _, value in given_arguments(calls, observations)]
+
+
+def given_arguments(
+    calls: Sequence[ToolCall], observations: Sequence[str]
+) -> list[tuple[str, str, Any]]:
+    """(function, parameter, value) of each of ``given_values``, where it is first passed."""
     parsed = [_parsed(text) for text in observations]
-    given: list[Any] = []
+    given: list[tuple[str, str, Any]] = []
     for position, call in enumerate(calls):
-        for _, _, value in salient_values([call]):
+        for _, parameter, value in salient_values([call]):
             returned = any(_contains(result, value) for result in parsed[:position])
-            if not returned and isinstance(value, str | int | float) and value not in given:
-                given.append(value)
+            fresh = all(value != seen for _, _, seen in given)
+            if not returned and isinstance(value, str | int | float) and fresh:
+                given.append((call.name, parameter, value))
     return given
 
 
 def substitutions(
-    task: Task, state: Mapping[str, Any] | None, observations: Sequence[str], seed: str
+    task: Task,
+    state: Mapping[str, Any] | None,
+    observations: Sequence[str],
+    seed: str,
+    known: Callable[[str, str], Sequence[Any]] = lambda function, parameter: (),
 ) -> list[Substitution]:
     """(given value, another value for it) pairs of the parent turn: values its request
     states first (the request is then made by code), then values it says in other words;
@@ -242,15 +320,22 @@ def substitutions(
     rng = random.Random(seed)
     passed = [*passed_values(calls), *_request_tokens(request)]
     stated = stated_values(request, calls)
-    given = given_values(calls, observations)
+    given = given_arguments(calls, observations)
     # a number the request does not state is mostly worked out (40 gallons in total is
     # 30 to add; a distance an earlier turn returned): another one would contradict it
-    ordered = [value for value in given if value in stated] + [
-        value for value in given if value not in stated and isinstance(value, str)
+    ordered = [item for item in given if item[2] in stated] + [
+        item for item in given if item[2] not in stated and isinstance(item[2], str)
     ]
     per_value: list[list[Substitution]] = []
-    for value in ordered:
-        others = other_values(state, value, passed)
+    for function, parameter, value in ordered:
+        if entangled(value, request, calls, observations):
+            continue
+        usable = [
+            other
+            for other in known(function, parameter)
+            if isinstance(other, str) and is_name(other) and _first_shape(other, value)
+        ]
+        others = other_values(state, value, passed, usable)
         rng.shuffle(others)
         per_value.append([Substitution(value, other) for other in others])
     interleaved: list[Substitution] = []
@@ -260,7 +345,11 @@ def substitutions(
 
 
 def substitution_rounds(
-    task: Task, make_env: Callable[[], Environment], limit: int, seed: str = ""
+    task: Task,
+    make_env: Callable[[], Environment],
+    limit: int,
+    seed: str = "",
+    known_values: bool = True,
 ) -> list[ExplorationRound]:
     """At most ``limit`` rounds, each the parent turn's calls with one substitution made
     (``ExplorationRound.replaced``); where the request states the old value, its request
@@ -278,7 +367,14 @@ def substitution_rounds(
             return []
         request = task.user_turns[0]
         rounds: list[ExplorationRound] = []
-        for substitution in substitutions(task, state, parent_observations, seed or task.id):
+
+        def known(function: str, parameter: str) -> list[Any]:
+            if not known_values:
+                return []
+            return argument_values_of(environment, function, parameter)
+
+        ordered = substitutions(task, state, parent_observations, seed or task.id, known)
+        for substitution in ordered:
             if len(rounds) >= limit:
                 break
             environment.reset(task)

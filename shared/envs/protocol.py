@@ -84,3 +84,10 @@ def state_of(environment: Environment) -> dict[str, Any] | None:
         return None
     value = state()
     return dict(value) if isinstance(value, Mapping) else None
+
+
+def argument_values_of(environment: Environment, function: str, parameter: str) -> list[Any]:
+    """Values the environment knows ``function``'s ``parameter`` takes, when it offers
+    ``argument_values()`` (BFCL: what its train split's ground truth passes); else []."""
+    values = getattr(environment, "argument_values", None)
+    return list(values(function, parameter)) if callable(values) else []

@@ -38,7 +38,11 @@ from coevolve.shared.envs.bfcl.scoring import (
     partial_credit,
     score_episode,
 )
-from coevolve.shared.envs.bfcl.tasks import ENVIRONMENT_NAME, prior_ground_truth
+from coevolve.shared.envs.bfcl.tasks import (
+    ENVIRONMENT_NAME,
+    prior_ground_truth,
+    train_argument_values,
+)
 from coevolve.shared.envs.bfcl.validation import (
     CallLimits,
     CallValidationError,
@@ -127,6 +131,10 @@ class BfclEnvironment:
     def state(self) -> dict[str, dict[str, Any]]:
         """A copy of the instances' public attributes (what BFCL's state checker compares)."""
         return public_state(self._instances)
+
+    def argument_values(self, function: str, parameter: str) -> list[str]:
+        """Strings the train split's ground truth passes to ``function``'s ``parameter``."""
+        return list(train_argument_values().get((function, parameter), ()))
 
     # ------------------------------------------------------------------ protocol
 

@@ -234,6 +234,20 @@ def seed_tasks() -> list[Task]:
     return train
 
 
+@cache
+def train_argument_values() -> dict[tuple[str, str], tuple[str, ...]]:
+    """(function, parameter) -> the strings the train half's ground truth passes there (a
+    city that ``get_zipcode_based_on_city`` knows lives in its code, not in any state)."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for task in seed_tasks():
+        for call in (call for turn in task.ground_truth for call in turn):
+            for parameter, value in call.arguments.items():
+                known = found.setdefault((call.name, parameter), [])
+                if isinstance(value, str) and value not in known:
+                    known.append(value)
+    return {key: tuple(values) for key, values in found.items()}
+
+
 STATE_ID_SUFFIX = "#state"
 
 

@@ -12,6 +12,7 @@ from coevolve.services.explorer.substitution import (
     stated_values,
     substituted_request,
     substitution_rounds,
+    unexplained_numbers,
 )
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import load_turn_tasks
@@ -95,3 +96,31 @@ def test_no_variant_logs_in_as_the_user_it_writes_to() -> None:
     for round_ in rounds_of(parent, 12):
         login, message = (step.action for step in round_.steps)
         assert login.arguments["user_id"] != message.arguments["receiver_id"]
+
+
+def test_a_city_the_environment_knows_only_from_its_labels_varies_only_with_labels() -> None:
+    parent = turn("multi_turn_base_71#t0")  # "... the distance between Rivermist and Stonebrook."
+    make = lambda: make_environment(parent.environment)  # noqa: E731
+    rounds = substitution_rounds(parent, make, 4)
+    assert rounds and all(r.replaced[0] in ("Rivermist", "Stonebrook") for r in rounds)
+    for round_ in rounds:
+        distance = round_.steps[2].action
+        zipcodes = [json.loads(step.observation)["zipcode"] for step in round_.steps[:2]]
+        # the distance is asked between the variant's own zip codes
+        assert [distance.arguments["cityA"], distance.arguments["cityB"]] == zipcodes
+        assert zipcodes != ["83214", "74532"]
+    assert substitution_rounds(parent, make, 4, known_values=False) == []
+
+
+def test_a_value_tangled_with_the_rest_of_the_turn_is_not_swapped() -> None:
+    # the city is also written inside the message the turn sends
+    parent = turn("multi_turn_base_62#t0")
+    assert all(r.replaced[0] not in ("Rivermist", "Stonebrook") for r in rounds_of(parent, 12))
+    # 30 liters are 7.93 gallons rounded by hand: another amount cannot be worked out
+    parent = turn("multi_turn_base_83#t0")
+    request, calls = parent.user_turns[0], parent.ground_truth[0]
+    assert (1, 7.93) in unexplained_numbers(request, calls, ['{"gallon": 7.925}', "{}"])
+    assert all(r.replaced[0] != 30 for r in rounds_of(parent, 12))
+    # an address the request names a part of elsewhere ("this spot in Berkeley")
+    parent = turn("multi_turn_base_66#t3")
+    assert rounds_of(parent, 12) == []
