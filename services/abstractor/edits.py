@@ -19,6 +19,7 @@ import msgspec
 
 from coevolve.services.abstractor.call_units import CallUnit
 from coevolve.services.abstractor.prompts import ChatMessages, render_conversation
+from coevolve.shared.argument_values import salient_values
 from coevolve.shared.messages import ChatMessage, ToolCall
 
 # a name is at most this many words ("Synex Solutions", "Quasar Ltd.")
@@ -57,9 +58,12 @@ def _name_like(word: str) -> bool:
     return len(word) > 1 and (word[0].isupper() or (has_digit and not word.isdigit()))
 
 
-def naming_spans(request: str) -> list[str]:
+def naming_spans(request: str, calls: Sequence[ToolCall] = ()) -> list[str]:
     """The runs of capitalised words (or ids) of ``request``, outside its quotes and
-    within a sentence, as it writes them: the names a value can go by. A sentence's
+    within a sentence, as it writes them, but those written inside an argument of
+    ``calls`` (the parent's: "Rivermist" in a message about Rivermist names the city,
+    not the user the message is for; the 0.5B chose it in run 29): the names a value can
+    go by. A sentence's
     first word has its capital as a first word: a run it opens is offered without it
     too, and it is no name alone."""
     spans: list[str] = []
@@ -77,7 +81,8 @@ def naming_spans(request: str) -> list[str]:
                 if option and span in request and span not in spans:
                     spans.append(span)
             run = []
-    return spans
+    written = [str(v).lower() for _, _, v in salient_values(calls) if isinstance(v, str)]
+    return [span for span in spans if not any(span.lower() in text for text in written)]
 
 
 def _call_line(calls: Sequence[ToolCall]) -> str:

@@ -390,7 +390,7 @@ async def edit_request(
     old, new = unit.replaced
     parent_request = exploration.task.user_turns[0]
     messages = span_messages(parent_request, exploration.task.ground_truth[0], old, conversation)
-    spans = naming_spans(parent_request)
+    spans = naming_spans(parent_request, exploration.task.ground_truth[0])
     draft = RequestDraft(description=parent_request, request=parent_request)
     problems = ["the request names no value in words"]
     for attempt in range(config.rewrites + 1):

@@ -113,3 +113,10 @@ def test_names_are_offered_outside_quotes_and_without_a_sentences_first_word() -
     assert edited_request("Add Zeta Corp’s stock, Zeta Corp!", "Zeta Corp", "ALPH") == (
         "Add ALPH’s stock, ALPH!"
     )
+
+
+def test_words_written_inside_the_calls_are_not_offered() -> None:
+    parent = turn("multi_turn_base_95#t3")  # "... from Rivermist to San Francisco to ... Emma"
+    offered = naming_spans(parent.user_turns[0], parent.ground_truth[0])
+    assert "Emma" in offered
+    assert "Rivermist" not in offered and "San Francisco" not in offered
