@@ -67,6 +67,12 @@ def naming_spans(request: str, calls: Sequence[ToolCall] = ()) -> list[str]:
     first word has its capital as a first word: a run it opens is offered without it
     too, and it is no name alone."""
     spans: list[str] = []
+    # a short quoted name ("50 shares of 'Apple'") is a name; a longer quote a message
+    for quoted in _QUOTED.finditer(request):
+        inner = quoted.group(0)[1:-1].strip()
+        words = inner.split()
+        if 0 < len(words) <= MAX_SPAN_WORDS and all(_name_like(_token_core(w)) for w in words):
+            spans.append(inner)
     for sentence in _SENTENCE_END.split(_QUOTED.sub(" | ", request)):
         run: list[str] = []
         tokens = [_token_core(token) for token in sentence.split()]

@@ -109,6 +109,7 @@ def test_names_are_offered_outside_quotes_and_without_a_sentences_first_word() -
         "trade? Please send a message to her saying '100 shares of GOOG purchased'."
     )
     assert naming_spans(request) == ["Michael"]
+    assert naming_spans("Buy 50 shares of 'Apple' now.") == ["Apple"]  # a quoted name
     assert naming_spans("Integrate Zeta Corp’s stock") == ["Zeta Corp", "Integrate Zeta Corp"]
     assert edited_request("Add Zeta Corp’s stock, Zeta Corp!", "Zeta Corp", "ALPH") == (
         "Add ALPH’s stock, ALPH!"
