@@ -8,39 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from coevolve.schedules.synthesis import PoolFile
-from coevolve.services.abstractor.config import AbstractorConfig
-from coevolve.services.abstractor.handler import AbstractorDeps, abstract
-from coevolve.services.pool_store.store import PoolStore
-from coevolve.shared.envs.bfcl.tasks import seed_tasks
-from coevolve.shared.llm import RoleClients
-from coevolve.shared.messages import Exploration, ToolCall
+from coevolve.shared.messages import ToolCall
 from tests.dataloop.dataloop_harness import (
     WellFormedBrain,
     filesystem_seed_tasks,
     logged_exploration,
 )
-from tests.support.fake_llm import RoleFakeLLM
+from tests.services.abstractor.abstraction_harness import abstracted
 
 pytestmark = pytest.mark.anyio
 
 
 def folder(name: str) -> ToolCall:
     return ToolCall(name="mkdir", arguments={"dir_name": name})
-
-
-async def abstracted(tmp_path: Path, brain: WellFormedBrain, explored: Exploration):  # type: ignore[no-untyped-def]
-    fake = RoleFakeLLM(brain).start()
-    clients = RoleClients.from_section(fake.llm_section(), tmp_path)
-    config = AbstractorConfig(max_tasks=5, leak_backend="ngram", rewrites=1)
-    try:
-        with PoolStore(tmp_path / "pool.duckdb") as store:
-            store.add_tasks(seed_tasks())
-            deps = AbstractorDeps(clients["abstractor"], config, PoolFile(store), tmp_path)
-            return await abstract(explored, deps), fake
-    finally:
-        await clients.aclose()
-        fake.stop()
 
 
 async def test_each_unit_gets_a_request_and_the_filters_drop_the_bad_ones(tmp_path: Path) -> None:

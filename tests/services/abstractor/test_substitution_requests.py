@@ -11,17 +11,13 @@ from typing import Any
 
 import pytest
 
-from coevolve.schedules.synthesis import PoolFile
-from coevolve.services.abstractor.config import AbstractorConfig
 from coevolve.services.abstractor.edits import NO_WORDS, edited_request, naming_spans
-from coevolve.services.abstractor.handler import Abstraction, AbstractorDeps, abstract
 from coevolve.services.explorer.substitution import substitution_rounds
-from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.envs import make_environment
-from coevolve.shared.envs.bfcl.tasks import load_turn_tasks, seed_tasks
-from coevolve.shared.llm import RoleClients
+from coevolve.shared.envs.bfcl.tasks import load_turn_tasks
 from coevolve.shared.messages import Exploration, FailedCall, Task
-from tests.support.fake_llm import Answer, RoleFakeLLM
+from tests.services.abstractor.abstraction_harness import abstracted
+from tests.support.fake_llm import Answer
 
 pytestmark = pytest.mark.anyio
 
@@ -49,20 +45,6 @@ class WordsBrain:
         schema = request["response_format"]["json_schema"]["schema"]
         self.offered.append(schema["properties"]["words"]["enum"])
         return Answer(json.dumps({"words": self.words}))
-
-
-async def abstracted(tmp_path: Path, brain: Any, explored: Exploration) -> tuple[Abstraction, Any]:
-    fake = RoleFakeLLM(brain).start()
-    clients = RoleClients.from_section(fake.llm_section(), tmp_path)
-    config = AbstractorConfig(max_tasks=5, leak_backend="ngram", rewrites=1)
-    try:
-        with PoolStore(tmp_path / "pool.duckdb") as store:
-            store.add_tasks(seed_tasks())
-            deps = AbstractorDeps(clients["abstractor"], config, PoolFile(store), tmp_path)
-            return await abstract(explored, deps), fake
-    finally:
-        await clients.aclose()
-        fake.stop()
 
 
 async def test_a_stated_value_gives_the_request_without_asking_the_llm(tmp_path: Path) -> None:
