@@ -63,9 +63,8 @@ def naming_spans(request: str, calls: Sequence[ToolCall] = ()) -> list[str]:
     within a sentence, as it writes them, but those written inside an argument of
     ``calls`` (the parent's: "Rivermist" in a message about Rivermist names the city,
     not the user the message is for; the 0.5B chose it in run 29): the names a value can
-    go by. A sentence's
-    first word has its capital as a first word: a run it opens is offered without it
-    too, and it is no name alone."""
+    go by. A sentence's first word has its capital as a first word: a run it opens is
+    offered without it too, and it is no name alone."""
     spans: list[str] = []
     # a short quoted name ("50 shares of 'Apple'") is a name; a longer quote a message
     for quoted in _QUOTED.finditer(request):
@@ -140,17 +139,8 @@ def edited_request(request: str, span: str, new: Any) -> str:
 
 
 def edit_unit_problems(unit: CallUnit, request: str, span: str) -> list[str]:
-    """Why the edited request cannot be the unit's; [] when it can."""
+    """Why the edited request cannot be the unit's; [] when it can. (A span written
+    inside the calls is never offered: ``naming_spans``.)"""
     assert unit.replaced is not None
-    old, new = unit.replaced
-    problems: list[str] = []
-    if str(new) not in request:
-        problems.append(f"the words {span!r} are not in the request")
-    others = [value for value in _names_of_calls(unit.calls) if value != str(new)]
-    if span in others:
-        problems.append(f"the words {span!r} are another value of the calls, not {old!r}")
-    return problems
-
-
-def _names_of_calls(calls: Sequence[ToolCall]) -> list[str]:
-    return [str(v) for call in calls for v in call.arguments.values() if isinstance(v, str)]
+    new = unit.replaced[1]
+    return [] if str(new) in request else [f"the words {span!r} are not in the request"]

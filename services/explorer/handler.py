@@ -102,7 +102,6 @@ async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
     if config.require_failure and not failed:
         return Explored(None, "nothing_failed", ExplorationStats())
     exploration_id = derived_id("exploration", signal.id)
-    substituted: list[ExplorationRound] = []
     if failed and config.substitution_rounds > 0:
         with deps.tracer.start_as_current_span("explorer substitute"):
             substituted = await anyio.to_thread.run_sync(
@@ -115,21 +114,20 @@ async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
                     known_values=deps.labelled,
                 )
             )
-    substituting = failed and config.substitution_rounds > 0
-    if substituted or (substituting and not config.explore_without_substitution):
-        if not substituted:
+        if substituted:
+            stats = ExplorationStats(steps=sum(len(r.steps) for r in substituted))
+            exploration = exploration_message(
+                exploration_id,
+                "guided",
+                signal.task,
+                substituted,
+                context=None,
+                signal=signal,
+                failed=failed,
+            )
+            return Explored(exploration, "explored", stats)
+        if not config.explore_without_substitution:
             return Explored(None, "nothing_to_substitute", ExplorationStats())
-        stats = ExplorationStats(steps=sum(len(r.steps) for r in substituted))
-        exploration = exploration_message(
-            exploration_id,
-            "guided",
-            signal.task,
-            substituted,
-            context=None,
-            signal=signal,
-            failed=failed,
-        )
-        return Explored(exploration, "explored", stats)
     summary: ExplorationContext | Rejection | None = None
     if not failed or config.summarize_aimed:
         with deps.tracer.start_as_current_span(

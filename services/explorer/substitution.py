@@ -280,16 +280,12 @@ def entangled(
     )
 
 
-def given_values(calls: Sequence[ToolCall], observations: Sequence[str]) -> list[Any]:
-    """The salient values of ``calls`` that no earlier call returned: what the user gave
-    (in the request, in words, or earlier in the conversation)."""
-    return [value for _, _, value in given_arguments(calls, observations)]
-
-
 def given_arguments(
     calls: Sequence[ToolCall], observations: Sequence[str]
 ) -> list[tuple[str, str, Any]]:
-    """(function, parameter, value) of each of ``given_values``, where it is first passed."""
+    """(function, parameter, value) of each salient value of ``calls`` that no earlier
+    call returned, where it is first passed: what the user gave (in the request, in
+    words, or earlier in the conversation)."""
     parsed = [_parsed(text) for text in observations]
     given: list[tuple[str, str, Any]] = []
     for position, call in enumerate(calls):

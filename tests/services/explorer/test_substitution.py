@@ -6,7 +6,7 @@ import json
 
 from coevolve.services.explorer.substitution import (
     conditional,
-    given_values,
+    given_arguments,
     other_numbers,
     shape,
     stated_values,
@@ -88,7 +88,8 @@ def test_a_value_an_earlier_call_returned_is_not_a_given_one() -> None:
         ToolCall(name="estimate_distance", arguments={"cityA": "83214", "cityB": "74532"}),
     ]
     observations = ['{"zipcode": "83214"}', '{"distance": 750.0}']
-    assert given_values(calls, observations) == ["Rivermist", "74532"]
+    given = [value for _, _, value in given_arguments(calls, observations)]
+    assert given == ["Rivermist", "74532"]
 
 
 def test_no_variant_logs_in_as_the_user_it_writes_to() -> None:
