@@ -367,27 +367,29 @@ class LearnerActor(Actor):
     # ------------------------------------------------------------------ training
 
     def consumers(self) -> Sequence[Consumer[Any]]:
-        per_step = self.config.grpo.groups_per_step
-        return (Consumer(LEARNER_GROUPS_CONSUMER, RolloutGroup, self.on_group, per_step),)
+        # two steps' groups in hand: the next step's gather while one trains (with one
+        # step's, a 1-group step let only 1 more in and the steps alternated 3, 1, 3, 1)
+        in_hand = 2 * self.config.grpo.groups_per_step
+        return (Consumer(LEARNER_GROUPS_CONSUMER, RolloutGroup, self.on_group, in_hand),)
 
     async def on_group(self, group: RolloutGroup, _: Delivery) -> None:
         if group.id in self._trained:
             return  # trained on before a crash; the ack was what got lost
         waiting = _Waiting(group)
         self._waiting.append(waiting)
-        if len(self._waiting) >= self.config.grpo.groups_per_step:
-            await self._train()
-        else:
+        if len(self._waiting) < self.config.grpo.groups_per_step:
             with anyio.move_on_after(self.config.max_wait_s):
                 await waiting.done.wait()
-            if not waiting.done.is_set():
-                await self._train()
+        # a step takes at most groups_per_step of those waiting: train until ours is done
+        while not waiting.done.is_set():
+            await self._train()
         if waiting.error is not None:
             raise RuntimeError(f"learner step failed: {waiting.error!r}") from waiting.error
 
     async def _train(self) -> None:
         async with self._step_lock:
-            batch, self._waiting = self._waiting, []
+            per_step = self.config.grpo.groups_per_step
+            batch, self._waiting = self._waiting[:per_step], self._waiting[per_step:]
             if not batch:
                 return
             learner = self.learner

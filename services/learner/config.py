@@ -91,15 +91,18 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # checkpointing (bounded memory, no prompt sharing); None: never
     activation_tokens: int | None = DEFAULT_ACTIVATION_TOKENS
     min_shared_prompt: int = 16
-    # how many groups the learner service gathers for one step
-    groups_per_step: int = 4
+    # how many groups the learner service gathers for one step: 2 made 7 steps and 38
+    # groups in 20 minutes against 4's 4 and 28, no measure significantly worse and the
+    # ground truth's likelihood better (docs/learning-results.md, the sweep)
+    groups_per_step: int = 2
     # demonstration replay (as PPO-ptx mixes in its pretraining loss): every update also
     # lowers the cross-entropy of ``demo_examples`` ground-truth examples of seed tasks,
     # weighted by ``demo_coef``, so GRPO sharpens the policy without drifting from the
-    # wording of real calls (0 or no demonstrations set: off). GRPO only: the preference
+    # wording of real calls (0 or no demonstrations set: off). One per group: a step of
+    # fewer than ``groups_per_step`` groups replays its share. GRPO only: the preference
     # objectives have their own supervised term (``preference.sft_coef``)
     demo_coef: float = 0.1
-    demo_examples: int = 4
+    demo_examples: int = 2
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:

@@ -204,6 +204,14 @@ class SampleBatch:
     step_credit: int = 0
 
 
+class GroupLayout(NamedTuple):
+    """How one group runs through a forward/backward pass (``GrpoLearner.group_layout``)."""
+
+    prompt_length: int  # the shared prompt, run once (0: none)
+    micro_batch_size: int  # continuations scored together
+    checkpointed: bool  # activation checkpointing (bounded memory, no shared prompt)
+
+
 class PaddedBatch(NamedTuple):
     """A right-padded micro-batch, ``[B, T]`` unless said otherwise."""
 
@@ -361,7 +369,7 @@ class GrpoLearner:
             # normalisers stay those of the whole batch, so the summed gradient is the same
             if self.config.updates_per_step > 1:
                 tokens += self.fill_proximal_logprobs(share(batch.groups))
-            demos = self.draw_demonstrations()
+            demos = self.draw_demonstrations(len(batch.groups))
             demo_tokens = sum(e.supervised_tokens for e in demos)
             for _ in range(self.config.ppo_epochs):
                 for part in split_groups(batch.groups, self.config.mini_batches):
@@ -435,10 +443,15 @@ class GrpoLearner:
         """The ground-truth examples replayed with every update (``demo_coef``)."""
         self.demonstrations = [e for e in examples if e.supervised_tokens > 0]
 
-    def draw_demonstrations(self) -> list[SftExample]:
-        """This step's ``demo_examples`` demonstrations, drawn by step number (so a resumed
-        learner draws what it would have); none when replay is off."""
-        wanted = min(self.config.demo_examples, len(self.demonstrations))
+    def draw_demonstrations(self, groups: int | None = None) -> list[SftExample]:
+        """This step's demonstrations, drawn by step number (so a resumed learner draws what
+        it would have); none when replay is off. A step training fewer than
+        ``groups_per_step`` groups replays that share of ``demo_examples`` (at least one):
+        replay keeps its share of the compute however the groups arrive."""
+        wanted = self.config.demo_examples
+        if groups is not None and groups < self.config.groups_per_step:
+            wanted = math.ceil(wanted * groups / self.config.groups_per_step)
+        wanted = min(wanted, len(self.demonstrations))
         if self.config.demo_coef <= 0 or wanted == 0:
             return []
         drawn = random.Random(self.step_count).sample(self.demonstrations, wanted)
@@ -572,9 +585,11 @@ class GrpoLearner:
             step_advantages=steps,
         )
 
-    def group_layout(self, group: Sequence[Sample]) -> tuple[int, bool]:
-        """The length of the group's prompt to run once (0: none) and whether the group is
-        over the activation budget (then: one trajectory at a time, checkpointed)."""
+    def group_layout(self, group: Sequence[Sample]) -> GroupLayout:
+        """How a group runs: its prompt once (``prompt_length``; 0: none) with micro-batches
+        of continuations, one continuation at a time when a micro-batch would go over the
+        activation budget, and checkpointed without the shared prompt only when even one
+        continuation beside the prompt would."""
         prompt_length = 0
         if self.config.share_prompt and len(group) > 1:
             prompt_length = shared_prompt_length(
@@ -582,9 +597,15 @@ class GrpoLearner:
             )
         if prompt_length < self.config.min_shared_prompt:
             prompt_length = 0
-        if over_budget(self.held_tokens(group, prompt_length), self.config.activation_tokens):
-            return 0, True
-        return prompt_length, False
+        budget = self.config.activation_tokens
+        size = max(1, self.config.micro_batch_size)
+        if not over_budget(self.held_tokens(group, prompt_length), budget):
+            return GroupLayout(prompt_length, size, checkpointed=False)
+        # one continuation at a time still shares the prompt: a group of per-turn BFCL
+        # tasks (a ~1.5k-token prompt) otherwise ran every trajectory whole, checkpointed
+        if prompt_length and not over_budget(self.held_tokens(group, prompt_length, 1), budget):
+            return GroupLayout(prompt_length, 1, checkpointed=False)
+        return GroupLayout(0, 1, checkpointed=True)
 
     @torch.no_grad()
     def fill_proximal_logprobs(self, grouped: Sequence[Sequence[Sample]]) -> int:
@@ -592,8 +613,8 @@ class GrpoLearner:
         update, into ``Sample.proximal_logprobs``; returns the tokens processed."""
         tokens = 0
         for group in grouped:
-            prompt_length, over = self.group_layout(group)
-            size = 1 if over else max(1, self.config.micro_batch_size)
+            layout = self.group_layout(group)
+            prompt_length, size = layout.prompt_length, layout.micro_batch_size
             prompt: SharedPrefix | None = None
             if prompt_length:
                 prompt_ids = torch.tensor(group[0].token_ids[:prompt_length], device=self.device)
@@ -652,15 +673,10 @@ class GrpoLearner:
         stats: list[GrpoStats] = []
         tokens = 0
         for group in grouped:
-            prompt_length, over = self.group_layout(group)
-            if over:
-                with activation_checkpointing(self.model):
-                    group_stats, group_tokens = self.accumulate_group(
-                        group, 0, trained_tokens, micro_batch_size=1
-                    )
-            else:
+            layout = self.group_layout(group)
+            with activation_checkpointing(self.model) if layout.checkpointed else nullcontext():
                 group_stats, group_tokens = self.accumulate_group(
-                    group, prompt_length, trained_tokens
+                    group, layout.prompt_length, trained_tokens, layout.micro_batch_size
                 )
             stats.extend(group_stats)
             tokens += group_tokens
@@ -668,11 +684,14 @@ class GrpoLearner:
                 collect()
         return stats, tokens
 
-    def held_tokens(self, group: Sequence[Sample], prompt_length: int) -> list[int]:
+    def held_tokens(
+        self, group: Sequence[Sample], prompt_length: int, micro_batch_size: int | None = None
+    ) -> list[int]:
         """Tokens whose activations are held at once: the shared prompt (kept until the
         group's end) and a padded micro-batch of continuations as long as the longest."""
+        size = max(1, micro_batch_size or self.config.micro_batch_size)
         tails = sorted((len(s.token_ids) - prompt_length for s in group), reverse=True)
-        return [prompt_length, padded_tokens(tails[: max(1, self.config.micro_batch_size)])]
+        return [prompt_length, padded_tokens(tails[:size])]
 
     def accumulate_group(
         self,

@@ -51,9 +51,9 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # ... and at most this many in all (None: no cap beyond the per-turn budget)
     max_steps: int | None = None
     # groups published and not yet taken by the learner before rollout waits: two steps'
-    # worth (learner.grpo.groups_per_step 4), so no group waits past the staleness bound
+    # worth (learner.grpo.groups_per_step 2), so no group waits past the staleness bound
     # and a waiting rollout leaves its core to the data loop
-    max_unconsumed_groups: int = 8
+    max_unconsumed_groups: int = 4
     backpressure_poll_s: float = 0.5
     # take no job before the learner's first announced policy (its warm start): the base
     # model calls no tool, so its groups all score 0 and only take CPU from the warm start

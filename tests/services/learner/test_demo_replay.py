@@ -38,7 +38,13 @@ def test_replayed_demonstrations_raise_the_ground_truths_likelihood(
     policy_factory: PolicyFactory, make_group: GroupFactory
 ) -> None:
     group = make_group([1.0, 0.0, 1.0, 0.0])
-    settings = {"micro_batch_size": 8, "min_shared_prompt": 1, "lr": 2e-3, "demo_examples": 2}
+    settings = {
+        "micro_batch_size": 8,
+        "min_shared_prompt": 1,
+        "lr": 2e-3,
+        "demo_examples": 2,
+        "groups_per_step": 1,
+    }
     gains = {}
     losses = {}
     for coef in (0.0, 1.0):
@@ -70,6 +76,21 @@ def test_draws_are_fixed_by_step_and_off_without_demonstrations(policy: LoadedPo
         assert drawn == {e.task_id for e in random.Random(step).sample(demos, 2)}
     learner.config = LearnerConfig(demo_coef=0.0, demo_examples=2)
     assert learner.draw_demonstrations() == []
+
+
+def test_a_step_with_fewer_groups_replays_its_share(policy: LoadedPolicy) -> None:
+    learner = GrpoLearner(policy, LearnerConfig(demo_examples=4, groups_per_step=4))
+    learner.set_demonstrations(
+        [demonstration(policy, f"Item {i}:", f" value {i}", str(i)) for i in range(6)]
+    )
+    assert [len(learner.draw_demonstrations(groups)) for groups in (1, 2, 3, 4, 6)] == [
+        1,
+        2,
+        3,
+        4,
+        4,
+    ]
+    assert len(learner.draw_demonstrations()) == 4
 
 
 def test_negative_demo_settings_are_refused() -> None:

@@ -251,6 +251,32 @@ def test_a_group_is_held_as_padded_micro_batches(
     assert learner.held_tokens(group, 10) == [10, 2 * (longest - 10)]
 
 
+def test_a_group_over_the_budget_in_micro_batches_still_shares_its_prompt(
+    policy: LoadedPolicy, make_group: GroupFactory
+) -> None:
+    group = make_group([1.0, 0.0, 0.5])
+    learner = trained_learner(policy, make_group)
+    learner.config = msgspec.structs.replace(learner.config, micro_batch_size=2)
+    samples = learner.build_samples([group]).groups[0]
+    prompt = learner.group_layout(samples).prompt_length
+    longest_tail = max(len(s.token_ids) for s in samples) - prompt
+    assert prompt > 0 and longest_tail > 0
+    # room for the prompt and one continuation, not two
+    budget = prompt + longest_tail
+
+    learner.config = msgspec.structs.replace(learner.config, activation_tokens=budget)
+    layout = learner.group_layout(samples)
+    assert layout == (prompt, 1, False)
+    learner.config = msgspec.structs.replace(learner.config, activation_tokens=budget - 1)
+    assert learner.group_layout(samples) == (0, 1, True)
+
+    stored, stored_loss = accumulated_gradient(learner, [group], activation_tokens=None)
+    one_by_one, one_by_one_loss = accumulated_gradient(learner, [group], activation_tokens=budget)
+    assert stored.abs().sum() > 0
+    assert one_by_one_loss == pytest.approx(stored_loss, rel=1e-4)
+    assert float((stored - one_by_one).norm() / stored.norm()) < 1e-4
+
+
 def test_an_origins_advantages_are_scaled_by_its_factor(
     policy: LoadedPolicy, make_group: GroupFactory
 ) -> None:

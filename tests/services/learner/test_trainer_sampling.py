@@ -56,7 +56,7 @@ def test_each_trajectory_is_scored_at_the_temperature_it_was_sampled_at(
     samples = batch.groups[0]
     assert [s.temperature for s in samples] == [TEMPERATURE] * 2 + [0.7] * 2
     # scored together (one micro-batch, one shared prompt), each row at its temperature
-    prompt_length, _ = learner.group_layout(samples)
+    prompt_length = learner.group_layout(samples).prompt_length
     assert prompt_length == len(sampled.prompt)
     prompt = torch.tensor(sampled.prompt)
     with torch.no_grad():
