@@ -272,27 +272,81 @@ class SharedPrefix:
 
     With ``requires_grad=False`` (the reference or proximal policy, evaluation) no graph
     is kept. ``temperature`` is the default for ``logprobs``, which may be given others.
+
+    With ``recompute_chunk`` (a prompt whose activations would not fit the learner's
+    budget) the prompt first runs without a graph, in chunks of at most that many tokens,
+    keeping only its keys/values; ``backward()`` then runs each chunk again with its graph,
+    last chunk first, and sends its gradients on before the next: the same gradient, with
+    one chunk's activations held at a time, for one more forward pass over the prompt.
     """
 
     def __init__(
-        self, model: nn.Module, prompt_ids: Tensor, temperature: float, *, requires_grad: bool
+        self,
+        model: nn.Module,
+        prompt_ids: Tensor,
+        temperature: float,
+        *,
+        requires_grad: bool,
+        recompute_chunk: int | None = None,
     ) -> None:
         if prompt_ids.ndim != 1 or prompt_ids.numel() == 0:
             raise ValueError("the shared prompt must be a non-empty 1-D tensor of token ids")
+        if recompute_chunk is not None and recompute_chunk < 1:
+            raise ValueError(f"recompute_chunk must be at least 1, got {recompute_chunk}")
         self.model = model
         self.temperature = temperature
         self.requires_grad = requires_grad
+        self.prompt_ids = prompt_ids
         self.length = int(prompt_ids.numel())
-        with torch.set_grad_enabled(requires_grad):
-            output = model(input_ids=prompt_ids[None], use_cache=True, logits_to_keep=1)
         self.graph_outputs: list[Tensor] = []
         self.leaves: list[Tensor] = []
-        cache = output.past_key_values
         self.layers: list[tuple[Tensor, Tensor]] = []
-        for layer in cache.layers:
+        self.chunks: list[tuple[int, int]] = []
+        if requires_grad and recompute_chunk is not None and recompute_chunk < self.length:
+            self.chunks = [
+                (start, min(start + recompute_chunk, self.length))
+                for start in range(0, self.length, recompute_chunk)
+            ]
+            with torch.no_grad():
+                layers, last_logits = self.run_chunks(self.chunks, [])
+            for keys, values in layers:
+                self.layers.append((self.leaf(keys), self.leaf(values)))
+            self.last_logits = self.leaf(last_logits)
+            return
+        with torch.set_grad_enabled(requires_grad):
+            output = model(input_ids=prompt_ids[None], use_cache=True, logits_to_keep=1)
+        for layer in output.past_key_values.layers:
             keys, values = self.attach(layer.keys), self.attach(layer.values)
             self.layers.append((keys, values))
         self.last_logits = self.attach(output.logits[0, -1])
+
+    def leaf(self, tensor: Tensor) -> Tensor:
+        leaf = tensor.detach().requires_grad_(True)
+        self.leaves.append(leaf)
+        return leaf
+
+    def run_chunks(
+        self, chunks: Sequence[tuple[int, int]], past: Sequence[tuple[Tensor, Tensor]]
+    ) -> tuple[list[tuple[Tensor, Tensor]], Tensor]:
+        """Run the prompt's ``chunks`` in order after ``past`` (the keys/values of the
+        tokens before the first); returns every layer's keys/values up to the last chunk's
+        end and that chunk's last logits."""
+        layers = list(past)
+        logits = torch.empty(0)
+        for start, end in chunks:
+            cache = DynamicCache()
+            for index, (keys, values) in enumerate(layers):
+                cache.update(keys, values, index)
+            output = self.model(
+                input_ids=self.prompt_ids[None, start:end],
+                position_ids=torch.arange(start, end, device=self.prompt_ids.device)[None],
+                past_key_values=cache if layers else None,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
+            logits = output.logits[0, -1]
+        return layers, logits
 
     def attach(self, tensor: Tensor) -> Tensor:
         if not self.requires_grad:
@@ -356,13 +410,53 @@ class SharedPrefix:
 
     def backward(self) -> None:
         """Send the gradients the continuations left on the prompt through its graph."""
-        pairs = [
-            (out, leaf.grad) for out, leaf in zip(self.graph_outputs, self.leaves, strict=True)
-        ]
-        pairs = [(out, grad) for out, grad in pairs if grad is not None]
-        if pairs:
-            torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])
+        if self.chunks:
+            self.backward_by_chunks()
+        else:
+            pairs = [
+                (out, leaf.grad) for out, leaf in zip(self.graph_outputs, self.leaves, strict=True)
+            ]
+            pairs = [(out, grad) for out, grad in pairs if grad is not None]
+            if pairs:
+                torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])
         self.graph_outputs, self.leaves, self.layers = [], [], []
+
+    def backward_by_chunks(self) -> None:
+        """Each chunk run again with its graph, last first: its keys/values (and the last
+        chunk's logits) take the gradients left on them, and what flows back to the earlier
+        tokens' keys/values is added to theirs before their chunk runs."""
+        grads = [
+            torch.zeros_like(leaf) if leaf.grad is None else leaf.grad.clone()
+            for leaf in self.leaves
+        ]
+        logits_grad = grads.pop()  # the last leaf is the prompt's last logits
+        full = [(keys.detach(), values.detach()) for keys, values in self.layers]
+        for start, end in reversed(self.chunks):
+            past = [
+                (
+                    keys[:, :, :start].clone().requires_grad_(True),
+                    values[:, :, :start].clone().requires_grad_(True),
+                )
+                for keys, values in (full if start else [])
+            ]
+            with torch.enable_grad():
+                layers, logits = self.run_chunks([(start, end)], past)
+            outputs: list[Tensor] = []
+            upstream: list[Tensor] = []
+            for index, (keys, values) in enumerate(layers):
+                outputs += [keys[:, :, start:end], values[:, :, start:end]]
+                upstream += [
+                    grads[2 * index][:, :, start:end],
+                    grads[2 * index + 1][:, :, start:end],
+                ]
+            if end == self.length:
+                outputs.append(logits)
+                upstream.append(logits_grad)
+            torch.autograd.backward(outputs, upstream)
+            for index, (keys, values) in enumerate(past):
+                for offset, tensor in ((0, keys), (1, values)):
+                    if tensor.grad is not None:
+                        grads[2 * index + offset][:, :, :start] += tensor.grad
 
 
 def join_first(wanted: Tensor, first: Tensor, later: Tensor) -> Tensor:

@@ -210,6 +210,9 @@ class GroupLayout(NamedTuple):
     prompt_length: int  # the shared prompt, run once (0: none)
     micro_batch_size: int  # continuations scored together
     checkpointed: bool  # activation checkpointing (bounded memory, no shared prompt)
+    # the shared prompt's graph is not kept but run again in chunks of this many tokens
+    # in backward (``SharedPrefix``'s ``recompute_chunk``); None: kept
+    prompt_chunk: int | None = None
 
 
 class PaddedBatch(NamedTuple):
@@ -587,9 +590,10 @@ class GrpoLearner:
 
     def group_layout(self, group: Sequence[Sample]) -> GroupLayout:
         """How a group runs: its prompt once (``prompt_length``; 0: none) with micro-batches
-        of continuations, one continuation at a time when a micro-batch would go over the
-        activation budget, and checkpointed without the shared prompt only when even one
-        continuation beside the prompt would."""
+        of continuations; one continuation at a time when a micro-batch would go over the
+        activation budget; when even one beside the prompt would, the prompt's graph run
+        again in chunks in backward; checkpointed without the shared prompt only when one
+        continuation alone is over the budget."""
         prompt_length = 0
         if self.config.share_prompt and len(group) > 1:
             prompt_length = shared_prompt_length(
@@ -605,6 +609,12 @@ class GrpoLearner:
         # tasks (a ~1.5k-token prompt) otherwise ran every trajectory whole, checkpointed
         if prompt_length and not over_budget(self.held_tokens(group, prompt_length, 1), budget):
             return GroupLayout(prompt_length, 1, checkpointed=False)
+        # a long multi-turn prompt: it holds only its keys/values while the continuations
+        # run, then one chunk's activations at a time
+        if prompt_length and budget is not None:
+            for tails in (size, 1):
+                if not over_budget(self.held_tokens(group, prompt_length, tails)[1:], budget):
+                    return GroupLayout(prompt_length, tails, False, prompt_chunk=budget)
         return GroupLayout(0, 1, checkpointed=True)
 
     @torch.no_grad()
@@ -676,7 +686,11 @@ class GrpoLearner:
             layout = self.group_layout(group)
             with activation_checkpointing(self.model) if layout.checkpointed else nullcontext():
                 group_stats, group_tokens = self.accumulate_group(
-                    group, layout.prompt_length, trained_tokens, layout.micro_batch_size
+                    group,
+                    layout.prompt_length,
+                    trained_tokens,
+                    layout.micro_batch_size,
+                    prompt_chunk=layout.prompt_chunk,
                 )
             stats.extend(group_stats)
             tokens += group_tokens
@@ -699,6 +713,7 @@ class GrpoLearner:
         prompt_length: int,
         trained_tokens: int,
         micro_batch_size: int | None = None,
+        prompt_chunk: int | None = None,
     ) -> tuple[list[GrpoStats], int]:
         policy_prompt: SharedPrefix | None = None
         reference_prompt: SharedPrefix | None = None
@@ -706,13 +721,17 @@ class GrpoLearner:
         if prompt_length:
             prompt = torch.tensor(group[0].token_ids[:prompt_length], device=self.device)
             temperature = group[0].temperature  # a default: each micro-batch passes its own
-            policy_prompt = SharedPrefix(self.model, prompt, temperature, requires_grad=True)
+            policy_prompt = SharedPrefix(
+                self.model, prompt, temperature, requires_grad=True, recompute_chunk=prompt_chunk
+            )
             if self.config.kl_beta > 0:
                 with self.reference_model() as reference_net:
                     reference_prompt = SharedPrefix(
                         reference_net, prompt, temperature, requires_grad=False
                     )
-            tokens += prompt_length
+            # a prompt run again in chunks in backward is run twice
+            runs = 2 if policy_prompt.chunks else 1
+            tokens += runs * prompt_length
         ordered = sorted(
             (s.after(prompt_length) for s in group), key=lambda s: len(s.token_ids), reverse=True
         )

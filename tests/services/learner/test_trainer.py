@@ -265,10 +265,18 @@ def test_a_group_over_the_budget_in_micro_batches_still_shares_its_prompt(
     budget = prompt + longest_tail
 
     learner.config = msgspec.structs.replace(learner.config, activation_tokens=budget)
-    layout = learner.group_layout(samples)
-    assert layout == (prompt, 1, False)
+    assert learner.group_layout(samples) == (prompt, 1, False, None)
+    # less: the prompt's graph is run again in chunks in backward
     learner.config = msgspec.structs.replace(learner.config, activation_tokens=budget - 1)
-    assert learner.group_layout(samples) == (0, 1, True)
+    layout = learner.group_layout(samples)
+    assert (layout.prompt_length, layout.checkpointed, layout.prompt_chunk) == (
+        prompt,
+        False,
+        budget - 1,
+    )
+    # one continuation alone over the budget: whole sequences, checkpointed
+    learner.config = msgspec.structs.replace(learner.config, activation_tokens=longest_tail - 1)
+    assert learner.group_layout(samples) == (0, 1, True, None)
 
     stored, stored_loss = accumulated_gradient(learner, [group], activation_tokens=None)
     one_by_one, one_by_one_loss = accumulated_gradient(learner, [group], activation_tokens=budget)
