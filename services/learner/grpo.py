@@ -351,10 +351,8 @@ class SharedPrefix:
     def attach(self, tensor: Tensor) -> Tensor:
         if not self.requires_grad:
             return tensor.detach()
-        leaf = tensor.detach().requires_grad_(True)
         self.graph_outputs.append(tensor)
-        self.leaves.append(leaf)
-        return leaf
+        return self.leaf(tensor)
 
     def logprobs(
         self,

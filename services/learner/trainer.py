@@ -603,18 +603,14 @@ class GrpoLearner:
             prompt_length = 0
         budget = self.config.activation_tokens
         size = max(1, self.config.micro_batch_size)
-        if not over_budget(self.held_tokens(group, prompt_length), budget):
-            return GroupLayout(prompt_length, size, checkpointed=False)
-        # one continuation at a time still shares the prompt: a group of per-turn BFCL
-        # tasks (a ~1.5k-token prompt) otherwise ran every trajectory whole, checkpointed
-        if prompt_length and not over_budget(self.held_tokens(group, prompt_length, 1), budget):
-            return GroupLayout(prompt_length, 1, checkpointed=False)
-        # a long multi-turn prompt: it holds only its keys/values while the continuations
-        # run, then one chunk's activations at a time
-        if prompt_length and budget is not None:
-            for tails in (size, 1):
-                if not over_budget(self.held_tokens(group, prompt_length, tails)[1:], budget):
-                    return GroupLayout(prompt_length, tails, False, prompt_chunk=budget)
+        # the prompt kept (with micro-batches, then one continuation at a time), then kept
+        # as keys/values only: a long multi-turn prompt holds one chunk's activations at a
+        # time instead of running every trajectory whole, checkpointed
+        layouts = [(True, size), (True, 1), (False, size), (False, 1)]
+        for kept, tails in layouts if prompt_length else layouts[:1]:
+            held = self.held_tokens(group, prompt_length, tails)
+            if not over_budget(held if kept else held[1:], budget):
+                return GroupLayout(prompt_length, tails, False, None if kept else budget)
         return GroupLayout(0, 1, checkpointed=True)
 
     @torch.no_grad()
