@@ -3,4 +3,8 @@
 from typing import Final
 
 # no synthesis; unguided synthesis paced to coevolve's volume; signal-guided synthesis
-ARMS: Final = ("none", "random", "coevolve")
+SYNTHESIS_ARMS: Final = ("none", "random", "coevolve")
+# the defaults (coevolve) with one of AgentEvolver's other mechanisms, or both:
+# experiences in part of a group's prompts, step credit from the attributor
+MECHANISM_ARMS: Final = ("navigate", "attribute", "both")
+ARMS: Final = (*SYNTHESIS_ARMS, *MECHANISM_ARMS)

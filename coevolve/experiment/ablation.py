@@ -15,7 +15,10 @@ Arms: ``none`` runs without explorers (``--scale explorer=0``): GRPO on the seed
 only. ``coevolve`` runs the defaults (signal-guided synthesis). ``random`` turns the
 signal detectors off (``signal_monitor.detectors.kinds: []``) and sends seed-mode
 exploration requests paced by :class:`Pacer` to add as many tasks as the coevolve arm
-of the same seed did by the same minute. Every arm's learner adopts the committed warm
+of the same seed did by the same minute. ``navigate``, ``attribute`` and ``both`` are
+``coevolve`` with self-navigating (``distiller.enabled``), step credit
+(``rollout.step_credit.enabled``) or both turned on (docs/navigation.md,
+docs/learning.md). Every arm's learner adopts the committed warm
 start (``services.learner.warm_start.from_policy``, digest checked), so arms differ only
 from there, wherever they run. An arm ends after ``minutes``, or once its learner has
 taken ``steps`` steps (equal compute for the learner), whichever comes first; with
@@ -70,7 +73,13 @@ from coevolve.shared.runtime.nats_server import free_port
 from coevolve.shared.runtime.subjects import EXPLORATIONS, TASK_ADDED
 
 # coevolve first: random is paced on its curve
-RUN_ORDER = ("coevolve", "random", "none")
+RUN_ORDER = ("coevolve", "random", "none", "navigate", "attribute", "both")
+# what each mechanism arm turns on over the defaults
+MECHANISM_SETTINGS: dict[str, dict[str, Any]] = {
+    "navigate": {"distiller": {"enabled": True}},
+    "attribute": {"rollout": {"step_credit": {"enabled": True}}},
+    "both": {"distiller": {"enabled": True}, "rollout": {"step_credit": {"enabled": True}}},
+}
 EVAL_SUITE = "bfcl-turns-base"
 EVAL_SPLIT = "eval"
 WARM_START_TIMEOUT_S = 3 * 3600.0
@@ -305,9 +314,10 @@ def arm_settings(
         scale.append("explorer=0")
     elif arm == "random":
         detectors["kinds"] = []
-    elif arm != "coevolve":
+    elif arm != "coevolve" and arm not in MECHANISM_SETTINGS:
         raise ValueError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
-    own = {"services": {"signal_monitor": {"detectors": detectors}}}
+    own: dict[str, Any] = {"services": {"signal_monitor": {"detectors": detectors}}}
+    own = merged(own, {"services": MECHANISM_SETTINGS.get(arm, {})})
     if warm is not None:
         own = merged(own, warm.learner_settings())
     return merged(base or {}, own), scale

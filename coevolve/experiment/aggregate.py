@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coevolve.experiment import ARMS
+from coevolve.experiment import ARMS, MECHANISM_ARMS
 from coevolve.experiment.ablation import END_MARK, WARM_EVAL_FILE, WARM_START_RECORD
 from coevolve.report import plots
 from coevolve.report.run_report import table
@@ -36,7 +36,12 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 REPORT_FILE = "report.md"
-COMPARISONS = (("coevolve", "random"), ("random", "none"), ("coevolve", "none"))
+COMPARISONS = (
+    ("coevolve", "random"),
+    ("random", "none"),
+    ("coevolve", "none"),
+    *((arm, "coevolve") for arm in MECHANISM_ARMS),
+)
 # (name, index in a task's [success, partial credit, log-likelihood] record)
 MEASURES = (("success", 0), ("partial credit", 1), ("log-likelihood", 2))
 WARM_MARK = "0"
@@ -466,13 +471,15 @@ def render_experiment_report(results_dir: Path, report_dir: Path | None = None) 
     scores = mark_scores(found.kept, found.warm_eval)
     ends = end_minutes(scores)
     intervals = {name: measure_intervals(scores, index) for name, index in MEASURES}
+    ran = {score.arm for score in scores}
+    compared = [(a, b) for a, b in COMPARISONS if a in ran and b in ran]
     differences = {
-        name: {f"{a} - {b}": paired_intervals(scores, a, b, index) for a, b in COMPARISONS}
+        name: {f"{a} - {b}": paired_intervals(scores, a, b, index) for a, b in compared}
         for name, index in MEASURES
     }
     p_values = {
         (f"{a} - {b}", name): paired_p_values(scores, a, b, index)
-        for a, b in COMPARISONS
+        for a, b in compared
         for name, index in MEASURES
     }
     plot_measures(intervals, ends, report_dir / "heldout.png")

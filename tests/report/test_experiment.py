@@ -448,3 +448,19 @@ def test_an_arm_records_the_code_its_services_started_from(
     )
     assert record["code_version"] == "started-code"
     assert record["mark_versions"][-1] == ("end", 3.0, 2)
+
+
+def test_a_mechanism_arm_is_the_defaults_with_its_switch_on() -> None:
+    coevolve, _ = arm_settings("coevolve", 2)
+    navigate, scale = arm_settings("navigate", 2)
+    assert scale == []
+    assert navigate["services"]["distiller"] == {"enabled": True}
+    assert navigate["services"]["signal_monitor"] == coevolve["services"]["signal_monitor"]
+    attribute, _ = arm_settings("attribute", 2)
+    assert attribute["services"]["rollout"] == {"step_credit": {"enabled": True}}
+    assert "distiller" not in attribute["services"]
+    both, _ = arm_settings("both", 2)
+    assert both["services"]["distiller"] == {"enabled": True}
+    assert both["services"]["rollout"] == {"step_credit": {"enabled": True}}
+    with pytest.raises(ValueError, match="unknown arm"):
+        arm_settings("nope", 2)
