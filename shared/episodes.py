@@ -18,6 +18,11 @@ without re-tokenizing anything:
   to. Instead the new messages are rendered after a fixed anchor conversation (one user
   and this assistant message) and that tail is appended.
 
+A navigated episode (``Navigation``, see ``shared/experience/guidance.py``) is sampled
+with advice in its first prompt; when it ends, its first prompt's tokens and messages are
+swapped for the plain rendering's, so the trajectory holds no advice, while its behaviour
+log-probs stay those the advice shaped (the learner corrects for that).
+
 After the last step nothing more is appended: the sequence ends with the last sampled
 token. ``finished`` is True only when the environment itself ended the episode; an
 episode cut by ``max_steps`` has ``finished=False`` and no error (its score still counts).
@@ -36,6 +41,7 @@ from typing import Any
 
 from coevolve.shared.envs.protocol import Environment
 from coevolve.shared.envs.rendering import configured_tool_rendering
+from coevolve.shared.experience.guidance import with_guidance
 from coevolve.shared.messages import ChatMessage, Task, Timings, Trajectory, derived_id, new_id
 from coevolve.shared.policy.chat import decode_ids, encode_text, render_text
 from coevolve.shared.policy.engine import Engine, Generation, SamplingParams
@@ -51,6 +57,25 @@ _MARKER = "\u2063coevolve-assistant-text\u2063"
 
 class RenderError(RuntimeError):
     """The chat template cannot render new messages after an assistant turn."""
+
+
+@dataclass(frozen=True)
+class Navigation:
+    """Advice for one episode's prompt (``guidance_text``) and the experiences it holds."""
+
+    text: str
+    experience_ids: list[str]
+
+
+@dataclass
+class _PlainPrompt:
+    """A navigated episode's first prompt as it renders without the advice."""
+
+    messages: list[ChatMessage]
+    token_ids: list[int]
+    guided_messages: int  # how many of the episode's first messages the guided prompt has
+    guided_tokens: int
+    experience_ids: list[str]
 
 
 @dataclass
@@ -75,6 +100,7 @@ class _Episode:
     environment_s: float = 0.0
     total_s: float = 0.0
     rerendered: int = 0
+    plain: _PlainPrompt | None = None  # navigated episodes only
 
 
 def run_group(
@@ -87,13 +113,15 @@ def run_group(
     *,
     id_prefix: str | None = None,
     partial_credit: float = 0.0,
+    navigation: list[Navigation | None] | None = None,
 ) -> list[Trajectory]:
     """``group_size`` episodes of ``task``, each in its own fresh environment.
 
     All still-running episodes generate together in one batched call per step.
     ``max_steps`` bounds the assistant messages per episode. With ``id_prefix`` the
     trajectory ids are derived from it (a redelivered job yields the same ids).
-    ``partial_credit``: see ``run_groups``.
+    ``partial_credit``: see ``run_groups``. ``navigation[i]``: advice for episode i's
+    prompt (None: none).
     """
     return run_groups(
         engine,
@@ -104,6 +132,7 @@ def run_group(
         max_steps,
         id_prefixes=[id_prefix],
         partial_credit=partial_credit,
+        navigation=[navigation] if navigation is not None else None,
     )[0]
 
 
@@ -140,6 +169,7 @@ def run_groups(
     id_prefixes: list[str | None] | None = None,
     on_step: StepCallback | None = None,
     partial_credit: float = 0.0,
+    navigation: list[list[Navigation | None]] | None = None,
 ) -> list[list[Trajectory]]:
     """Several groups at once (one per task), all episodes batched together.
 
@@ -150,18 +180,22 @@ def run_groups(
     Per trajectory, ``timings.generate_s`` is the wall time of the batched generation
     calls it took part in, ``environment_s`` its reset, steps and scoring, ``total_s``
     from its start to its end. ``on_step(step, running, seconds)`` is called after each
-    batched generation (progress for long episodes).
+    batched generation (progress for long episodes). ``navigation[g][i]``: advice for
+    episode i of group g (None: none).
     """
     if group_size < 1:
         raise ValueError("group_size must be at least 1")
     prefixes = id_prefixes or [None] * len(tasks)
     if len(prefixes) != len(tasks):
         raise ValueError(f"{len(prefixes)} id prefixes for {len(tasks)} tasks")
+    advice = navigation or [[None] * group_size for _ in tasks]
+    if len(advice) != len(tasks) or any(len(row) != group_size for row in advice):
+        raise ValueError(f"navigation must give {group_size} entries for each of {len(tasks)}")
     policy_version = engine.policy_version
     groups: list[list[_Episode]] = []
     try:
-        for task in tasks:
-            groups.append([_start(engine, env_factory, task, i) for i in range(group_size)])
+        for task, row in zip(tasks, advice, strict=True):
+            groups.append([_start(engine, env_factory, task, i, row[i]) for i in range(group_size)])
         episodes = [episode for group in groups for episode in group]
         _run_until_done(engine, episodes, params, max_steps, on_step)
         return [
@@ -174,13 +208,27 @@ def run_groups(
                 _close(episode)
 
 
-def _start(engine: Engine, env_factory: EnvFactory, task: Task, index: int) -> _Episode:
+def _start(
+    engine: Engine,
+    env_factory: EnvFactory,
+    task: Task,
+    index: int,
+    navigation: Navigation | None = None,
+) -> _Episode:
     started = time.perf_counter()
     env = env_factory()
     messages = list(env.reset(task))
     tools = env.tools()
+    plain: _PlainPrompt | None = None
+    if navigation is not None:
+        plain_ids = encode_text(engine.tokenizer, render_text(engine.tokenizer, messages, tools))
+        guided = with_guidance(messages, navigation.text)
+        plain = _PlainPrompt(messages, plain_ids, len(guided), 0, navigation.experience_ids)
+        messages = guided
     text = render_text(engine.tokenizer, messages, tools)
     ids = encode_text(engine.tokenizer, text)
+    if plain is not None:
+        plain.guided_tokens = len(ids)
     episode = _Episode(
         index=index,
         task=task,
@@ -192,6 +240,7 @@ def _start(engine: Engine, env_factory: EnvFactory, task: Task, index: int) -> _
         loss_mask=[0] * len(ids),
         logprobs=[0.0] * len(ids),
         started=started,
+        plain=plain,
     )
     episode.environment_s = time.perf_counter() - started
     return episode
@@ -343,13 +392,21 @@ def _finish(
         failure = f"scoring error: {type(exc).__name__}: {exc}"
         episode.error = f"{episode.error}; {failure}" if episode.error else failure
     episode.environment_s += time.perf_counter() - started
+    messages, token_ids = episode.messages, episode.token_ids
+    logprobs, loss_mask = episode.logprobs, episode.loss_mask
+    if (plain := episode.plain) is not None:  # the advice leaves the training sample
+        prompt = len(plain.token_ids)
+        messages = [*plain.messages, *messages[plain.guided_messages :]]
+        token_ids = [*plain.token_ids, *token_ids[plain.guided_tokens :]]
+        logprobs = [0.0] * prompt + logprobs[plain.guided_tokens :]
+        loss_mask = [0] * prompt + loss_mask[plain.guided_tokens :]
     return Trajectory(
         id=derived_id(id_prefix, episode.task.id, episode.index) if id_prefix else new_id(),
         task_id=episode.task.id,
-        messages=episode.messages,
-        token_ids=episode.token_ids,
-        logprobs=episode.logprobs,
-        loss_mask=episode.loss_mask,
+        messages=messages,
+        token_ids=token_ids,
+        logprobs=logprobs,
+        loss_mask=loss_mask,
         reward=reward,
         policy_version=policy_version,
         temperature=params.temperature,
@@ -365,6 +422,7 @@ def _finish(
         finished=episode.finished,
         error=episode.error,
         tool_rendering=configured_tool_rendering(),  # what render_text used
+        experience_ids=list(plain.experience_ids) if plain is not None else [],
     )
 
 
@@ -373,4 +431,12 @@ def _close(episode: _Episode) -> None:
         episode.env.close()
 
 
-__all__ = ["EnvFactory", "RenderError", "StepCallback", "run_episode", "run_group", "run_groups"]
+__all__ = [
+    "EnvFactory",
+    "Navigation",
+    "RenderError",
+    "StepCallback",
+    "run_episode",
+    "run_group",
+    "run_groups",
+]

@@ -204,6 +204,10 @@ class Trajectory(Part):
     error: str | None = None
     tool_rendering: Literal["compact", "full"] | None = None
     step_labels: list[StepLabel] = msgspec.field(default_factory=list)
+    # navigated (``rollout.navigation``): the experiences that were in its prompt when it
+    # was sampled; ``messages`` and ``token_ids`` hold the prompt without them, and
+    # ``logprobs`` stay those of the prompt with them (empty: sampled without)
+    experience_ids: list[str] = msgspec.field(default_factory=list)
 
     def validate(self) -> None:
         if not len(self.token_ids) == len(self.logprobs) == len(self.loss_mask):
@@ -246,12 +250,35 @@ class ScoreSample(Part):
 # --------------------------------------------------------------------------- agent loop
 
 
+class Experience(Message):
+    """An insight the distiller drew from one rollout group's best and worst attempts,
+    for navigated rollouts of similar tasks (AgentEvolver's self-navigating).
+
+    ``request`` is the task's user turns and ``functions`` the functions its attempts
+    called: what retrieval matches a new task against. ``trajectory_ids`` and ``rewards``
+    are the two attempts it compares (best first): its lineage.
+    """
+
+    text: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]
+    task_id: str
+    environment: str
+    request: str
+    group_id: str
+    trajectory_ids: list[str]
+    rewards: list[Finite]
+    policy_version: Version
+    functions: list[str] = msgspec.field(default_factory=list)
+    created_at: float = msgspec.field(default_factory=now)
+
+
 class RolloutJob(Message):
-    """Roll out ``group_size`` trajectories of one task (one group)."""
+    """Roll out ``group_size`` trajectories of one task (one group); ``experiences``: the
+    stored experiences most like the task, for navigated rollouts (empty: none)."""
 
     task: Task
     group_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_GROUP_SIZE)] = 8
     min_policy_version: Version = 0
+    experiences: list[Experience] = msgspec.field(default_factory=list)
 
 
 class RolloutGroup(Message):
@@ -458,15 +485,37 @@ class LineageReply(Message):
     chain: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
+class ListExperiences(Message):
+    """The newest ``limit`` kept experiences (the distiller's), with their use counts."""
+
+    limit: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 50
+
+
+class ExperiencesReply(Message):
+    experiences: list[Experience]
+    # how many rollout jobs carried each, by experience id
+    uses: dict[str, int] = msgspec.field(default_factory=dict)
+    total: Count = 0
+
+
 class ErrorReply(Message):
     error: str
 
 
-PoolRequest = AddTasks | GetTask | SampleBatch | GetStats | LineageQuery
-PoolReply = AddTasksReply | GetTaskReply | SampleBatchReply | PoolStats | LineageReply | ErrorReply
+PoolRequest = AddTasks | GetTask | SampleBatch | GetStats | LineageQuery | ListExperiences
+PoolReply = (
+    AddTasksReply
+    | GetTaskReply
+    | SampleBatchReply
+    | PoolStats
+    | LineageReply
+    | ExperiencesReply
+    | ErrorReply
+)
 
 AnyMessage = (
     RolloutJob
+    | Experience
     | RolloutGroup
     | RolloutResults
     | PolicyVersion
@@ -489,6 +538,8 @@ AnyMessage = (
     | PoolStats
     | LineageQuery
     | LineageReply
+    | ListExperiences
+    | ExperiencesReply
     | ErrorReply
 )
 

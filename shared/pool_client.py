@@ -8,11 +8,13 @@ from coevolve.shared.messages import (
     AddTasks,
     AddTasksReply,
     ErrorReply,
+    ExperiencesReply,
     GetStats,
     GetTask,
     GetTaskReply,
     LineageQuery,
     LineageReply,
+    ListExperiences,
     Message,
     PoolReply,
     PoolStats,
@@ -67,3 +69,6 @@ class PoolClient:
 
     async def lineage(self, task_id: str) -> LineageReply:
         return await self._call(LineageQuery(task_id=task_id), LineageReply)
+
+    async def experiences(self, limit: int = 50) -> ExperiencesReply:
+        return await self._call(ListExperiences(limit=limit), ExperiencesReply)

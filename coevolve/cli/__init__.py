@@ -13,6 +13,7 @@ from coevolve.cli import (
     data_cmds,
     discover_cmd,
     eval_cmd,
+    experiences_cmd,
     experiment,
     explore_cmd,
     report,
@@ -69,6 +70,7 @@ app.command("discover")(discover_cmd.discover)
 app.command("report")(report.report)
 app.add_typer(experiment.experiment_app, name="experiment")
 app.add_typer(data_cmds.tasks_app, name="tasks")
+app.add_typer(experiences_cmd.experiences_app, name="experiences")
 
 
 def main() -> None:

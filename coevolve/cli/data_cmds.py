@@ -188,7 +188,9 @@ def _from_pool_or_file(
         return via_file(store)
 
 
-def _run(settings: Settings, via_pool: Callable[[PoolClient], Awaitable[T]], via_file: Any) -> T:
+def run_on_pool_or_file(
+    settings: Settings, via_pool: Callable[[PoolClient], Awaitable[T]], via_file: Any
+) -> T:
     try:
         return _from_pool_or_file(settings, via_pool, via_file)
     except PoolUnavailable as exc:
@@ -233,7 +235,7 @@ def list_tasks(
         tasks = store.list_tasks(origin=origin, limit=limit)
         return {"source": "duckdb newest", "counts": stats.tasks_by_origin, "tasks": tasks}
 
-    listing = _run(settings, via_pool, via_file)
+    listing = run_on_pool_or_file(settings, via_pool, via_file)
     tasks: list[Task] = listing["tasks"]
     if json_output:
         typer.echo(
@@ -264,7 +266,7 @@ def _look_up(
     via_file: Callable[[Any], T | None],
 ) -> T:
     """What the pool holds of ``task_id``; exits with an error when it holds nothing."""
-    found = _run(settings, via_pool, via_file)
+    found = run_on_pool_or_file(settings, via_pool, via_file)
     if not found:
         typer.echo(f"error: no task {task_id!r} in the pool", err=True)
         raise typer.Exit(1)

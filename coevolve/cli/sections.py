@@ -21,14 +21,17 @@ SECTION_CONFIGS: dict[str, str] = {
     "abstractor": "coevolve.services.abstractor.config:AbstractorConfig",
     "judge": "coevolve.services.judge.config:JudgeConfig",
     "evaluator": "coevolve.services.evaluator.config:EvaluatorConfig",
+    "distiller": "coevolve.services.distiller.config:DistillerConfig",
 }
 
 
 def enabled_optional_services(settings: Settings) -> set[str]:
     """The optional services (``OPTIONAL_SERVICES``) this configuration turns on."""
+    from coevolve.services.distiller.config import distiller_enabled
     from coevolve.services.evaluator.config import evaluator_enabled
 
-    return {"evaluator"} if evaluator_enabled(settings) else set()
+    enabled = {"evaluator"} if evaluator_enabled(settings) else set()
+    return enabled | ({"distiller"} if distiller_enabled(settings) else set())
 
 
 def step_credit_enabled(settings: Settings) -> bool:

@@ -223,6 +223,7 @@ def up(
             run,
             lambda e: typer.echo(e),
             step_credit=step_credit_enabled(settings),
+            distiller="distiller" in enabled_optional_services(settings),
         )
     except LLMServerError as exc:
         if server is not None:

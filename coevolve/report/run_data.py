@@ -86,6 +86,18 @@ class GroupRow:
 
 
 @dataclass(frozen=True)
+class ExperienceRow:
+    """One experience the distiller drew (self-navigating), and how many rollout jobs
+    carried it."""
+
+    created_at: float
+    experience_id: str
+    task_id: str
+    text: str
+    retrieved: int
+
+
+@dataclass(frozen=True)
 class StepGroup:
     """A group as a learner step record names it (``learner/steps.jsonl``)."""
 
@@ -94,6 +106,13 @@ class StepGroup:
     origin: str
     policy_version: int
     uniform: bool
+    # step credit (rollout.step_credit): the attributor's seconds, its labelled
+    # trajectories and steps labelled GOOD / BAD; navigation: navigated trajectories
+    label_s: float = 0.0
+    labelled: int = 0
+    good: int = 0
+    bad: int = 0
+    navigated: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,6 +144,7 @@ class RunData:
     tasks: list[TaskRow] = field(default_factory=list)
     verdicts: list[VerdictRow] = field(default_factory=list)
     groups: list[GroupRow] = field(default_factory=list)
+    experiences: list[ExperienceRow] = field(default_factory=list)
     scalars: dict[str, list[Scalar]] = field(default_factory=dict)
     spans: list[SpanRow] = field(default_factory=list)
     signal_totals: dict[str, int] = field(default_factory=dict)
@@ -285,8 +305,23 @@ def _load_pool(data: RunData) -> None:
                     "GROUP BY group_id ORDER BY 1, group_id"
                 ).fetchall()
             ]
+            data.experiences = _experiences(db)
     except (duckdb.Error, OSError) as exc:
         data.pool_error = f"{type(exc).__name__}: {exc}"
+
+
+def _experiences(db: duckdb.DuckDBPyConnection) -> list[ExperienceRow]:
+    """The experiences table; empty in a pool file written before it existed."""
+    if not db.execute(
+        "SELECT 1 FROM information_schema.tables WHERE table_name = 'experiences'"
+    ).fetchall():
+        return []
+    return [
+        ExperienceRow(float(at), str(eid), str(task_id), str(text), int(retrieved))
+        for at, eid, task_id, text, retrieved in db.execute(
+            "SELECT created_at, id, task_id, text, retrieved FROM experiences ORDER BY created_at"
+        ).fetchall()
+    ]
 
 
 def read_scalars(directory: Path) -> dict[str, list[Scalar]]:
@@ -420,6 +455,11 @@ def _step_group(entry: dict[str, Any]) -> StepGroup:
         origin=str(entry["origin"]),
         policy_version=int(entry["policy_version"]),
         uniform=bool(entry["uniform"]),
+        label_s=float(entry.get("label_s", 0.0)),
+        labelled=int(entry.get("labelled", 0)),
+        good=int(entry.get("good", 0)),
+        bad=int(entry.get("bad", 0)),
+        navigated=int(entry.get("navigated", 0)),
     )
 
 

@@ -33,7 +33,14 @@ from coevolve.report.repair import (
     parent_groups,
     read_measured,
 )
-from coevolve.report.run_data import EVAL_PREFIX, POOL_FILE, RunData, Scalar, load_run
+from coevolve.report.run_data import (
+    EVAL_PREFIX,
+    POOL_FILE,
+    RunData,
+    Scalar,
+    StepGroup,
+    load_run,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -612,6 +619,8 @@ def run_markdown(
         "",
         repair_text(data, measured),
         "",
+        *(["## Experiences", "", experiences_text(data), ""] if data.experiences else []),
+        *(["## Step credit", "", step_credit_text(data), ""] if _labelled(data) else []),
         "## Time per stage",
         "",
         "![stages](stages.png)",
@@ -624,6 +633,44 @@ def run_markdown(
         "",
     ]
     return "\n".join(parts)
+
+
+def _labelled(data: RunData) -> list[StepGroup]:
+    return [g for step in data.steps for g in step.groups if g.labelled or g.label_s]
+
+
+def step_credit_text(data: RunData) -> str:
+    """Self-attributing: the groups the attributor labelled before the learner trained on
+    them, its labels, and its seconds per learner step."""
+    groups = _labelled(data)
+    good, bad = sum(g.good for g in groups), sum(g.bad for g in groups)
+    seconds = sum(g.label_s for g in groups)
+    steps = len(data.steps)
+    per_step = f", {seconds / steps:.1f} s a learner step" if steps else ""
+    share = f" ({good / (good + bad):.2f} GOOD)" if good + bad else ""
+    return (
+        f"The attributor labelled {sum(g.labelled for g in groups)} trajectories of "
+        f"{len(groups)} trained groups: {good} steps GOOD, {bad} BAD{share}. "
+        f"It took {seconds:.0f} s{per_step} (from `learner/steps.jsonl`)."
+    )
+
+
+def experiences_text(data: RunData) -> str:
+    """Self-navigating: how many experiences the distiller drew, how often rollout jobs
+    carried them, and the most carried one."""
+    rows = data.experiences
+    carried = sum(row.retrieved for row in rows)
+    jobs = len(data.groups)
+    used = sum(1 for row in rows if row.retrieved)
+    top = max(rows, key=lambda row: (row.retrieved, row.created_at))
+    share = f" ({carried / jobs:.2f} a recorded group)" if jobs else ""
+    return (
+        f"The distiller drew {len(rows)} experiences from rollout groups; rollout jobs "
+        f"carried them {carried} times{share}, {used} of them at least once "
+        "(`coevolve experiences list`). The most carried "
+        f"({top.retrieved} jobs, from task `{top.task_id}`, "
+        f"minute {data.minutes(top.created_at):.1f}):\n\n> {top.text}"
+    )
 
 
 def learning_text(data: RunData) -> str:

@@ -29,7 +29,7 @@ from coevolve.services.evaluator.handler import (
 )
 from coevolve.services.evaluator.scores import WORK_DIR, HeldOutScore, read_latest
 from coevolve.shared.config import Settings
-from coevolve.shared.messages import DecodeError, PolicyVersion, decode
+from coevolve.shared.messages import PolicyVersion
 from coevolve.shared.runtime.actor import Actor
 from coevolve.shared.runtime.subjects import POLICY_UPDATES
 
@@ -87,19 +87,11 @@ class EvaluatorActor(Actor):
         return (self.follow_announcements, self.score_due_versions)
 
     async def follow_announcements(self) -> None:
-        sub = await self.bus.nc.subscribe(POLICY_UPDATES)
-        try:
-            async for msg in sub.messages:
-                try:
-                    update = decode(msg.data, PolicyVersion)
-                except DecodeError as exc:
-                    log.warning("ignored a policy announcement that does not decode: %s", exc)
-                    continue
-                if self.schedule.offer(update) and self._wake is not None:
-                    self._wake.set()
-        finally:
-            with anyio.move_on_after(2, shield=True):
-                await sub.unsubscribe()
+        await self.bus.follow(POLICY_UPDATES, PolicyVersion, self.offer)
+
+    def offer(self, update: PolicyVersion) -> None:
+        if self.schedule.offer(update) and self._wake is not None:
+            self._wake.set()
 
     async def score_due_versions(self) -> None:
         while True:

@@ -66,6 +66,10 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_staleness: int = 4
     # decoupled PPO: each token's weight π_prox/π_behaviour is truncated at this (None: no cap)
     behaviour_weight_cap: float | None = 5.0
+    # a navigated trajectory (rollout.navigation) was sampled with advice in its prompt and
+    # is trained without it: its tokens' weight π_prox(a|s)/π_behaviour(a|s, advice) is
+    # truncated at this instead (grpo.py says why 1)
+    navigated_weight_cap: float = 1.0
     # optimizer updates per step: ppo_epochs passes over the batch, each split in
     # mini_batches parts of whole groups (1 and 1: one update, no extra forward pass)
     ppo_epochs: int = 1
@@ -113,6 +117,8 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("ppo_epochs and mini_batches must be at least 1")
         if self.behaviour_weight_cap is not None and self.behaviour_weight_cap <= 0:
             raise ValueError("behaviour_weight_cap must be > 0 (or null for no cap)")
+        if self.navigated_weight_cap <= 0:
+            raise ValueError("navigated_weight_cap must be > 0")
         if self.demo_coef < 0 or self.demo_examples < 0:
             raise ValueError("demo_coef and demo_examples must be >= 0")
 

@@ -56,6 +56,21 @@ Choices worth knowing:
   weighting, unlike AgentEvolver's ADCA-GRPO). The origin factor
   (``origin_advantage_scale``) multiplies both. Without labels nothing changes: the
   advantages stay ``[B]``, bit for bit as before.
+* **Navigated trajectories** (AgentEvolver's self-navigating; ``rollout.navigation``)
+  were sampled with advice in the prompt, ``π_behav(a_t | s_t, e)``, and are trained
+  without it: their tokens, ``token_ids`` and ``π_prox(a_t | s_t)`` hold no advice
+  (``shared/episodes.py`` swaps the prompt back). The change of prompt is one more way the
+  sampling policy differs from the proximal one, so it goes through the same weight,
+  ``w_kt = min(π_prox(a_t|s_t) / π_behav(a_t|s_t, e), w_nav)``, with its own cap ``w_nav``
+  = ``navigated_weight_cap`` (1.0). Why this and why 1: the ratio is the exact importance
+  weight for having sampled from the advised distribution, so nothing else corrects for
+  it; where the advice made a token likelier than the plain policy would, the weight is
+  below 1 and the token counts in proportion; where the plain policy already prefers it,
+  the cap keeps an advised token from weighing more than an on-policy one (an advised
+  success must not dominate the group's gradient through a large ratio). AgentEvolver
+  instead clips navigated tokens with their own clip range and no weight; here the clip
+  stays the decoupled one against ``π_prox``, which already ignores where they were
+  sampled.
 """
 
 from __future__ import annotations
@@ -155,7 +170,7 @@ def grpo_loss(
     kl_beta: float = 0.0,
     *,
     proximal_logprobs: Tensor | None = None,
-    behaviour_weight_cap: float | None = None,
+    behaviour_weight_cap: float | Tensor | None = None,
     entropies: Tensor | None = None,
     token_normalizer: float | None = None,
 ) -> tuple[Tensor, GrpoStats]:
@@ -168,13 +183,15 @@ def grpo_loss(
     (default: their count in this batch).
 
     With ``proximal_logprobs`` the objective is the decoupled one: clip against them and
-    weight each token by ``min(π_prox/π_behav, behaviour_weight_cap)`` (None: no cap).
+    weight each token by ``min(π_prox/π_behav, behaviour_weight_cap)`` (None: no cap; a
+    ``[B]`` tensor: one cap per sequence, as navigated trajectories have their own).
     Without, it is plain PPO against the behaviour log-probs. ``ref_logprobs`` may be
     None only when ``kl_beta == 0``.
     """
     if ref_logprobs is None and kl_beta != 0.0:
         raise ValueError("kl_beta > 0 needs reference log-probs")
-    if behaviour_weight_cap is not None and behaviour_weight_cap <= 0:
+    caps_given = behaviour_weight_cap is not None
+    if caps_given and bool((torch.as_tensor(behaviour_weight_cap) <= 0).any()):
         raise ValueError("behaviour_weight_cap must be > 0")
     mask = loss_mask.to(logprobs.dtype)
     on = mask > 0
@@ -190,8 +207,11 @@ def grpo_loss(
     clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages
     log_weight = torch.where(on, anchor.detach() - behaviour_logprobs, zeros).detach()
     raw_weight = torch.exp(log_weight)
-    cap = math.inf if behaviour_weight_cap is None else behaviour_weight_cap
-    weight, capped = raw_weight.clamp(max=cap), raw_weight > cap
+    cap: float | Tensor = math.inf if behaviour_weight_cap is None else behaviour_weight_cap
+    if isinstance(cap, Tensor):
+        cap = cap.to(raw_weight)[:, None].expand_as(raw_weight)
+    weight = torch.minimum(raw_weight, torch.as_tensor(cap, dtype=raw_weight.dtype))
+    capped = raw_weight > cap
     policy_per_token = -weight * torch.minimum(unclipped, clipped)
 
     if ref_logprobs is not None:

@@ -61,7 +61,9 @@ def step_record(
     ``groups``, each with its task, origin, policy version, mean reward and whether its
     rewards were all equal (``uniform``: no outcome advantage); the others under ``stale``.
     A group the attributor worked on (``rollout.step_credit``) also has ``label_s``, its
-    seconds on the group, and ``labelled``, its trajectories that carry step labels.
+    seconds on the group, ``labelled``, its trajectories that carry step labels, and
+    ``good`` / ``bad``, its steps labelled each way; a group with navigated trajectories
+    (``rollout.navigation``) has ``navigated``, how many.
     """
     kept, _ = filter_stale(groups, version_before, max_staleness)
     kept_ids = {id(group) for group in kept}
@@ -78,7 +80,16 @@ def step_record(
         }
         labelled = sum(bool(t.step_labels) for t in group.trajectories)
         if group.label_s or labelled:
-            fields |= {"label_s": group.label_s, "labelled": labelled}
+            labels = [label for t in group.trajectories for label in t.step_labels]
+            fields |= {
+                "label_s": group.label_s,
+                "labelled": labelled,
+                "good": labels.count(1),
+                "bad": labels.count(-1),
+            }
+        navigated = sum(bool(t.experience_ids) for t in group.trajectories)
+        if navigated:
+            fields["navigated"] = navigated
         return fields
 
     return {

@@ -167,7 +167,8 @@ class Sample:
     """One trajectory as trained: ``proximal_logprobs`` are filled in by the no-grad pass
     before several updates (None: the detached log-probs of the update's own pass).
     ``step_advantages`` (per token, 0 outside steps) are added to the outcome ``advantage``
-    when the trajectory's steps are labelled (None: the outcome's alone)."""
+    when the trajectory's steps are labelled (None: the outcome's alone). ``navigated``:
+    sampled with advice in its prompt (``Trajectory.experience_ids``)."""
 
     token_ids: list[int]
     behaviour_logprobs: list[float]
@@ -176,6 +177,7 @@ class Sample:
     temperature: float = 1.0
     proximal_logprobs: list[float] | None = None
     step_advantages: list[float] | None = None
+    navigated: bool = False
 
     def after(self, start: int) -> Sample:
         """The part from token ``start`` on (what follows a shared prompt)."""
@@ -189,6 +191,7 @@ class Sample:
             self.temperature,
             None if proximal is None else proximal[start:],
             None if steps is None else steps[start:],
+            self.navigated,
         )
 
 
@@ -225,6 +228,7 @@ class PaddedBatch(NamedTuple):
     advantages: Tensor  # [B], or [B, T] when a sample has step advantages
     temperatures: Tensor  # [B]
     proximal: Tensor | None  # when every sample has them
+    navigated: Tensor  # [B] bool: sampled with advice in the prompt
 
 
 def malformed_reason(trajectory: Trajectory) -> str | None:
@@ -281,6 +285,7 @@ def pad_batch(samples: Sequence[Sample], pad_id: int, device: torch.device) -> P
                 steps[row, : len(sample.step_advantages)] = torch.tensor(sample.step_advantages)
         advantages = advantages[:, None] + steps
     temperatures = torch.tensor([s.temperature for s in samples], dtype=torch.float32)
+    navigated = torch.tensor([s.navigated for s in samples], dtype=torch.bool)
     return PaddedBatch(
         ids.to(device),
         attention.to(device),
@@ -289,6 +294,18 @@ def pad_batch(samples: Sequence[Sample], pad_id: int, device: torch.device) -> P
         advantages.to(device),
         temperatures.to(device),
         None if proximal is None else proximal.to(device),
+        navigated.to(device),
+    )
+
+
+def weight_caps(navigated: Tensor, cap: float | None, navigated_cap: float) -> Tensor:
+    """Each sequence's cap on its behaviour weights: ``navigated_cap`` for a navigated one,
+    ``cap`` (None: none) for the others."""
+    plain = math.inf if cap is None else cap
+    return torch.where(
+        navigated,
+        torch.full_like(navigated, navigated_cap, dtype=torch.float32),
+        torch.full_like(navigated, plain, dtype=torch.float32),
     )
 
 
@@ -586,6 +603,7 @@ class GrpoLearner:
             advantage=advantage,
             temperature=trajectory.temperature,
             step_advantages=steps,
+            navigated=bool(trajectory.experience_ids),
         )
 
     def group_layout(self, group: Sequence[Sample]) -> GroupLayout:
@@ -757,7 +775,11 @@ class GrpoLearner:
                 self.config.clip_eps_high,
                 self.config.kl_beta,
                 proximal_logprobs=proximal,
-                behaviour_weight_cap=self.config.behaviour_weight_cap,
+                behaviour_weight_cap=weight_caps(
+                    padded.navigated,
+                    self.config.behaviour_weight_cap,
+                    self.config.navigated_weight_cap,
+                ),
                 entropies=entropies,
                 token_normalizer=trained_tokens,
             )

@@ -2,8 +2,9 @@
 
 Answers request/reply on ``coevolve.pool.rpc`` (add, get, sample, stats, lineage), records
 rollout results and verdicts from their streams (acked only after the DuckDB transaction
-committed; idempotent by message id), seeds an empty pool from the environments' train
-splits, and keeps the rollout job queue topped up from sampled batches.
+committed; idempotent by message id) and the distiller's experiences, seeds an empty pool
+from the environments' train splits, and keeps the rollout job queue topped up from
+sampled batches.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from coevolve.services.pool_store.handler import (
     RequestRefused,
     add_tasks,
     answer,
+    keep_experience,
     labelled_tasks_in,
     record_verdict,
     rollout_jobs,
@@ -31,6 +33,7 @@ from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.config import ConfigError, Settings
 from coevolve.shared.messages import (
     AddTasks,
+    Experience,
     Message,
     PoolRequest,
     RolloutResults,
@@ -39,6 +42,7 @@ from coevolve.shared.messages import (
 from coevolve.shared.runtime.actor import Actor, Consumer, Delivery, Rejected, Responder
 from coevolve.shared.runtime.subjects import (
     POOL_ADD,
+    POOL_EXPERIENCES_CONSUMER,
     POOL_RESULTS_CONSUMER,
     POOL_RPC,
     POOL_VERDICTS_CONSUMER,
@@ -109,6 +113,7 @@ class PoolStoreActor(Actor):
         return (
             Consumer(POOL_RESULTS_CONSUMER, RolloutResults, self.on_results, concurrency=4),
             Consumer(POOL_VERDICTS_CONSUMER, Verdict, self.on_verdict, concurrency=4),
+            Consumer(POOL_EXPERIENCES_CONSUMER, Experience, self.on_experience),
         )
 
     def responders(self) -> Sequence[Responder]:
@@ -123,6 +128,10 @@ class PoolStoreActor(Actor):
     async def on_results(self, results: RolloutResults, _: Delivery) -> None:
         assert self.store is not None
         await self._db(self.store.record_results, results)
+
+    async def on_experience(self, experience: Experience, _: Delivery) -> None:
+        if await self._db(keep_experience, self.store, experience):
+            log.info("kept experience %s of task %s", experience.id, experience.task_id)
 
     async def on_verdict(self, verdict: Verdict, _: Delivery) -> None:
         event = await self._db(record_verdict, self.store, verdict)

@@ -40,6 +40,10 @@ class PoolStoreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # window, unseen_share, unseen_weight, uniform_weight, retire_after, max_task_share,
     # share_window (see sampling.SamplingConfig)
     sampling: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
+    # self-navigating (the distiller's experiences): a rollout job carries up to this many
+    # stored experiences whose request is at least this like its task's (n-gram cosine)
+    experiences_per_job: int = 2
+    experience_min_similarity: float = 0.3
 
     def __post_init__(self) -> None:
         origin_weights(self.mix, {})  # unknown origins, negative or infinite weights raise

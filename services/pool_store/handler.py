@@ -1,5 +1,6 @@
-"""Pool-store's work without the bus: requests, verdicts and results against the store
-(DuckDB, ``store.py``), the seed tasks of an empty pool and the rollout jobs to queue.
+"""Pool-store's work without the bus: requests, verdicts, results and experiences against
+the store (DuckDB, ``store.py``), the seed tasks of an empty pool and the rollout jobs to
+queue (each with the kept experiences most like its task).
 
 Every function here runs in one worker thread at a time (the store is not thread-safe)."""
 
@@ -14,14 +15,18 @@ import msgspec
 from coevolve.services.pool_store.config import PoolStoreConfig
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.config import ConfigError
+from coevolve.shared.experience import rank_experiences
 from coevolve.shared.messages import (
     AddTasks,
     AddTasksReply,
+    Experience,
+    ExperiencesReply,
     GetStats,
     GetTask,
     GetTaskReply,
     LineageQuery,
     LineageReply,
+    ListExperiences,
     Message,
     Origin,
     RolloutJob,
@@ -63,6 +68,8 @@ def answer(store: PoolStore, request: Message, config: PoolStoreConfig) -> Messa
         case LineageQuery(task_id=task_id):
             task = store.get_task(task_id)
             return LineageReply(task=task, chain=store.lineage(task_id) if task else {})
+        case ListExperiences(limit=limit):
+            return experiences_reply(store, limit)
     raise ValueError(f"unsupported request {type(request).__name__}")
 
 
@@ -91,14 +98,44 @@ def rollout_jobs(
     round. Under the learnability sampler no task takes more than its capped share of the
     jobs, so fewer than ``missing`` may come back when few tasks can be drawn."""
     tasks = store.sample_batch(missing, config.mix, None, None, jobs=True)
-    return [
+    jobs = [
         RolloutJob(
             id=derived_id("job", task.id, queue_seq, first_round + i),
             task=task,
             group_size=config.group_size,
+            experiences=job_experiences(store, task, config),
         )
         for i, task in enumerate(tasks, start=1)
     ]
+    store.note_retrieved([e.id for job in jobs for e in job.experiences])
+    return jobs
+
+
+def job_experiences(store: PoolStore, task: Task, config: PoolStoreConfig) -> list[Experience]:
+    """The kept experiences a job of ``task`` carries (none while there are none)."""
+    ranked = rank_experiences(
+        task,
+        store.experiences(),
+        config.experiences_per_job,
+        config.experience_min_similarity,
+    )
+    return [experience for _, experience in ranked]
+
+
+def experiences_reply(store: PoolStore, limit: int) -> ExperiencesReply:
+    """The newest ``limit`` kept experiences, newest first, with how often jobs carried
+    each."""
+    kept = store.experiences()
+    newest = kept[::-1][:limit]
+    uses = store.experience_uses()
+    return ExperiencesReply(
+        experiences=newest, uses={e.id: uses.get(e.id, 0) for e in newest}, total=len(kept)
+    )
+
+
+def keep_experience(store: PoolStore, experience: Experience) -> bool:
+    """Keeps the distiller's experience; False when it is already kept."""
+    return store.add_experience(experience)
 
 
 def seed_tasks_for(

@@ -101,6 +101,17 @@ STATEMENTS: Final = (
     )
     """,
     """
+    CREATE TABLE IF NOT EXISTS experiences (
+        id VARCHAR PRIMARY KEY,
+        task_id VARCHAR NOT NULL,
+        environment VARCHAR NOT NULL,
+        text VARCHAR NOT NULL,
+        body JSON NOT NULL,
+        retrieved INTEGER NOT NULL,
+        created_at DOUBLE NOT NULL
+    )
+    """,
+    """
     CREATE TABLE IF NOT EXISTS processed_messages (
         message_id VARCHAR PRIMARY KEY,
         handler VARCHAR NOT NULL,

@@ -22,6 +22,7 @@ from typing import Any, Final, TypeVar
 import duckdb
 import msgspec
 
+from coevolve.services.pool_store import experiences as experience_rows
 from coevolve.services.pool_store.sampling import (
     JobShares,
     OriginDraw,
@@ -44,6 +45,7 @@ from coevolve.services.pool_store.schema import (
 )
 from coevolve.shared.messages import (
     ORIGINS,
+    Experience,
     ExplorationContext,
     Lineage,
     PoolStats,
@@ -199,6 +201,7 @@ class PoolStore:
         self._counts = PoolCounts()
         self._recent = RecentScores()
         self._shares = JobShares(self.sampling)
+        self._experiences: list[Experience] = []
         if read_only:
             if not self.path.exists():
                 raise FileNotFoundError(f"no pool-store file at {self.path}")
@@ -220,6 +223,7 @@ class PoolStore:
             self._counts = self._load_counts()
             self._load_recent_scores()
             self._load_job_shares()
+            self._experiences = self._load_experiences()
         except BaseException:
             self.close()
             raise
@@ -371,6 +375,45 @@ class PoolStore:
     def _query(self, sql: str, params: Sequence[object] | None = None) -> list[tuple[Any, ...]]:
         with self._lock:
             return self._connection.execute(sql, params).fetchall()
+
+    # ------------------------------------------------------------------ experiences
+
+    def _load_experiences(self) -> list[Experience]:
+        if not self._connection.execute(
+            "SELECT 1 FROM information_schema.tables WHERE table_name = 'experiences'"
+        ).fetchall():
+            return []  # a file written before experiences were kept, opened read-only
+        rows = self._connection.execute("SELECT body FROM experiences ORDER BY created_at")
+        return [experience_rows.from_body(body) for (body,) in rows.fetchall()]
+
+    def add_experience(self, experience: Experience) -> bool:
+        """Keep the distiller's experience once; False when it already is."""
+        with self._lock:
+            added, _ = self.run_once(
+                experience.id,
+                experience_rows.HANDLER,
+                lambda tx: experience_rows.insert(tx, experience),
+            )
+            if added:
+                self._experiences.append(experience)
+        return added
+
+    def experiences(self) -> list[Experience]:
+        """Every kept experience, oldest first."""
+        with self._lock:
+            return list(self._experiences)
+
+    def experience_uses(self) -> dict[str, int]:
+        """How many rollout jobs carried each experience, by id."""
+        if not self._experiences:
+            return {}
+        return dict(self._query("SELECT id, retrieved FROM experiences"))
+
+    def note_retrieved(self, experience_ids: Sequence[str]) -> None:
+        """Count one more job carrying each of ``experience_ids``."""
+        if experience_ids:
+            with self._transaction() as tx:
+                experience_rows.note_retrieved(tx, experience_ids)
 
     # ------------------------------------------------------------------ idempotency
 

@@ -25,6 +25,23 @@ class StepCreditConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             raise ValueError(f"rollout.step_credit.timeout_s must be > 0, got {self.timeout_s}")
 
 
+class NavigationConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Self-navigating (``rollout.navigation``): when a job carries experiences (the
+    distiller runs and pool-store found some like the task), this share of the group's
+    episodes is sampled with them in the prompt; the learner trains on those without the
+    advice (``learner.grpo.navigated_weight_cap``)."""
+
+    share: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.share <= 1.0:
+            raise ValueError(f"rollout.navigation.share must be in [0, 1], got {self.share}")
+
+    def guided(self, group_size: int) -> int:
+        """Episodes of a group of ``group_size`` that get the advice."""
+        return round(self.share * group_size)
+
+
 class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None
     # llama_cpp: the CPU engine (a float GGUF base, each policy version as a LoRA adapter);
@@ -59,6 +76,7 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # model calls no tool, so its groups all score 0 and only take CPU from the warm start
     wait_for_policy: bool = True
     step_credit: StepCreditConfig = msgspec.field(default_factory=StepCreditConfig)
+    navigation: NavigationConfig = msgspec.field(default_factory=NavigationConfig)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.partial_credit < 1.0:

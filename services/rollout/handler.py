@@ -1,5 +1,7 @@
 """Rollout's work without the bus: a rollout job in, its group and scores out; with
-``step_credit`` on, the group's steps labelled by the attributor role before it goes out."""
+``step_credit`` on, the group's steps labelled by the attributor role before it goes out.
+A job that carries experiences has ``navigation.share`` of its episodes sampled with them
+in the prompt (``shared/experience``)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import msgspec
 from coevolve.services.rollout.config import RolloutConfig, StepCreditConfig
 from coevolve.shared.attribution import label_group
 from coevolve.shared.envs import make_environment
-from coevolve.shared.episodes import run_group
+from coevolve.shared.episodes import Navigation, run_group
+from coevolve.shared.experience import guidance_text
 from coevolve.shared.llm import RoleLLM
 from coevolve.shared.messages import (
     RolloutGroup,
@@ -56,6 +59,16 @@ def sampling_params(config: RolloutConfig) -> SamplingParams:
     )
 
 
+def navigation_plan(job: RolloutJob, config: RolloutConfig) -> list[Navigation | None] | None:
+    """Which of the job's episodes carry its experiences (the first ones); None when none
+    does."""
+    guided = config.navigation.guided(job.group_size) if job.experiences else 0
+    if not guided:
+        return None
+    advice = Navigation(guidance_text(job.experiences), [e.id for e in job.experiences])
+    return [advice] * guided + [None] * (job.group_size - guided)
+
+
 def roll_out(engine: Any, job: RolloutJob, config: RolloutConfig) -> RolledOut:
     """``job.group_size`` episodes of the job's task with the engine's current policy."""
     environment = job.task.environment
@@ -68,6 +81,7 @@ def roll_out(engine: Any, job: RolloutJob, config: RolloutConfig) -> RolledOut:
         max_steps=step_budget(config, job.task),
         id_prefix=job.id,
         partial_credit=config.partial_credit,
+        navigation=navigation_plan(job, config),
     )
     version = engine.policy_version
     group = RolloutGroup(

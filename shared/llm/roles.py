@@ -40,9 +40,17 @@ from coevolve.shared.llm.server import (
 )
 
 # attributor: labels each step of a rollout GOOD or BAD (``rollout.step_credit``; off by
-# default, and unused then)
-Role = Literal["summarizer", "explorer", "abstractor", "judge", "attributor"]
-ROLES: tuple[Role, ...] = ("summarizer", "explorer", "abstractor", "judge", "attributor")
+# default, and unused then); distiller: draws experiences from rollout groups (the
+# distiller service; off by default)
+Role = Literal["summarizer", "explorer", "abstractor", "judge", "attributor", "distiller"]
+ROLES: tuple[Role, ...] = (
+    "summarizer",
+    "explorer",
+    "abstractor",
+    "judge",
+    "attributor",
+    "distiller",
+)
 
 # The local server runs one request at a time for every service: a call may wait behind
 # several others, so its timeout is longer than a remote endpoint's.

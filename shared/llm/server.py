@@ -319,10 +319,12 @@ def start_for_run(
     run_dir: Path,
     on_event: Callable[[str], None] | None = None,
     step_credit: bool = False,
+    distiller: bool = False,
 ) -> LlamaServer | None:
     """The local server ``coevolve up`` shares among its services, started and healthy;
     None when every role in use names its own endpoint or ``COEVOLVE_LLM_BASE_URL`` is
-    set. The attributor is in use only with ``step_credit`` (rollout.step_credit)."""
+    set. The attributor is in use only with ``step_credit`` (rollout.step_credit), the
+    distiller only with the distiller service (services.distiller.enabled)."""
     from coevolve.shared.llm.roles import parse_llm_section, role_settings
 
     if os.environ.get(BASE_URL_ENV):
@@ -331,7 +333,8 @@ def start_for_run(
         roles = role_settings(section)
     except ValueError as exc:
         raise LLMServerError(str(exc)) from exc
-    in_use = [c for role, c in roles.items() if step_credit or role != "attributor"]
+    optional = {"attributor": step_credit, "distiller": distiller}
+    in_use = [c for role, c in roles.items() if optional.get(role, True)]
     if all(config.base_url for config in in_use):
         return None
     server = LlamaServer(

@@ -16,8 +16,10 @@ import asyncio
 import logging
 import math
 import ssl
+from collections.abc import Callable
 from typing import Any, TypeVar
 
+import anyio
 import nats
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
@@ -33,7 +35,7 @@ from nats.js.api import (
 from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
 from coevolve.shared.config import BusSettings, BusTls
-from coevolve.shared.messages import Message, decode, encode
+from coevolve.shared.messages import DecodeError, Message, decode, encode
 from coevolve.shared.runtime.backoff import Backoff
 from coevolve.shared.runtime.credentials import resolve
 from coevolve.shared.runtime.permissions import (
@@ -55,6 +57,7 @@ from coevolve.shared.runtime.telemetry import inject
 log = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=Message)
+M = TypeVar("M", bound=Message)
 
 MSG_ID_HEADER = "Nats-Msg-Id"
 _STREAM_FULL_CODES = {10077, 10047, 10078}  # max msgs / max bytes / storage exceeded
@@ -302,6 +305,24 @@ class Bus:
                 if asyncio.get_running_loop().time() + delay > deadline:
                     raise BackpressureError(f"{subject}: stream full for {timeout} s") from exc
                 await asyncio.sleep(delay)
+
+    async def follow(self, subject: str, kind: type[M], on_message: Callable[[M], None]) -> None:
+        """Hand every ``kind`` message published on ``subject`` to ``on_message``, on a
+        core subscription (it holds none of a stream's messages), until cancelled; one
+        that does not decode is logged and skipped."""
+        sub = await self.nc.subscribe(subject)
+        try:
+            # the iterator, not next_msg(timeout), which can lose a message as it times out
+            async for msg in sub.messages:
+                try:
+                    message = decode(msg.data, kind)
+                except DecodeError as exc:
+                    log.warning("ignored a message on %s that does not decode: %s", subject, exc)
+                    continue
+                on_message(message)
+        finally:
+            with anyio.move_on_after(2, shield=True):
+                await sub.unsubscribe()
 
     async def publish_core(self, subject: str, message: Message) -> None:
         """Fire-and-forget core NATS publish (heartbeats, live views)."""

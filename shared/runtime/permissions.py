@@ -25,6 +25,7 @@ from coevolve.shared.runtime.subjects import (
     CANDIDATES,
     CONSUMERS,
     DEAD_LETTERS,
+    EXPERIENCES,
     EXPLORATION_REQUESTS,
     EXPLORATIONS,
     EXPLORER_REQUESTS_CONSUMER,
@@ -38,6 +39,7 @@ from coevolve.shared.runtime.subjects import (
     POLICY_BUCKET,
     POLICY_UPDATES,
     POOL_ADD,
+    POOL_EXPERIENCES_CONSUMER,
     POOL_RESULTS_CONSUMER,
     POOL_RPC,
     POOL_VERDICTS_CONSUMER,
@@ -109,7 +111,7 @@ ROLES: tuple[Role, ...] = (
         "pool_store",
         "the task pool: feeds rollout jobs, records results and verdicts, answers the pool",
         publishes=(ROLLOUT_JOBS, TASK_ADDED),
-        consumes=(POOL_RESULTS_CONSUMER, POOL_VERDICTS_CONSUMER),
+        consumes=(POOL_RESULTS_CONSUMER, POOL_VERDICTS_CONSUMER, POOL_EXPERIENCES_CONSUMER),
         answers=(POOL_RPC, POOL_ADD),
     ),
     Role(
@@ -163,6 +165,13 @@ ROLES: tuple[Role, ...] = (
         listens=(POLICY_UPDATES,),
         reads_policy_announcements=True,
         weights="read",
+    ),
+    Role(
+        "distiller",
+        "distils experiences from rollout groups for navigated rollouts (optional)",
+        publishes=(EXPERIENCES,),
+        listens=(ROLLOUT_GROUPS,),
+        requests=(POOL_RPC,),
     ),
     Role(
         READER,

@@ -27,6 +27,8 @@ EXPLORATIONS = f"{PREFIX}.explorations"
 CANDIDATES = f"{PREFIX}.candidates"
 VERDICTS = f"{PREFIX}.verdicts"
 TASK_ADDED = f"{PREFIX}.pool.task_added"
+# self-navigating: experiences the distiller drew from rollout groups, for pool-store
+EXPERIENCES = f"{PREFIX}.experiences"
 
 # benchmarks only (core NATS, never captured by a stream)
 BENCH_CORE = f"{PREFIX}.bench.core"
@@ -111,6 +113,7 @@ STREAMS: tuple[StreamSpec, ...] = (
     StreamSpec("COEVOLVE_CANDIDATES", (CANDIDATES,), "workqueue", 50_000, 512 * MiB),
     StreamSpec("COEVOLVE_VERDICTS", (VERDICTS,), "workqueue", 50_000, 512 * MiB),
     StreamSpec("COEVOLVE_TASK_EVENTS", (TASK_ADDED,), "limits", 100_000, 64 * MiB, 7 * DAY),
+    StreamSpec("COEVOLVE_EXPERIENCES", (EXPERIENCES,), "workqueue", 10_000, 64 * MiB),
     StreamSpec("COEVOLVE_DEAD_LETTERS", (f"{DEAD_LETTERS}.>",), "limits", 100_000, 512 * MiB),
 )
 
@@ -141,6 +144,7 @@ EXPLORER_REQUESTS_CONSUMER = ConsumerSpec(
 ABSTRACTOR_CONSUMER = ConsumerSpec("COEVOLVE_EXPLORATIONS", "abstractor", EXPLORATIONS, 600.0)
 JUDGE_CONSUMER = ConsumerSpec("COEVOLVE_CANDIDATES", "judge", CANDIDATES, 600.0)
 POOL_VERDICTS_CONSUMER = ConsumerSpec("COEVOLVE_VERDICTS", "pool_store", VERDICTS)
+POOL_EXPERIENCES_CONSUMER = ConsumerSpec("COEVOLVE_EXPERIENCES", "pool_store", EXPERIENCES)
 
 CONSUMERS: tuple[ConsumerSpec, ...] = (
     ROLLOUT_JOBS_CONSUMER,
@@ -152,6 +156,7 @@ CONSUMERS: tuple[ConsumerSpec, ...] = (
     ABSTRACTOR_CONSUMER,
     JUDGE_CONSUMER,
     POOL_VERDICTS_CONSUMER,
+    POOL_EXPERIENCES_CONSUMER,
 )
 
 SERVICES: tuple[str, ...] = (
@@ -163,9 +168,10 @@ SERVICES: tuple[str, ...] = (
     "abstractor",
     "judge",
     "evaluator",
+    "distiller",
 )
 # started by `coevolve up` only when their section enables them (services.<name>.enabled)
-OPTIONAL_SERVICES: tuple[str, ...] = ("evaluator",)
+OPTIONAL_SERVICES: tuple[str, ...] = ("evaluator", "distiller")
 # what `coevolve up` starts on the defaults
 DEFAULT_SERVICES: tuple[str, ...] = tuple(s for s in SERVICES if s not in OPTIONAL_SERVICES)
 # `up` starts these at a lower CPU priority (runtime.background_niceness): the services that
@@ -176,4 +182,5 @@ BACKGROUND_SERVICES: tuple[str, ...] = (
     "abstractor",
     "judge",
     "evaluator",
+    "distiller",
 )

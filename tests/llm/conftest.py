@@ -21,3 +21,11 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServ
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def on_server(llama_server: LlamaServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test's process (and the services it starts) finds the server as services do:
+    through the environment."""
+    for name, value in llama_server.environment().items():
+        monkeypatch.setenv(name, value)

@@ -13,10 +13,9 @@ from coevolve.shared.attribution import label_group, labels_fit
 from coevolve.shared.config import Settings
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.llm import RoleClients, role_settings
-from coevolve.shared.llm.server import LlamaServer
-from coevolve.shared.messages import ChatMessage, RolloutGroup, RolloutJob, ToolCall
+from coevolve.shared.messages import RolloutJob
 from coevolve.shared.structured import RejectionCounter
-from tests.support.messages import CD, NOTES_TASK, TOUCH, stepped_trajectory
+from tests.support.messages import NOTES_TASK, notes_group
 from tests.support.rollout import published_group, rollout_settings
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.anyio]
@@ -29,54 +28,12 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture
-def on_server(llama_server: LlamaServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in llama_server.environment().items():
-        monkeypatch.setenv(name, value)
-
-
-def call(tool_call: ToolCall) -> ChatMessage:
-    return ChatMessage(role="assistant", content="", tool_calls=[tool_call])
-
-
-def tool(content: str) -> ChatMessage:
-    return ChatMessage(role="tool", content=content)
-
-
-def bfcl_group() -> RolloutGroup:
-    prompt = [ChatMessage(role="user", content=TASK.user_turns[0])]
-    solved = stepped_trajectory(
-        "solved",
-        TASK.id,
-        prompt,
-        [
-            [call(CD), tool('{"current_working_directory": "documents"}')],
-            [call(TOUCH), tool("None")],
-            [ChatMessage(role="assistant", content="I created notes.txt in documents.")],
-        ],
-        reward=1.0,
-    )
-    failed = stepped_trajectory(
-        "failed",
-        TASK.id,
-        prompt,
-        [
-            [call(ToolCall(name="ls")), tool('{"current_directory_content": ["documents"]}')],
-            [ChatMessage(role="assistant", content="I cannot do that.")],
-        ],
-        reward=0.0,
-    )
-    return RolloutGroup(
-        task_id=TASK.id, origin="seed", policy_version=0, trajectories=[solved, failed]
-    )
-
-
 @pytest.mark.usefixtures("on_server")
 async def test_the_attributor_labels_every_step_of_a_group() -> None:
     clients = RoleClients(role_settings({"roles": {"attributor": {"temperature": 0.0}}}))
     counter = RejectionCounter()
     try:
-        labelled = await label_group(bfcl_group(), TASK, clients["attributor"], counter)
+        labelled = await label_group(notes_group(), TASK, clients["attributor"], counter)
     finally:
         await clients.aclose()
     assert counter.accepted == 2, counter.snapshot()

@@ -36,7 +36,7 @@ from coevolve.shared.runtime.subjects import (
 pytestmark = pytest.mark.anyio
 
 SERVICE_USERS = set(SERVICES)
-POOL_ASKERS = {"learner", "signal_monitor", "abstractor", "reader"}
+POOL_ASKERS = {"learner", "signal_monitor", "abstractor", "distiller", "reader"}
 
 # subject -> the users (besides admin) that may publish to it
 PUBLISH: dict[str, set[str]] = {
@@ -50,6 +50,7 @@ PUBLISH: dict[str, set[str]] = {
     "coevolve.candidates": {"abstractor"},
     "coevolve.verdicts": {"judge"},
     "coevolve.pool.task_added": {"pool_store"},
+    "coevolve.experiences": {"distiller"},
     "coevolve.pool.rpc": POOL_ASKERS,
     "coevolve.pool.add": {"operator"},  # the read-only user cannot add tasks
     "coevolve.heartbeat.judge": {"judge"},
@@ -88,7 +89,9 @@ SUBSCRIBE: dict[str, set[str]] = {
     "coevolve.signals.>": {"reader"},
     "coevolve.verdicts": {"reader"},
     "coevolve.heartbeat.>": {"reader"},
-    "coevolve.rollout.groups": set(),  # trajectories: only through the durables
+    # trajectories: through the durables, and to the distiller, which holds none
+    "coevolve.rollout.groups": {"distiller"},
+    "coevolve.experiences": set(),  # pool-store reads them through its durable
     "coevolve.rollout.jobs": set(),
     "coevolve.candidates": set(),
     "_INBOX.>": set(),

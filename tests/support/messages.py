@@ -118,3 +118,43 @@ def stepped_trajectory(
         policy_version=0,
         step_labels=list(step_labels),
     )
+
+
+def _call(tool_call: ToolCall) -> ChatMessage:
+    return ChatMessage(role="assistant", content="", tool_calls=[tool_call])
+
+
+def _tool(content: str) -> ChatMessage:
+    return ChatMessage(role="tool", content=content)
+
+
+def notes_group() -> RolloutGroup:
+    """Two attempts at ``NOTES_TASK``: one solves it (cd, touch, a reply; reward 1), one
+    lists the directory and gives up (reward 0)."""
+    prompt = [ChatMessage(role="user", content=NOTES_TASK.user_turns[0])]
+    solved = stepped_trajectory(
+        "solved",
+        NOTES_TASK.id,
+        prompt,
+        [
+            [_call(CD), _tool('{"current_working_directory": "documents"}')],
+            [_call(TOUCH), _tool("None")],
+            [ChatMessage(role="assistant", content="I created notes.txt in documents.")],
+        ],
+        reward=1.0,
+    )
+    failed = stepped_trajectory(
+        "failed",
+        NOTES_TASK.id,
+        prompt,
+        [
+            [_call(ToolCall(name="ls")), _tool('{"current_directory_content": ["documents"]}')],
+            [ChatMessage(role="assistant", content="I cannot do that.")],
+        ],
+        reward=0.0,
+    )
+    solved.actions.extend(["cd", "touch"])
+    failed.actions.append("ls")
+    return RolloutGroup(
+        task_id=NOTES_TASK.id, origin="seed", policy_version=0, trajectories=[solved, failed]
+    )

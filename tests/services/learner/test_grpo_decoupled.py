@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from coevolve.services.learner.grpo import GrpoStats, grpo_loss
+from coevolve.services.learner.trainer import weight_caps
 
 CURRENT = [[-9.0, -1.0, -2.0, -0.7, -3.0], [-9.0, -1.1, -2.5, -0.2, -0.4]]
 MASK = [[0, 1, 1, 1, 1], [0, 1, 1, 1, 0]]
@@ -39,7 +40,7 @@ def example_loss(
     clip_eps_high: float = 0.2,
     *,
     proximal_logprobs: torch.Tensor | None = None,
-    behaviour_weight_cap: float | None = None,
+    behaviour_weight_cap: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, GrpoStats]:
     """``grpo_loss`` over ``MASK`` and ``ADVANTAGES``, with no reference policy (decoupled
     when given ``proximal_logprobs``)."""
@@ -159,3 +160,28 @@ def test_a_cap_must_be_positive() -> None:
             proximal_logprobs=logprobs.detach(),
             behaviour_weight_cap=0.0,
         )
+
+
+def test_a_navigated_sequence_has_its_weights_capped_at_its_own_cap() -> None:
+    """Sequence 0 was navigated (advice in its prompt, trained without): its weights
+    π_prox/π_behav are truncated at ``navigated_weight_cap`` (1), sequence 1's at the
+    plain cap (5), as grpo.py's header states."""
+    navigated = torch.tensor([True, False])
+    caps = weight_caps(navigated, cap=5.0, navigated_cap=1.0)
+    assert caps.tolist() == [1.0, 5.0]
+
+    logprobs = current()
+    behaviour = shifted(logprobs, STALE_SHIFT)
+    loss, stats = example_loss(
+        logprobs, behaviour, proximal_logprobs=logprobs.detach(), behaviour_weight_cap=caps
+    )
+    loss.backward()
+    assert logprobs.grad is not None
+    for row in range(2):
+        for col in range(5):
+            weight = min(math.exp(-STALE_SHIFT[row][col]), caps[row].item())
+            expected = -weight * ADVANTAGES[row] / TOKENS if MASK[row][col] else 0.0
+            assert logprobs.grad[row, col].item() == pytest.approx(expected, abs=1e-7)
+    # the two tokens the advice made likelier (w = e) count as on-policy ones (w = 1)
+    assert stats.behaviour_capped == pytest.approx(2 / TOKENS)
+    assert loss.item() == pytest.approx((-4 + 1 / math.e + 1 + 1 / math.e) / TOKENS, abs=1e-6)

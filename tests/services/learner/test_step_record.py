@@ -125,3 +125,22 @@ def test_a_labelled_group_records_the_attributors_seconds() -> None:
     first, second = record["groups"]
     assert "label_s" not in first and "labelled" not in first
     assert (second["label_s"], second["labelled"]) == (2.5, 1)
+
+
+def test_labels_and_navigated_trajectories_are_recorded_and_read_back(tmp_path: Path) -> None:
+    labelled, navigated = (
+        rewarded_group("g1", "a", "seed", 5, 1.0, 0.0),
+        rewarded_group("g2", "b", "seed", 5, 1.0, 0.0),
+    )
+    labelled.label_s = 3.0
+    labelled.trajectories[0].step_labels = [1, -1, 1]
+    labelled.trajectories[1].step_labels = [-1]
+    from coevolve.report.run_data import read_steps
+
+    navigated.trajectories[0].experience_ids = ["exp-1"]
+    path = tmp_path / STEPS_FILE
+    record_step(path, [labelled, navigated], metrics(1, 6, True), version_before=5, max_staleness=4)
+    (step,) = read_steps(path)
+    first, second = step.groups
+    assert (first.label_s, first.labelled, first.good, first.bad) == (3.0, 2, 2, 2)
+    assert (first.navigated, second.navigated, second.labelled) == (0, 1, 0)

@@ -1,0 +1,1 @@
+"""distiller: draws experiences from rollout groups for navigated rollouts."""
