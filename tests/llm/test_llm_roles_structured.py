@@ -39,7 +39,14 @@ llm:
 
 def test_defaults_every_role_on_the_local_server() -> None:
     roles = role_settings(None)
-    assert set(roles) == {"summarizer", "explorer", "abstractor", "judge", "attributor"}
+    assert set(roles) == {
+        "summarizer",
+        "explorer",
+        "abstractor",
+        "judge",
+        "attributor",
+        "distiller",
+    }
     assert all(r.local and r.model is None for r in roles.values())
 
 
@@ -193,9 +200,11 @@ def test_parameter_types_from_function_docs_become_json_schema() -> None:
 def test_no_local_server_when_every_role_in_use_names_an_endpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The attributor is in use only with rollout.step_credit: four remote roles and an
-    unset attributor start no local server."""
+    """The attributor is in use only with rollout.step_credit and the distiller only with
+    its service: four remote roles, the attributor and distiller unset, start no local
+    server."""
     monkeypatch.delenv(BASE_URL_ENV, raising=False)
     remote = {"base_url": "http://gpu-box:8000/v1", "model": "Qwen/Qwen2.5-32B-Instruct"}
-    section = {"roles": {role: remote for role in ROLES if role != "attributor"}}
+    unset = ("attributor", "distiller")
+    section = {"roles": {role: remote for role in ROLES if role not in unset}}
     assert start_for_run(section, tmp_path) is None
