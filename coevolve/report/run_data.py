@@ -264,11 +264,13 @@ def _load_pool(data: RunData) -> None:
     try:
         with readable_pool(path) as db:
             # one clock for every pool event: the judge's verdict time (a task's own
-            # created_at is when the abstractor drafted it, before any verdict)
+            # created_at is when the abstractor drafted it, before any verdict); a task
+            # no verdict added (a seed, a D0 task drafted days before the run) is there
+            # from the start: 0
             data.tasks = [
                 TaskRow(float(at), str(origin), str(task_id), *_lineage_fields(lineage))
                 for at, origin, task_id, lineage in db.execute(
-                    "SELECT coalesce(min(v.created_at), t.created_at) AS added_at, t.origin, "
+                    "SELECT coalesce(min(v.created_at), 0) AS added_at, t.origin, "
                     "t.id, any_value(t.lineage) "
                     "FROM tasks t LEFT JOIN verdicts v ON v.pool_task_id = t.id AND v.added "
                     "GROUP BY t.id, t.origin, t.created_at ORDER BY added_at, t.id"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -111,3 +112,23 @@ def test_a_count_axis_starts_at_zero_with_whole_numbers_even_when_nothing_was_ad
     assert rising.get_ylim()[0] == 0.0 and rising.get_ylim()[1] >= 3
     for ax in (flat, rising):
         assert all(float(tick).is_integer() for tick in ax.get_yticks())
+
+
+def test_tasks_drafted_long_before_the_run_do_not_set_its_clock(tmp_path: Path) -> None:
+    """A D0 task was drafted days before the run that trains on it, and no verdict of the
+    run added it: it is there from the start (minute 0), and the run's clock starts at its
+    first event, not at the draft."""
+    from coevolve.services.pool_store.store import PoolStore
+    from coevolve.shared.messages import RolloutResults, ScoreSample, Task
+
+    day_ago = time.time() - 86_400
+    with PoolStore(tmp_path / "pool.duckdb") as store:
+        store.add_tasks(
+            [Task(id="d0-1", environment="bfcl", user_turns=["List users."], created_at=day_ago)]
+        )
+        sample = ScoreSample(task_id="d0-1", policy_version=1, score=0.0, length=3)
+        store.record_results(RolloutResults(group_id="g1", samples=[sample]))
+    data = load_run(tmp_path)
+    assert [task.added_at for task in data.tasks] == [0.0]
+    assert data.origin > day_ago + 3600
+    assert data.duration_s() < 3600
