@@ -223,7 +223,7 @@ def child_rows(data: RunData) -> list[ChildRow]:
             parent_change=changes.get(task.parent_task_id),
         )
         for task in data.tasks
-        if task.origin != "seed" and task.parent_task_id
+        if not task.from_start and task.parent_task_id
     ]
     return sorted(rows, key=lambda r: (r.kind, r.parent, r.child))
 
@@ -232,7 +232,7 @@ def parents_by_kind(data: RunData) -> dict[str, list[str]]:
     """Signal kind -> the distinct parents of accepted tasks of that kind, sorted."""
     parents: dict[str, set[str]] = defaultdict(set)
     for task in data.tasks:
-        if task.origin != "seed" and task.parent_task_id:
+        if not task.from_start and task.parent_task_id:
             parents[task.signal_kind or UNGUIDED].add(task.parent_task_id)
     return {kind: sorted(ids) for kind, ids in sorted(parents.items())}
 
@@ -291,7 +291,7 @@ def parent_groups(data: RunData) -> tuple[list[ParentGroup], SignalSource]:
     by_kind = parents_by_kind(data)
     parents = {task for tasks in by_kind.values() for task in tasks}
     candidates = {v.parent_task_id for v in data.verdicts if v.parent_task_id}
-    seeds = {task.task_id for task in data.tasks if task.origin == "seed"}
+    seeds = {task.task_id for task in data.tasks if task.from_start}
     no_child = sorted(source.raised - parents)
     quiet = sorted(seeds - source.raised - parents - candidates)
 
@@ -323,9 +323,10 @@ Play = Callable[[int, list["Task"]], list[tuple[float, float | None]]]
 
 
 def no_signal_controls(data: RunData, count: int) -> list[str]:
-    """``count`` seed tasks that raised no signal and are no parent, chosen by the
-    sha256 of their id (the same run gives the same tasks); those the rollouts drew come
-    first, so the cheap and the measured tables speak of the same tasks where they can."""
+    """``count`` tasks there from the start (seeds, or D0) that raised no signal and are
+    no parent, chosen by the sha256 of their id (the same run gives the same tasks); those
+    the rollouts drew come first, so the cheap and the measured tables speak of the same
+    tasks where they can."""
     source = signal_source(data)
     parents = {t for ids in parents_by_kind(data).values() for t in ids}
     candidates = {v.parent_task_id for v in data.verdicts if v.parent_task_id}
@@ -333,7 +334,7 @@ def no_signal_controls(data: RunData, count: int) -> list[str]:
     quiet = [
         task.task_id
         for task in data.tasks
-        if task.origin == "seed" and task.task_id not in source.raised | parents | candidates
+        if task.from_start and task.task_id not in source.raised | parents | candidates
     ]
 
     def key(task_id: str) -> tuple[bool, str]:

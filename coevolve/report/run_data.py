@@ -60,6 +60,12 @@ class TaskRow:
     signal_kind: str | None = None
     depth: int = 0
 
+    @property
+    def from_start(self) -> bool:
+        """In the pool before the run's data loop added anything: a seed task, or a task
+        no verdict of this run added (a committed D0 task of the no-label setting)."""
+        return self.origin == "seed" or self.added_at == 0
+
 
 @dataclass(frozen=True)
 class VerdictRow:

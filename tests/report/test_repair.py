@@ -315,6 +315,37 @@ def test_measured_repair_plays_parents_and_controls_at_v1_and_last_then_reuses(
     assert "- boundary: success change +1.000 against +1.000 for the no-signal tasks" in text
 
 
+def test_without_labels_the_d0_tasks_are_the_starting_pool_not_children(tmp_path: Path) -> None:
+    """A no-label run starts from D0: tasks explored before the run (their parent an initial
+    state, no verdict of this run) are controls and parents, never children."""
+    run = tmp_path / "run"
+    explored = [
+        make_task(
+            number,
+            origin="explored",
+            created_at=0.0,
+            lineage=m.Lineage(parent_task_id=f"multi_turn_base_{number}#state"),
+        )
+        for number in range(3)
+    ]
+    with PoolStore(run / "pool.duckdb") as store:
+        store.add_tasks(explored)
+        store.record_verdict(
+            m.Verdict(
+                candidate_id="cand-10",
+                accepted=True,
+                reasons=[],
+                task=child(10, "task-0", "boundary"),
+                created_at=T0,
+            )
+        )
+    data = load_run(run)
+
+    # the control: one of the two other D0 tasks, chosen by the hash of its id
+    assert repair_task_sets(data) == {"boundary": ["task-0"], NO_SIGNAL: ["task-2"]}
+    assert [row.child for row in child_rows(data)] == ["task-10"]
+
+
 def test_cli_measures_the_repair_when_asked(
     repair_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
