@@ -229,10 +229,12 @@ def child_rows(data: RunData) -> list[ChildRow]:
 
 
 def parents_by_kind(data: RunData) -> dict[str, list[str]]:
-    """Signal kind -> the distinct parents of accepted tasks of that kind, sorted."""
+    """Signal kind -> the distinct parents of accepted tasks of that kind, sorted; only
+    parents in the pool (an unguided task's parent is an initial state, never rolled out)."""
+    in_pool = {task.task_id for task in data.tasks}
     parents: dict[str, set[str]] = defaultdict(set)
     for task in data.tasks:
-        if not task.from_start and task.parent_task_id:
+        if not task.from_start and task.parent_task_id in in_pool:
             parents[task.signal_kind or UNGUIDED].add(task.parent_task_id)
     return {kind: sorted(ids) for kind, ids in sorted(parents.items())}
 

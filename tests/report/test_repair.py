@@ -346,6 +346,30 @@ def test_without_labels_the_d0_tasks_are_the_starting_pool_not_children(tmp_path
     assert [row.child for row in child_rows(data)] == ["task-10"]
 
 
+def test_unguided_tasks_of_initial_states_have_no_parent_to_repair(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    unguided = m.Lineage(parent_task_id="multi_turn_base_7#state")
+    with PoolStore(run / "pool.duckdb") as store:
+        store.add_tasks([make_task(0, created_at=0.0)])
+        store.record_verdict(
+            m.Verdict(
+                candidate_id="cand-10",
+                accepted=True,
+                reasons=[],
+                task=make_task(10, origin="explored", created_at=T0, lineage=unguided),
+                created_at=T0,
+            )
+        )
+    (run / "policies").mkdir()
+    for version in (1, 2):
+        (run / "policies" / f"v{version}.safetensors").write_bytes(b"weights")
+    data = load_run(run)
+
+    assert repair_task_sets(data) == {}
+    with pytest.raises(ValueError, match="nothing to measure"):
+        measure_repair(data, 2, fake_play([]), tmp_path / MEASURED_FILE)
+
+
 def test_cli_measures_the_repair_when_asked(
     repair_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
