@@ -122,7 +122,7 @@ def summarize_run(data: RunData) -> RunSummary:
     uniform = [g.uniform for g in data.groups]
     signal_times = [t for t, _ in data.signal_events()]
     accepted = [v for v in data.verdicts if v.accepted]
-    grown = [t.added_at for t in data.tasks if t.origin != "seed" and t.added_at > 0]
+    grown = [t.added_at for t in data.tasks if not t.from_start]
     trained_at = [p.wall_time for p in data.scalars.get("learner/trained", []) if p.value > 0]
     first = {
         "policy v1 (warm start)": data.policy_files.get(1),
