@@ -48,7 +48,11 @@ def _parse_arms(text: str) -> tuple[str, ...]:
 @experiment_app.command("ablation")
 def ablation(
     arms: Annotated[
-        str, typer.Option(help="Comma-separated arms: none, random, coevolve.")
+        str,
+        typer.Option(
+            help="Comma-separated arms: none, random, coevolve (synthesis); navigate, "
+            "attribute, both (mechanisms, on top of coevolve)."
+        ),
     ] = "none,random,coevolve",
     seeds: Annotated[int, typer.Option(help="Seeds per arm (0 .. S-1).", min=1)] = 3,
     minutes: Annotated[

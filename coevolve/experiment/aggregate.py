@@ -46,6 +46,8 @@ COMPARISONS = (
 MEASURES = (("success", 0), ("partial credit", 1), ("log-likelihood", 2))
 WARM_MARK = "0"
 RESULT_NAME = re.compile(r"[a-z]+-s\d+\.json")
+# the optional mechanisms' LLM roles, as RunSummary.role_llm_seconds names them
+MECHANISM_ROLES = ("attributor", "distiller")
 ARM_ORDER = {arm: index for index, arm in enumerate(ARMS)}
 ARM_COLORS = {"none": "tab:grey", "random": "tab:orange", "coevolve": "tab:green"}
 SEED_STYLES = ("-", "--", ":", "-.")
@@ -429,6 +431,33 @@ def compute_rows(results: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
+def mechanism_rows(results: list[dict[str, Any]]) -> list[list[str]]:
+    """Per arm: the uniform-group share, the mechanisms' role-LLM seconds per learner
+    step and the experiences drawn (means per seed; results older than these fields read
+    0 seconds and 0 experiences)."""
+    rows = []
+    for arm, mine in _by_arm(results).items():
+        summaries = [r["summary"] for r in mine]
+        steps = [max(s["learner_steps"], 1) for s in summaries]
+        seconds = [s.get("role_llm_seconds", {}) for s in summaries]
+        uniform = [s["uniform_share"] for s in summaries if s.get("uniform_share") is not None]
+        rows.append(
+            [
+                arm,
+                str(len(mine)),
+                _mean_text(uniform, 3),
+                *(
+                    _mean_text(
+                        [sec.get(role, 0.0) / n for sec, n in zip(seconds, steps, strict=True)]
+                    )
+                    for role in MECHANISM_ROLES
+                ),
+                _mean_text([s.get("experiences", 0) for s in summaries]),
+            ]
+        )
+    return rows
+
+
 def gain_rows(scores: list[MarkScore], results: list[dict[str, Any]]) -> list[list[str]]:
     """Per arm and measure: end - v1, per wall minute and per learner step (means over
     seeds of each seed's own ratio)."""
@@ -600,6 +629,26 @@ def _markdown(
             ),
             "",
             "Means per seed, ± the half-width of the 95% t interval across seeds.",
+        ]
+    if results:
+        parts += [
+            "",
+            "## Groups and mechanisms per arm",
+            "",
+            table(
+                [
+                    "arm",
+                    "seeds",
+                    "uniform-group share",
+                    *(f"{role} LLM s per step" for role in MECHANISM_ROLES),
+                    "experiences drawn",
+                ],
+                mechanism_rows(results),
+            ),
+            "",
+            "Uniform groups: every trajectory scored the same, so GRPO has no gradient. "
+            "Role-LLM seconds: the attributor labelling steps (step credit) and the "
+            "distiller drawing experiences (self-navigating), per learner step.",
         ]
     gains = gain_rows(scores, results)
     if gains:

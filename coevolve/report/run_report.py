@@ -59,6 +59,8 @@ HELD_OUT_TAG = f"{EVAL_PREFIX}accuracy"
 HELD_OUT_BAND = (f"{EVAL_PREFIX}ci95_low", f"{EVAL_PREFIX}ci95_high")
 KL_NOT_COMPUTED = "KL not computed (kl_beta 0)"
 TOP_REASONS = 8
+# the distiller's span around one distillation (services/distiller/actor.py)
+DISTIL_SPAN = "distiller distil"
 NONE_YET = "none yet"
 CHILD_ROWS = 100  # accepted tasks listed in the repair section at most
 
@@ -101,6 +103,10 @@ class RunSummary:
     eval_tags: list[str] = field(default_factory=list)
     held_out_first: HeldOut | None = None
     held_out_last: HeldOut | None = None
+    # the mechanisms' role-LLM seconds ("attributor": step credit's labelling, "distiller":
+    # self-navigating's distillation) and the experiences the distiller drew
+    role_llm_seconds: dict[str, float] = field(default_factory=dict)
+    experiences: int = 0
 
     @property
     def signals(self) -> int:
@@ -160,7 +166,20 @@ def summarize_run(data: RunData) -> RunSummary:
         eval_tags=eval_tags(data),
         held_out_first=HeldOut(*held_out[0]) if held_out else None,
         held_out_last=HeldOut(*held_out[-1]) if held_out else None,
+        role_llm_seconds=role_llm_seconds(data),
+        experiences=len(data.experiences),
     )
+
+
+def role_llm_seconds(data: RunData) -> dict[str, float]:
+    """Role-LLM seconds of the optional mechanisms: the attributor's labelling of every
+    group a step received (stale ones too: they were labelled) and the distiller's spans."""
+    labelled = [g for step in data.steps for g in (*step.groups, *step.stale)]
+    seconds = {
+        "attributor": sum(g.label_s for g in labelled),
+        "distiller": sum(s.seconds for s in data.spans if s.name == DISTIL_SPAN),
+    }
+    return {role: round(value, 1) for role, value in seconds.items() if value}
 
 
 def learner_intake(data: RunData) -> tuple[int, int] | None:

@@ -97,7 +97,11 @@ class DistillerActor(RoleActor):
         started = time.perf_counter()
         outcome: Experience | Rejection | None
         try:
-            with anyio.fail_after(self.config.timeout_s):
+            # the span's seconds are the distiller's role-LLM cost in the run report
+            with (
+                self.tracer.start_as_current_span("distiller distil"),
+                anyio.fail_after(self.config.timeout_s),
+            ):
                 outcome = await distil(group, task, self.llm["distiller"], self.config)
         except TimeoutError:
             outcome = Rejection("timed_out", f"over {self.config.timeout_s} s")

@@ -464,3 +464,28 @@ def test_a_mechanism_arm_is_the_defaults_with_its_switch_on() -> None:
     assert both["services"]["rollout"] == {"step_credit": {"enabled": True}}
     with pytest.raises(ValueError, match="unknown arm"):
         arm_settings("nope", 2)
+
+
+def test_the_report_gives_each_arm_its_uniform_share_and_role_llm_seconds_per_step(
+    tmp_path: Path,
+) -> None:
+    results = tmp_path / "results"
+    for seed in (0, 1):
+        write_result(results, "coevolve", seed, {"t1": 0.5})
+    for seed, (uniform, label_s, distil_s) in enumerate([(0.25, 100.0, 20.0), (0.75, 300.0, 0.0)]):
+        summary_fields = {"uniform_share": uniform, "experiences": 2 + seed}
+        summary_fields["role_llm_seconds"] = {"attributor": label_s, "distiller": distil_s}
+        write_result(results, "both", seed, {"t1": 0.5})
+        path = result_path(results, "both", seed)
+        result = json.loads(path.read_text())
+        result["summary"].update(summary_fields)
+        path.write_text(json.dumps(result))
+
+    text = render_experiment_report(results).read_text()
+
+    # both: 10 and 11 learner steps; 100/10 and 300/11 attributor seconds a step
+    assert "| both | 2 | 0.500 ± " in text
+    row = next(line for line in text.splitlines() if line.startswith("| both | 2 | 0.500"))
+    assert f"{(10.0 + 300 / 11) / 2:.1f} ± " in row and "| 2.5 ± " in row
+    # results written before these fields read as no mechanism cost
+    assert "| coevolve | 2 | - | 0.0 ± 0.0 | 0.0 ± 0.0 | 0.0 ± 0.0 |" in text

@@ -9,8 +9,14 @@ from typer.testing import CliRunner
 
 from coevolve.cli import app
 from coevolve.report import plots
-from coevolve.report.run_data import load_run
-from coevolve.report.run_report import _uniform_share_series, render_run_report, summarize_run
+from coevolve.report.run_data import RunData, SpanRow, StepGroup, StepRecord, load_run
+from coevolve.report.run_report import (
+    DISTIL_SPAN,
+    _uniform_share_series,
+    render_run_report,
+    role_llm_seconds,
+    summarize_run,
+)
 from tests.report.conftest import SyntheticRun
 
 PLOTS = ("learning.png", "signals.png", "pool.png", "verdicts.png", "stages.png")
@@ -132,3 +138,25 @@ def test_tasks_drafted_long_before_the_run_do_not_set_its_clock(tmp_path: Path) 
     assert [task.added_at for task in data.tasks] == [0.0]
     assert data.origin > day_ago + 3600
     assert data.duration_s() < 3600
+
+
+def test_role_llm_seconds_sum_the_labelling_of_every_group_and_the_distiller_spans(
+    tmp_path: Path,
+) -> None:
+    def group(name: str, label_s: float) -> StepGroup:
+        return StepGroup(name, "t", "seed", 1, uniform=False, label_s=label_s, labelled=8)
+
+    data = RunData(run_dir=tmp_path)
+    data.steps = [
+        StepRecord(1, 2, True, 0.0, (group("a", 40.0), group("b", 7.5)), (group("c", 2.5),)),
+        StepRecord(2, 3, True, 9.0, (group("d", 10.0),), ()),
+    ]
+    data.spans = [
+        SpanRow("distiller", DISTIL_SPAN, 0.0, 12.0),
+        SpanRow("distiller", DISTIL_SPAN, 30.0, 3.0),
+        SpanRow("explorer", "explorer substitute", 0.0, 99.0),
+    ]
+
+    # a stale group was labelled too: its seconds count
+    assert role_llm_seconds(data) == {"attributor": 60.0, "distiller": 15.0}
+    assert role_llm_seconds(RunData(run_dir=tmp_path)) == {}
