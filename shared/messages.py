@@ -36,6 +36,9 @@ Origin = Literal["seed", "explored", "synthesized"]
 SignalKind = Literal["forgetting", "boundary", "rare", "uncertainty"]
 TaskStatus = Literal["active", "retired"]
 ExplorationMode = Literal["guided", "unguided"]
+# which policy a rollout samples: the agent being trained, or the co-evolving failure
+# agent whose near-success failures are its hard negatives (learner.grpo.preference)
+Agent = Literal["target", "failure"]
 
 ORIGINS: tuple[Origin, ...] = ("seed", "explored", "synthesized")
 SIGNAL_KINDS: tuple[SignalKind, ...] = ("forgetting", "boundary", "rare", "uncertainty")
@@ -279,6 +282,7 @@ class RolloutJob(Message):
     group_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_GROUP_SIZE)] = 8
     min_policy_version: Version = 0
     experiences: list[Experience] = msgspec.field(default_factory=list)
+    agent: Agent = "target"
 
 
 class RolloutGroup(Message):
@@ -291,6 +295,8 @@ class RolloutGroup(Message):
     # seconds the attributor role spent labelling the group's steps (failed tries
     # included; 0: not labelled), see ``rollout.step_credit``
     label_s: NonNegativeFinite = 0.0
+    # the policy that sampled it; ``policy_version`` is that agent's version
+    agent: Agent = "target"
 
     def validate(self) -> None:
         for trajectory in self.trajectories:

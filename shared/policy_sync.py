@@ -8,10 +8,14 @@ from nats.js.api import ObjectStoreConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.object_store import ObjectStore
 
-from coevolve.shared.messages import PolicyVersion, decode, derived_id
+from coevolve.shared.messages import Agent, PolicyVersion, decode, derived_id
 from coevolve.shared.policy.weights import weights_digest
 from coevolve.shared.runtime.bus import Bus
-from coevolve.shared.runtime.subjects import POLICY_BUCKET, POLICY_UPDATES
+from coevolve.shared.runtime.subjects import (
+    FAILURE_POLICY_UPDATES,
+    POLICY_BUCKET,
+    POLICY_UPDATES,
+)
 
 TRANSFER_TIMEOUT_S = 120.0
 
@@ -30,23 +34,37 @@ async def policy_bucket(bus: Bus) -> ObjectStore:
             )
 
 
-def object_name(version: int) -> str:
-    return f"policy-v{version:08d}"
+def object_name(version: int, agent: Agent = "target") -> str:
+    return f"{'policy' if agent == 'target' else agent}-v{version:08d}"
+
+
+def updates_subject(agent: Agent = "target") -> str:
+    """Where ``agent``'s versions are announced."""
+    return POLICY_UPDATES if agent == "target" else FAILURE_POLICY_UPDATES
 
 
 async def publish_policy(
-    bus: Bus, blob: bytes, *, version: int, step: int, base_model: str, kind: str
+    bus: Bus,
+    blob: bytes,
+    *,
+    version: int,
+    step: int,
+    base_model: str,
+    kind: str,
+    agent: Agent = "target",
 ) -> PolicyVersion:
     """Store the weights, then announce them (in that order: an announced version exists)."""
     bucket = await policy_bucket(bus)
-    name = object_name(version)
+    name = object_name(version, agent)
     with anyio.fail_after(TRANSFER_TIMEOUT_S):
         await bucket.put(name, blob)
     digest = weights_digest(blob)
     update = PolicyVersion(
         # the digest is part of the id: the bus's de-duplication can never merge two
         # different sets of weights announced under one version number
-        id=derived_id("policy", base_model, version, digest),
+        id=derived_id(
+            "policy", base_model, version, digest, *([agent] if agent != "target" else [])
+        ),
         version=version,
         step=step,
         bucket=POLICY_BUCKET,
@@ -55,7 +73,7 @@ async def publish_policy(
         kind="full" if kind == "full" else "lora",
         sha256=digest,
     )
-    await bus.publish(POLICY_UPDATES, update)
+    await bus.publish(updates_subject(agent), update)
     return update
 
 
@@ -69,13 +87,14 @@ async def fetch_policy(bus: Bus, update: PolicyVersion) -> bytes:
     return blob
 
 
-async def latest_policy(bus: Bus) -> PolicyVersion | None:
-    """The newest announced version, or None before the first one."""
+async def latest_policy(bus: Bus, agent: Agent = "target") -> PolicyVersion | None:
+    """``agent``'s newest announced version, or None before the first one."""
     from coevolve.shared.runtime.subjects import stream_for
 
+    subject = updates_subject(agent)
     try:
         with anyio.fail_after(10):
-            raw = await bus.js.get_last_msg(stream_for(POLICY_UPDATES).name, POLICY_UPDATES)
+            raw = await bus.js.get_last_msg(stream_for(subject).name, subject)
     except NotFoundError:
         return None
     return decode(raw.data or b"", PolicyVersion)

@@ -51,7 +51,8 @@ def ablation(
         str,
         typer.Option(
             help="Comma-separated arms: none, random, coevolve (synthesis); navigate, "
-            "attribute, both (mechanisms, on top of coevolve)."
+            "attribute, both (mechanisms, on top of coevolve); eto, coevolving_dpo "
+            "(learner objectives instead of GRPO, on top of coevolve)."
         ),
     ] = "none,random,coevolve",
     seeds: Annotated[int, typer.Option(help="Seeds per arm (0 .. S-1).", min=1)] = 3,

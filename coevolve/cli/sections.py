@@ -57,3 +57,25 @@ def check_sections(settings: Settings) -> None:
         role_settings(settings.services.get("llm"))
     except RoleConfigError as exc:
         raise ConfigError(f"services.{exc}") from exc
+    check_failure_agent(settings)
+
+
+def check_failure_agent(settings: Settings) -> None:
+    """The failure agent needs both halves: the learner training it and pool-store giving
+    it jobs; one without the other trains nothing or rolls groups nobody pairs."""
+    from coevolve.services.learner.config import LearnerServiceConfig
+    from coevolve.services.pool_store.config import PoolStoreConfig
+
+    trained = settings.section("learner", LearnerServiceConfig).grpo.preference.failure_agent
+    share = settings.section("pool_store", PoolStoreConfig).failure_agent_share
+    if trained and share <= 0:
+        raise ConfigError(
+            "services.learner.grpo.preference.failure_agent is on but "
+            "services.pool_store.failure_agent_share is 0: the failure agent would get no jobs"
+        )
+    if share > 0 and not trained:
+        raise ConfigError(
+            f"services.pool_store.failure_agent_share is {share} but "
+            "services.learner.grpo.preference.failure_agent is off: nothing would train on "
+            "the failure agent's groups"
+        )

@@ -7,4 +7,7 @@ SYNTHESIS_ARMS: Final = ("none", "random", "coevolve")
 # the defaults (coevolve) with one of AgentEvolver's other mechanisms, or both:
 # experiences in part of a group's prompts, step credit from the attributor
 MECHANISM_ARMS: Final = ("navigate", "attribute", "both")
-ARMS: Final = (*SYNTHESIS_ARMS, *MECHANISM_ARMS)
+# the defaults with another learner objective: ETO's DPO of the expert against the
+# target's failures; co-evolving DPO with its failure agent (docs/learning.md)
+OBJECTIVE_ARMS: Final = ("eto", "coevolving_dpo")
+ARMS: Final = (*SYNTHESIS_ARMS, *MECHANISM_ARMS, *OBJECTIVE_ARMS)

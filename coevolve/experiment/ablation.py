@@ -73,12 +73,26 @@ from coevolve.shared.runtime.nats_server import free_port
 from coevolve.shared.runtime.subjects import EXPLORATIONS, TASK_ADDED
 
 # coevolve first: random is paced on its curve
-RUN_ORDER = ("coevolve", "random", "none", "navigate", "attribute", "both")
-# what each mechanism arm turns on over the defaults
+RUN_ORDER = (
+    "coevolve",
+    "random",
+    "none",
+    "navigate",
+    "attribute",
+    "both",
+    "eto",
+    "coevolving_dpo",
+)
+# what each mechanism or objective arm changes in the defaults
 MECHANISM_SETTINGS: dict[str, dict[str, Any]] = {
     "navigate": {"distiller": {"enabled": True}},
     "attribute": {"rollout": {"step_credit": {"enabled": True}}},
     "both": {"distiller": {"enabled": True}, "rollout": {"step_credit": {"enabled": True}}},
+    "eto": {"learner": {"grpo": {"objective": "eto"}}},
+    "coevolving_dpo": {
+        "learner": {"grpo": {"objective": "coevolving_dpo", "preference": {"failure_agent": True}}},
+        "pool_store": {"failure_agent_share": 0.25},
+    },
 }
 EVAL_SUITE = "bfcl-turns-base"
 EVAL_SPLIT = "eval"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coevolve.experiment import ARMS, MECHANISM_ARMS
+from coevolve.experiment import ARMS, MECHANISM_ARMS, OBJECTIVE_ARMS
 from coevolve.experiment.ablation import END_MARK, WARM_EVAL_FILE, WARM_START_RECORD
 from coevolve.report import plots
 from coevolve.report.run_report import table
@@ -40,12 +40,12 @@ COMPARISONS = (
     ("coevolve", "random"),
     ("random", "none"),
     ("coevolve", "none"),
-    *((arm, "coevolve") for arm in MECHANISM_ARMS),
+    *((arm, "coevolve") for arm in (*MECHANISM_ARMS, *OBJECTIVE_ARMS)),
 )
 # (name, index in a task's [success, partial credit, log-likelihood] record)
 MEASURES = (("success", 0), ("partial credit", 1), ("log-likelihood", 2))
 WARM_MARK = "0"
-RESULT_NAME = re.compile(r"[a-z]+-s\d+\.json")
+RESULT_NAME = re.compile(r"[a-z_]+-s\d+\.json")
 # the optional mechanisms' LLM roles, as RunSummary.role_llm_seconds names them
 MECHANISM_ROLES = ("attributor", "distiller")
 ARM_ORDER = {arm: index for index, arm in enumerate(ARMS)}

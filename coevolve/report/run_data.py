@@ -119,6 +119,9 @@ class StepGroup:
     good: int = 0
     bad: int = 0
     navigated: int = 0
+    # the policy that rolled it, and (the failure agent's groups) its rewards
+    agent: str = "target"
+    rewards: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -468,6 +471,8 @@ def _step_group(entry: dict[str, Any]) -> StepGroup:
         good=int(entry.get("good", 0)),
         bad=int(entry.get("bad", 0)),
         navigated=int(entry.get("navigated", 0)),
+        agent=str(entry.get("agent", "target")),
+        rewards=tuple(float(r) for r in entry.get("rewards", ())),
     )
 
 

@@ -23,6 +23,7 @@ from coevolve.report.accepted import (
     accepted_summary,
     write_accepted_rows,
 )
+from coevolve.report.hard_negatives import HardNegatives, hard_negatives, hard_negatives_text
 from coevolve.report.repair import (
     MEASURED_FILE,
     NO_SIGNAL,
@@ -107,6 +108,9 @@ class RunSummary:
     # self-navigating's distillation) and the experiences the distiller drew
     role_llm_seconds: dict[str, float] = field(default_factory=dict)
     experiences: int = 0
+    # the failure agent's failures against the target's on the same tasks (None: no
+    # failure agent, or none of its failures on a task the target failed)
+    hard_negatives: HardNegatives | None = None
 
     @property
     def signals(self) -> int:
@@ -168,6 +172,7 @@ def summarize_run(data: RunData) -> RunSummary:
         held_out_last=HeldOut(*held_out[-1]) if held_out else None,
         role_llm_seconds=role_llm_seconds(data),
         experiences=len(data.experiences),
+        hard_negatives=hard_negatives(data),
     )
 
 
@@ -640,6 +645,11 @@ def run_markdown(
         "",
         *(["## Experiences", "", experiences_text(data), ""] if data.experiences else []),
         *(["## Step credit", "", step_credit_text(data), ""] if _labelled(data) else []),
+        *(
+            ["## Failure agent", "", hard_negatives_text(summary.hard_negatives), ""]
+            if summary.hard_negatives is not None
+            else []
+        ),
         "## Time per stage",
         "",
         "![stages](stages.png)",

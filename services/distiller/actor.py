@@ -59,8 +59,8 @@ class DistillerActor(RoleActor):
         await self.bus.follow(ROLLOUT_GROUPS, RolloutGroup, self.offer)
 
     def offer(self, group: RolloutGroup) -> None:
-        """Queue ``group`` when it can teach something new."""
-        if self.per_task[group.task_id] >= self.config.max_per_task:
+        """Queue ``group`` when it can teach something new (the target's groups only)."""
+        if group.agent != "target" or self.per_task[group.task_id] >= self.config.max_per_task:
             return
         if contrast(group, self.config) is None:
             return

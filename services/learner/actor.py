@@ -23,6 +23,9 @@ and replays its ground truth as the warm start does (``preference_pairs.ExpertCa
 
 A checkpoint is written before its version is announced, and an announcement's id
 carries the weights' digest: a restarted learner never announces a version number twice.
+
+With the failure agent (``grpo.preference.failure_agent``) its versions are announced the
+same way on their own subject, and kept as ``RUN_DIR/policies/failure-v<N>.safetensors``.
 """
 
 from __future__ import annotations
@@ -133,6 +136,7 @@ class LearnerActor(Actor):
             await anyio.to_thread.run_sync(lambda: ranks.sync(learner), abandon_on_cancel=True)
             log.info("%d learner ranks in step", self.config.world_size)
         await self._announce_if_newer()
+        await self._announce_failure_agent()
 
     async def teardown(self) -> None:
         if self.ranks is not None:
@@ -344,6 +348,37 @@ class LearnerActor(Actor):
             kind=self.config.finetune,
         )
 
+    async def _announce_failure_agent(self) -> None:
+        """The failure agent's weights to the object store, announced on its own subject,
+        unless the bus has this version with these weights already (see
+        ``version_to_announce``)."""
+        from coevolve.shared.policy import weights_digest
+        from coevolve.shared.policy_sync import latest_policy, publish_policy
+
+        learner = self.learner
+        assert learner is not None
+        agent = learner.failure_agent
+        if agent is None:
+            return
+        blob = await anyio.to_thread.run_sync(agent.export, learner)
+        announced = await latest_policy(self.bus, "failure")
+        version = version_to_announce(agent.version, announced, lambda: weights_digest(blob))
+        if version is None:
+            return
+        if version != agent.version:
+            agent.version = version
+            await anyio.to_thread.run_sync(self._save_checkpoint)
+        write_atomically(self.settings.path("policies", f"failure-v{version}.safetensors"), blob)
+        await publish_policy(
+            self.bus,
+            blob,
+            version=version,
+            step=agent.step_count,
+            base_model=learner.policy.name,
+            kind=self.config.finetune,
+            agent="failure",
+        )
+
     def _save_checkpoint(self) -> None:
         assert self.learner is not None
         save_checkpoint(self.learner, self.checkpoint, self._trained)
@@ -410,6 +445,7 @@ class LearnerActor(Actor):
                 await anyio.to_thread.run_sync(self._record_step, groups, metrics, version_before)
                 if metrics.trained:
                     await self._publish_weights()
+                await self._announce_failure_agent()
                 for name, value in metrics.scalars().items():
                     await self.metric(name, value, step=metrics.step)
             except Exception as exc:

@@ -29,6 +29,11 @@ class PreferenceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     # coevolving_dpo: at most this many failure-vs-failure pairs per group, the widest
     # reward gaps first
     failure_pairs_per_group: int = 4
+    # coevolving_dpo: train the failure agent (``failure_agent.py``), a second adapter, on
+    # those pairs (both agents' failures of a task), and give the target the expert
+    # against both agents' failures instead. Its jobs come from pool-store
+    # (``pool_store.failure_agent_share``, which must be above 0 with it)
+    failure_agent: bool = False
 
     def __post_init__(self) -> None:
         if not self.beta > 0:
@@ -113,6 +118,11 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(
                 f"learner.grpo.objective must be one of {OBJECTIVES}, got {self.objective!r}"
             )
+        if self.preference.failure_agent and self.objective != "coevolving_dpo":
+            raise ValueError(
+                "learner.grpo.preference.failure_agent trains on failure pairs: it needs "
+                f"objective coevolving_dpo, not {self.objective!r}"
+            )
         if self.ppo_epochs < 1 or self.mini_batches < 1:
             raise ValueError("ppo_epochs and mini_batches must be at least 1")
         if self.behaviour_weight_cap is not None and self.behaviour_weight_cap <= 0:
@@ -173,3 +183,8 @@ class LearnerServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise ValueError("learner.world_size must be at least 1")
+        if self.world_size > 1 and self.grpo.preference.failure_agent:
+            raise ValueError(
+                "learner.grpo.preference.failure_agent runs in one learner process: "
+                "set learner.world_size to 1"
+            )

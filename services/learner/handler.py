@@ -63,7 +63,8 @@ def step_record(
     A group the attributor worked on (``rollout.step_credit``) also has ``label_s``, its
     seconds on the group, ``labelled``, its trajectories that carry step labels, and
     ``good`` / ``bad``, its steps labelled each way; a group with navigated trajectories
-    (``rollout.navigation``) has ``navigated``, how many.
+    (``rollout.navigation``) has ``navigated``, how many. A group the failure agent
+    rolled has ``agent`` ("failure") and ``rewards``, its trajectories' rewards.
     """
     kept, _ = filter_stale(groups, version_before, max_staleness)
     kept_ids = {id(group) for group in kept}
@@ -78,6 +79,9 @@ def step_record(
             "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
             "uniform": not rewards or max(rewards) == min(rewards),
         }
+        if group.agent != "target":
+            # the failure agent's: its rewards, to set its failures against the target's
+            fields |= {"agent": group.agent, "rewards": rewards}
         labelled = sum(bool(t.step_labels) for t in group.trajectories)
         if group.label_s or labelled:
             labels = [label for t in group.trajectories for label in t.step_labels]

@@ -13,11 +13,13 @@ side alone, checkpointed), and its loss is backpropagated at once, normalised by
 part's pair and expert-token counts so the pairs add up to the part's mean. Under data
 parallelism each rank takes a share of a part's pairs (``distributed``).
 
+With ``preference.failure_agent`` the step then trains the failure agent
+(``failure_agent.py``) the same way, on its own pairs, its weights and optimizer swapped
+into the learner's; the target's pairs are the expert against both agents' failures.
+
 Log-probs are at temperature 1 (the policy itself, whatever the rollout sampled at), and
-summed over the agent's own tokens only. ``coevolving_dpo``'s failure-vs-failure pairs
-stand in for the failure agent's hard negatives: the failure agent (a second adapter
-trained by DPO on these pairs, whose trajectories would join the rejected sides) is not
-built yet.
+summed over the agent's own tokens only. Without the failure agent, ``coevolving_dpo``'s
+failure-vs-failure pairs go to the target: a stand-in for the paper's hard negatives.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -50,6 +53,7 @@ from coevolve.services.learner.preference_pairs import (
     EXPERT,
     PairSide,
     PreferencePair,
+    failure_agent_pairs,
     preference_pairs,
     trajectory_side,
 )
@@ -57,6 +61,7 @@ from coevolve.shared.messages import RolloutGroup
 from coevolve.shared.policy.logprobs import sequence_logprobs
 
 if TYPE_CHECKING:
+    from coevolve.services.learner.failure_agent import FailureAgent
     from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
 
 Indexed = tuple[int, PreferencePair]
@@ -65,12 +70,20 @@ Indexed = tuple[int, PreferencePair]
 def step_pairs(
     learner: GrpoLearner, groups: Sequence[RolloutGroup], experts: Mapping[str, PairSide]
 ) -> list[PreferencePair]:
-    """The pairs the learner's objective trains on from ``groups``, cut at ``max_tokens``."""
+    """The pairs the target trains on from ``groups``, cut at ``max_tokens``."""
     config = learner.config
     pairs = preference_pairs(
-        groups, experts, config.objective, config.preference.failure_pairs_per_group
+        groups,
+        experts,
+        config.objective,
+        config.preference.failure_pairs_per_group,
+        failure_agent=learner.failure_agent is not None,
     )
-    cut = (pair.cut(config.max_tokens) for pair in pairs)
+    return cut_pairs(pairs, config.max_tokens)
+
+
+def cut_pairs(pairs: Sequence[PreferencePair], limit: int | None) -> list[PreferencePair]:
+    cut = (pair.cut(limit) for pair in pairs)
     return [pair for pair in cut if pair is not None]
 
 
@@ -200,12 +213,45 @@ def expert_tokens(pairs: Sequence[Indexed]) -> int:
 def preference_step(
     learner: GrpoLearner, groups: Sequence[RolloutGroup], experts: Mapping[str, PairSide]
 ) -> StepMetrics:
-    """One step of the preference objective on ``groups`` (see the module)."""
+    """One step of the preference objective on ``groups`` (see the module); with the
+    failure agent, one of the failure agent's too (``failure_agent_step``)."""
     started = time.perf_counter()
     config = learner.config
-    kept, dropped = filter_stale(groups, learner.version, config.max_staleness)
+    agent = learner.failure_agent
+    target_groups = [g for g in groups if g.agent == "target"]
+    kept, dropped = filter_stale(target_groups, learner.version, config.max_staleness)
     staleness = [learner.version - group_version(g) for g in kept]
+    failure_groups = [g for g in groups if g.agent == "failure"]
+    if agent is not None:
+        kept_failure, dropped_failure = filter_stale(
+            failure_groups, agent.version, config.max_staleness
+        )
+        kept, dropped = [*kept, *kept_failure], dropped + dropped_failure
+    else:
+        dropped += len(failure_groups)  # no failure agent here to pair them for
     pairs = step_pairs(learner, kept, experts)
+    stats, grad_norms, tokens = train_pairs(learner, pairs)
+    updates = sum(math.isfinite(norm) for norm in grad_norms)
+    if updates:
+        learner.step_count += 1
+        learner.version += 1
+    failure = failure_agent_step(learner, agent, kept) if agent is not None else None
+    metrics = step_metrics(
+        learner, kept, (dropped, staleness), pairs, stats, grad_norms, (tokens, started)
+    )
+    if failure is not None:
+        metrics = replace(metrics, **failure)
+    learner.log_metrics(metrics)
+    release_freed_memory()
+    return metrics
+
+
+def train_pairs(
+    learner: GrpoLearner, pairs: Sequence[PreferencePair]
+) -> tuple[list[DpoStats], list[float], int]:
+    """``ppo_epochs`` passes over ``pairs`` in ``mini_batches`` updates of the learner's
+    trainable weights: each pair's stats, each update's gradient norm, the tokens run."""
+    config = learner.config
     indexed = list(enumerate(pairs))
     references: dict[int, Tensor] = {}
     stats: list[DpoStats] = []
@@ -230,16 +276,48 @@ def preference_step(
     if world()[1] > 1:
         stats = [s for rank_stats in gathered(stats) for s in rank_stats]
         tokens = sum(gathered(tokens))
-    updates = sum(math.isfinite(norm) for norm in grad_norms)
-    if updates:
-        learner.step_count += 1
-        learner.version += 1
-    metrics = step_metrics(
-        learner, kept, (dropped, staleness), pairs, stats, grad_norms, (tokens, started)
-    )
-    learner.log_metrics(metrics)
-    release_freed_memory()
-    return metrics
+    return stats, grad_norms, tokens
+
+
+def failure_agent_step(
+    learner: GrpoLearner, agent: FailureAgent, groups: Sequence[RolloutGroup]
+) -> dict[str, Any]:
+    """The failure agent's update on the failure pairs of ``groups`` (both agents' failures
+    of each task), its weights swapped in; the ``StepMetrics`` fields that report it and
+    the hard negatives: the failure agent's failures against the target's in the step."""
+    limit = learner.config.preference.failure_pairs_per_group
+    pairs = cut_pairs(failure_agent_pairs(groups, limit), learner.config.max_tokens)
+    stats: list[DpoStats] = []
+    grad_norms: list[float] = []
+    if pairs:
+        with agent.swapped_in(learner):
+            stats, grad_norms, _ = train_pairs(learner, pairs)
+    if any(math.isfinite(norm) for norm in grad_norms):
+        agent.step_count += 1
+        agent.version += 1
+    evaluated = sum(s.pairs for s in stats)
+    rewards = {
+        who: [t.reward for g in groups if g.agent == who for t in g.trajectories if t.reward < 1]
+        for who in ("target", "failure")
+    }
+    return {
+        "failure_agent": True,
+        "failure_agent_version": agent.version,
+        "failure_agent_pairs": len(pairs),
+        "failure_agent_loss": (
+            sum(float(s.preference_loss) for s in stats) / evaluated if evaluated else 0.0
+        ),
+        "failure_agent_accuracy": (
+            sum(float(s.correct) for s in stats) / evaluated if evaluated else 0.0
+        ),
+        "failure_agent_groups": sum(g.agent == "failure" for g in groups),
+        "hard_negative_reward": _mean(rewards["failure"]),
+        "target_failure_reward": _mean(rewards["target"]),
+    }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 def step_metrics(

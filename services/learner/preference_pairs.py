@@ -11,9 +11,10 @@ turns and the tools' answers are context and carry no loss.
   tokenized with the policy's chat template and tools prompt); the rejected side is a
   trajectory of the group whose reward is below a solve's (``SOLVED``; the rollout gives
   an unsolved episode 0.4 x its share of matched ground-truth calls).
-- **failure vs failure**: two failures of a group with different partial credit, the
-  higher reward chosen. The co-evolving method trains its failure agent on these; until
-  that agent exists ``coevolving_dpo`` gives them to the target (``failure_pairs``).
+- **failure vs failure**: two failures of a task with different partial credit, the
+  higher reward chosen. The co-evolving method trains its failure agent on these
+  (``failure_agent_pairs``, ``preference.failure_agent``); without that agent
+  ``coevolving_dpo`` gives them to the target (``failure_pairs``).
 """
 
 from __future__ import annotations
@@ -113,7 +114,31 @@ def failure_pairs(group: RolloutGroup, limit: int | None = None) -> list[Prefere
     """Failure-vs-failure pairs by partial credit: every two failures whose rewards differ,
     the higher one chosen; the widest reward gaps first (ties in group order), at most
     ``limit`` of them (None: all)."""
-    sides = failures(group)
+    return ranked_failure_pairs(group.task_id, failures(group), limit)
+
+
+def failure_agent_pairs(
+    groups: Iterable[RolloutGroup], limit: int | None = None
+) -> list[PreferencePair]:
+    """The failure agent's pairs: per task, the failures of every group of it (the target's
+    and the failure agent's alike) paired by partial credit as ``failure_pairs`` does, at
+    most ``limit`` per group of the task."""
+    by_task: OrderedDict[str, list[RolloutGroup]] = OrderedDict()
+    for group in groups:
+        by_task.setdefault(group.task_id, []).append(group)
+    pairs: list[PreferencePair] = []
+    for task_id, task_groups in by_task.items():
+        sides = [side for group in task_groups for side in failures(group)]
+        most = None if limit is None else limit * len(task_groups)
+        pairs.extend(ranked_failure_pairs(task_id, sides, most))
+    return pairs
+
+
+def ranked_failure_pairs(
+    task_id: str, sides: Sequence[PairSide], limit: int | None
+) -> list[PreferencePair]:
+    """Every two of ``sides`` whose rewards differ, the higher chosen, the widest gaps
+    first (ties in order), at most ``limit``."""
     pairs = [
         (a, b) if a.reward > b.reward else (b, a)
         for i, a in enumerate(sides)
@@ -122,7 +147,7 @@ def failure_pairs(group: RolloutGroup, limit: int | None = None) -> list[Prefere
     ]
     pairs.sort(key=lambda pair: pair[0].reward - pair[1].reward, reverse=True)
     kept = pairs if limit is None else pairs[:limit]
-    return [PreferencePair(group.task_id, chosen, rejected, "failure") for chosen, rejected in kept]
+    return [PreferencePair(task_id, chosen, rejected, "failure") for chosen, rejected in kept]
 
 
 def preference_pairs(
@@ -130,16 +155,20 @@ def preference_pairs(
     experts: Mapping[str, PairSide],
     objective: Objective,
     failure_pairs_per_group: int | None = None,
+    failure_agent: bool = False,
 ) -> list[PreferencePair]:
-    """The pairs ``objective`` trains on: per group, ``eto``'s expert-vs-failure pairs
-    (groups whose task has an expert in ``experts``) and, for ``coevolving_dpo``, the
-    failure-vs-failure pairs too."""
+    """The pairs the target trains on under ``objective``: per group, ``eto``'s
+    expert-vs-failure pairs (groups whose task has an expert in ``experts``) and, for
+    ``coevolving_dpo``, the failure-vs-failure pairs too. With the ``failure_agent``
+    those go to the failure agent instead (``failure_agent_pairs``), and the target's are
+    the expert against the failures of both agents: the failure agent's are its hard
+    negatives."""
     if objective == "grpo":
         raise ValueError("grpo trains on groups, not on preference pairs")
     pairs: list[PreferencePair] = []
     for group in groups:
         pairs.extend(expert_pairs(group, experts.get(group.task_id)))
-        if objective == "coevolving_dpo":
+        if objective == "coevolving_dpo" and not failure_agent:
             pairs.extend(failure_pairs(group, failure_pairs_per_group))
     return pairs
 

@@ -47,6 +47,7 @@ from torch.utils.tensorboard import SummaryWriter
 from coevolve.services.learner.checkpoint import load_checkpoint, save_checkpoint
 from coevolve.services.learner.config import LearnerConfig
 from coevolve.services.learner.distributed import GradientSum, gathered, share, world
+from coevolve.services.learner.failure_agent import FailureAgent
 from coevolve.services.learner.grpo import (
     GrpoStats,
     SharedPrefix,
@@ -141,11 +142,24 @@ class StepMetrics:
     preference_margin: float = 0.0
     chosen_reward: float = 0.0
     rejected_reward: float = 0.0
+    # coevolving_dpo with the failure agent (``failure_agent.py``): its version after the
+    # step, its pairs, DPO loss and accuracy, the step's groups it rolled, and the mean
+    # reward of its failures (the hard negatives) and of the target's. Left out without it
+    failure_agent: bool = False
+    failure_agent_version: int = 0
+    failure_agent_pairs: int = 0
+    failure_agent_loss: float = 0.0
+    failure_agent_accuracy: float = 0.0
+    failure_agent_groups: int = 0
+    hard_negative_reward: float = 0.0
+    target_failure_reward: float = 0.0
 
     def scalars(self) -> dict[str, float]:
-        left_out = {"step", "version", "preference"}
+        left_out = {"step", "version", "preference", "failure_agent"}
         if not self.preference:
             left_out |= set(PREFERENCE_METRICS)
+        if not self.failure_agent:
+            left_out |= set(FAILURE_AGENT_METRICS)
         return {k: float(v) for k, v in asdict(self).items() if k not in left_out}
 
 
@@ -159,6 +173,16 @@ PREFERENCE_METRICS = (
     "preference_margin",
     "chosen_reward",
     "rejected_reward",
+)
+# the StepMetrics fields only a step with the failure agent fills in
+FAILURE_AGENT_METRICS = (
+    "failure_agent_version",
+    "failure_agent_pairs",
+    "failure_agent_loss",
+    "failure_agent_accuracy",
+    "failure_agent_groups",
+    "hard_negative_reward",
+    "target_failure_reward",
 )
 
 
@@ -355,6 +379,11 @@ class GrpoLearner:
         self.warned_truncated = False
         # ground-truth examples replayed with every update (``set_demonstrations``)
         self.demonstrations: list[SftExample] = []
+        # coevolving_dpo's failure agent (``preference.failure_agent``), made anew when the
+        # warm start ends so that it starts as the target's fresh adapter
+        self.failure_agent: FailureAgent | None = None
+        if self.config.preference.failure_agent:
+            self.failure_agent = FailureAgent(self)
 
     @property
     def needs_reference(self) -> bool:
@@ -374,6 +403,9 @@ class GrpoLearner:
         if self.config.objective != "grpo":
             return preference_step(self, groups, experts or {})
         started = time.perf_counter()
+        if any(g.agent != "target" for g in groups):
+            log.warning("GRPO trains the target alone: the failure agent's groups are left out")
+            groups = [g for g in groups if g.agent == "target"]
         kept, dropped = filter_stale(groups, self.version, self.config.max_staleness)
         batch = self.build_samples(kept)
         samples = [sample for group in batch.groups for sample in group]
@@ -833,6 +865,8 @@ class GrpoLearner:
             self.frozen_reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.optimizer.state.clear()
         self.warm_started = True
+        if self.failure_agent is not None:
+            self.failure_agent = FailureAgent(self)
 
     # ------------------------------------------------------------------ outputs
 
@@ -880,6 +914,18 @@ class GrpoLearner:
         )
 
     def _log_preference_step(self, metrics: StepMetrics) -> None:
+        if metrics.failure_agent:
+            log.info(
+                "failure agent v%d: %d pairs dpo %.4f accuracy %.3f; failures' reward "
+                "%.3f (failure agent, %d groups) vs %.3f (target)",
+                metrics.failure_agent_version,
+                metrics.failure_agent_pairs,
+                metrics.failure_agent_loss,
+                metrics.failure_agent_accuracy,
+                metrics.hard_negative_reward,
+                metrics.failure_agent_groups,
+                metrics.target_failure_reward,
+            )
         log.info(
             "step %d v%d %s: %d pairs (%d failure vs failure) dpo %.4f sft %.4f "
             "accuracy %.3f margin %.4f reward %.3f tokens/s %.0f dropped %d",
@@ -913,6 +959,11 @@ class GrpoLearner:
                 "config": msgspec.to_builtins(self.config),
                 "warm_started": self.warm_started,
                 "objective": self.config.objective,
+                **(
+                    {"failure_agent": self.failure_agent.state()}
+                    if self.failure_agent is not None
+                    else {}
+                ),
             },
         )
 
@@ -925,6 +976,12 @@ class GrpoLearner:
         self.step_count = state.step
         self.version = state.version
         self.warm_started = bool(state.extra.get("warm_started", False))
+        saved_agent = state.extra.get("failure_agent")
+        if self.failure_agent is not None and saved_agent is not None:
+            self.failure_agent.restore(saved_agent)
+        elif self.failure_agent is not None:
+            # switched on for a run that had none: it starts from the target as it stands
+            self.failure_agent = FailureAgent(self)
         if self.warm_started and self.policy.finetune != "lora" and self.needs_reference:
             # the frozen copy is not in the checkpoint: the closest reference is the policy
             log.warning("full fine-tuning resumed: the KL reference restarts from these weights")

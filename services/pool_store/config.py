@@ -44,8 +44,16 @@ class PoolStoreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # stored experiences whose request is at least this like its task's (n-gram cosine)
     experiences_per_job: int = 2
     experience_min_similarity: float = 0.3
+    # the co-evolving failure agent (learner.grpo.preference.failure_agent): this share of
+    # the jobs is rolled by it, each on one of the tasks the target failed most recently
+    # (its latest group has a score below 1); 0: no failure-agent jobs
+    failure_agent_share: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.failure_agent_share < 1.0:
+            raise ValueError(
+                f"pool_store.failure_agent_share must be in [0, 1), not {self.failure_agent_share}"
+            )
         origin_weights(self.mix, {})  # unknown origins, negative or infinite weights raise
         if self.seed_classes is not None:
             from coevolve.shared.envs.bfcl.tasks import check_classes

@@ -90,6 +90,10 @@ def record_verdict(store: PoolStore, verdict: Verdict) -> TaskAdded | None:
     return None if added_task_id is None else added_event(added_task_id, verdict.task.origin)
 
 
+# the failure agent's jobs are drawn from this many most recently failed tasks
+FAILED_TASKS_DRAWN = 32
+
+
 def rollout_jobs(
     store: PoolStore, missing: int, config: PoolStoreConfig, queue_seq: int, first_round: int
 ) -> list[RolloutJob]:
@@ -108,7 +112,32 @@ def rollout_jobs(
         for i, task in enumerate(tasks, start=1)
     ]
     store.note_retrieved([e.id for job in jobs for e in job.experiences])
+    if config.failure_agent_share > 0:
+        failed = store.failed_tasks(FAILED_TASKS_DRAWN)
+        jobs = [failure_agent_job(job, failed, config) or job for job in jobs]
     return jobs
+
+
+def failure_agent_job(
+    job: RolloutJob, failed: Sequence[Task], config: PoolStoreConfig
+) -> RolloutJob | None:
+    """The job handed to the failure agent instead, for ``failure_agent_share`` of the
+    jobs (chosen by the job id's hash, so a re-fed job gets the same answer), on one of
+    the tasks the target failed; None: it stays the target's."""
+    if not failed or _unit(job.id, "agent") >= config.failure_agent_share:
+        return None
+    task = failed[int(_unit(job.id, "task") * len(failed))]
+    return RolloutJob(
+        id=derived_id("failure-job", job.id),
+        task=task,
+        group_size=config.group_size,
+        agent="failure",
+    )
+
+
+def _unit(key: str, salt: str) -> float:
+    """A number in [0, 1) fixed by ``key`` and ``salt``."""
+    return int(derived_id(salt, key)[:13], 16) / 16**13
 
 
 def job_experiences(store: PoolStore, task: Task, config: PoolStoreConfig) -> list[Experience]:

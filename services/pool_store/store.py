@@ -927,6 +927,20 @@ class PoolStore:
         with self._lock:
             return self._shares.count(int(rows[0][0]))
 
+    def failed_tasks(self, limit: int) -> list[Task]:
+        """Active tasks whose latest recorded group has a failure (a score below 1), the
+        most recent first, at most ``limit``: the tasks the target fails."""
+        rows = self._query(
+            "SELECT task_id FROM (SELECT task_id, max(recorded_at) AS latest_at, min(score) AS worst "
+            "FROM rollout_results GROUP BY task_id, group_id "
+            "QUALIFY row_number() OVER (PARTITION BY task_id ORDER BY latest_at DESC) = 1) AS latest "
+            "JOIN tasks ON tasks.id = latest.task_id "
+            "WHERE worst < 1.0 AND tasks.status = 'active' ORDER BY latest_at DESC LIMIT ?",
+            [limit],
+        )
+        tasks = (self.get_task(str(task_id)) for (task_id,) in rows)
+        return [task for task in tasks if task is not None]
+
     def uniform_group_share(self, since: float | None = None) -> UniformGroupShare:
         """Recorded groups (recorded at or after ``since``, Unix seconds) whose scores are
         all equal: those the learner drops as uniform, measured from the file alone."""

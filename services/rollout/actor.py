@@ -1,8 +1,11 @@
 """rollout: takes rollout jobs, runs a group of K episodes, publishes the group.
 
 Replicas share the job queue. Between episodes a worker hot-swaps to the newest policy
-version announced by the learner. Before taking on a job it waits while the learner has
-more than ``max_unconsumed_groups`` groups it has not consumed yet (backpressure).
+version announced by the learner, of the agent the job names (``policies``: the target,
+or the co-evolving failure agent of ``learner.grpo.preference.failure_agent``, whose
+groups carry no results to pool-store, nor step labels: its scores are not the
+target's). Before taking on a job it waits while the learner has more than
+``max_unconsumed_groups`` groups it has not consumed yet (backpressure).
 With ``step_credit`` on, the attributor LLM role labels each group's steps before it is
 published (the worker would mostly be waiting for the learner meanwhile); a group whose
 labelling fails is published unlabelled.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 import anyio
@@ -19,9 +23,11 @@ from nats.js.errors import NotFoundError
 
 from coevolve.services.rollout.config import RolloutConfig
 from coevolve.services.rollout.handler import attribute_steps, roll_out
+from coevolve.services.rollout.policies import AgentPolicies
 from coevolve.shared.config import Settings
 from coevolve.shared.llm import RoleClients, RoleLLM
 from coevolve.shared.messages import (
+    Agent,
     PolicyVersion,
     RolloutGroup,
     RolloutJob,
@@ -31,7 +37,6 @@ from coevolve.shared.messages import (
 from coevolve.shared.runtime.actor import Actor, Consumer, Delivery
 from coevolve.shared.runtime.subjects import (
     LEARNER_GROUPS_CONSUMER,
-    POLICY_UPDATES,
     ROLLOUT_GROUPS,
     ROLLOUT_JOBS_CONSUMER,
     ROLLOUT_RESULTS,
@@ -39,6 +44,8 @@ from coevolve.shared.runtime.subjects import (
 from coevolve.shared.structured import RejectionCounter
 
 log = logging.getLogger(__name__)
+
+AGENTS: tuple[Agent, ...] = ("target", "failure")
 
 
 class RolloutActor(Actor):
@@ -48,9 +55,7 @@ class RolloutActor(Actor):
         super().__init__(settings)
         self.config = settings.section(self.name, RolloutConfig)
         self.engine: Any = None
-        self._announced: PolicyVersion | None = None
-        # announcements whose weights failed their digest: not fetched again
-        self._refused: set[tuple[str, str]] = set()
+        self.policies = AgentPolicies(self._fetch, self._load_weights)
         self.throttled_s = 0.0
         # the attributor role (step credit on only); clients given are closed by their maker
         self._own_llm = llm is None
@@ -66,8 +71,10 @@ class RolloutActor(Actor):
         from coevolve.shared.policy_sync import latest_policy
 
         self.engine = await anyio.to_thread.run_sync(self._load_engine, abandon_on_cancel=True)
-        self._announced = await latest_policy(self.bus)
-        await self._swap_if_newer()
+        for agent in AGENTS:
+            if (update := await latest_policy(self.bus, agent)) is not None:
+                self.policies.hear(agent, update)
+        await self._use("target")
 
     async def teardown(self) -> None:
         # a group abandoned at shutdown stops at its next token instead of running on
@@ -98,49 +105,41 @@ class RolloutActor(Actor):
         return (Consumer(ROLLOUT_JOBS_CONSUMER, RolloutJob, self.on_job),)
 
     def loops(self) -> Sequence[Callable[[], Awaitable[None]]]:
-        return (self.watch_policy_updates,)
+        return tuple(partial(self.watch_policy_updates, agent) for agent in AGENTS)
 
-    async def watch_policy_updates(self) -> None:
-        sub = await self.bus.nc.subscribe(POLICY_UPDATES)
+    async def watch_policy_updates(self, agent: Agent) -> None:
+        from coevolve.shared.policy_sync import updates_subject
+
+        sub = await self.bus.nc.subscribe(updates_subject(agent))
         try:
             # the iterator, not next_msg(timeout), which can lose a message as it times out
             async for msg in sub.messages:
-                update = decode(msg.data, PolicyVersion)
-                if self._announced is None or update.version > self._announced.version:
-                    self._announced = update
+                self.policies.hear(agent, decode(msg.data, PolicyVersion))
         finally:
             with anyio.move_on_after(2, shield=True):
                 await sub.unsubscribe()
 
-    async def _swap_if_newer(self) -> None:
-        from coevolve.shared.policy_sync import PolicySyncError, fetch_policy
+    async def _fetch(self, update: PolicyVersion) -> bytes:
+        from coevolve.shared.policy_sync import fetch_policy
 
-        update = self._announced
-        if update is None or update.version <= self.engine.policy_version:
-            return
-        if (update.object_name, update.sha256) in self._refused:
-            return
-        try:
-            blob = await fetch_policy(self.bus, update)
-        except PolicySyncError as exc:
-            # keep sampling with the weights we have; a later announcement may be good
-            self._refused.add((update.object_name, update.sha256))
-            log.error(
-                "refused policy v%d: %s; staying on v%d",
-                update.version,
-                exc,
-                self.engine.policy_version,
-            )
-            await self.metric("refused_policy_versions", float(len(self._refused)))
-            return
-        await anyio.to_thread.run_sync(self.engine.load_weights, blob, update.version)
-        log.info("hot-swapped to policy version %d", update.version)
+        return await fetch_policy(self.bus, update)
+
+    async def _load_weights(self, blob: bytes, version: int) -> None:
+        await anyio.to_thread.run_sync(self.engine.load_weights, blob, version)
+
+    async def _use(self, agent: Agent) -> Agent:
+        """The newest weights of ``agent`` in the engine (see ``policies``)."""
+        refused = len(self.policies.refused)
+        used = await self.policies.use(agent)
+        if len(self.policies.refused) != refused:
+            await self.metric("refused_policy_versions", float(len(self.policies.refused)))
+        return used
 
     async def _wait_for_policy(self) -> None:
-        if not self.config.wait_for_policy or self._announced is not None:
+        if not self.config.wait_for_policy or "target" in self.policies.announced:
             return
         self.report_progress("waiting for the first policy (learner warm start)")
-        while self._announced is None:
+        while "target" not in self.policies.announced:
             await anyio.sleep(self.config.backpressure_poll_s)
         self.clear_progress()
 
@@ -168,16 +167,17 @@ class RolloutActor(Actor):
     async def on_job(self, job: RolloutJob, _: Delivery) -> None:
         await self._wait_for_policy()
         await self._wait_for_learner()
-        await self._swap_if_newer()
+        agent = await self._use(job.agent)
         engine, config = self.engine, self.config
         rolled = await anyio.to_thread.run_sync(
-            lambda: roll_out(engine, job, config), abandon_on_cancel=True
+            lambda: roll_out(engine, job, config, agent), abandon_on_cancel=True
         )
         group = rolled.group
-        if (attributor := self.attributor) is not None:
+        if (attributor := self.attributor) is not None and agent == "target":
             group = await self._attribute(group, job.task, attributor)
         await self.publish(ROLLOUT_GROUPS, group)
-        await self.publish(ROLLOUT_RESULTS, rolled.results)
+        if agent == "target":
+            await self.publish(ROLLOUT_RESULTS, rolled.results)
 
     async def _attribute(
         self, group: RolloutGroup, task: Task, attributor: RoleLLM

@@ -20,6 +20,7 @@ from coevolve.shared.episodes import Navigation, run_group
 from coevolve.shared.experience import guidance_text
 from coevolve.shared.llm import RoleLLM
 from coevolve.shared.messages import (
+    Agent,
     RolloutGroup,
     RolloutJob,
     RolloutResults,
@@ -69,8 +70,11 @@ def navigation_plan(job: RolloutJob, config: RolloutConfig) -> list[Navigation |
     return [advice] * guided + [None] * (job.group_size - guided)
 
 
-def roll_out(engine: Any, job: RolloutJob, config: RolloutConfig) -> RolledOut:
-    """``job.group_size`` episodes of the job's task with the engine's current policy."""
+def roll_out(
+    engine: Any, job: RolloutJob, config: RolloutConfig, agent: Agent = "target"
+) -> RolledOut:
+    """``job.group_size`` episodes of the job's task with the engine's current policy,
+    ``agent``'s."""
     environment = job.task.environment
     trajectories = run_group(
         engine,
@@ -91,6 +95,7 @@ def roll_out(engine: Any, job: RolloutJob, config: RolloutConfig) -> RolledOut:
         policy_version=version,
         trajectories=trajectories,
         job_id=job.id,
+        agent=agent,
     )
     samples = [
         ScoreSample(

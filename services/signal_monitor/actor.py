@@ -66,8 +66,8 @@ class SignalMonitorActor(Actor):
         return task
 
     async def on_group(self, group: RolloutGroup, _: Delivery) -> None:
-        if self.monitor.seen(group.id):
-            return
+        if group.agent != "target" or self.monitor.seen(group.id):
+            return  # the failure agent's failures say nothing of the target's
         task = await self.task_of(group.task_id)
         if task is None:
             # A group of a task pool-store does not know (deleted run dir, foreign

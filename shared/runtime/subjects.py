@@ -18,6 +18,9 @@ ROLLOUT_JOBS = f"{PREFIX}.rollout.jobs"
 ROLLOUT_GROUPS = f"{PREFIX}.rollout.groups"
 ROLLOUT_RESULTS = f"{PREFIX}.rollout.results"
 POLICY_UPDATES = f"{PREFIX}.policy.updates"
+# the failure agent's versions (learner.grpo.preference.failure_agent), apart from the
+# target's so that every reader of POLICY_UPDATES sees the target alone
+FAILURE_POLICY_UPDATES = f"{PREFIX}.policy.failure_updates"
 
 # data loop
 SIGNALS = f"{PREFIX}.signals"  # + ".<kind>"
@@ -104,7 +107,9 @@ STREAMS: tuple[StreamSpec, ...] = (
     # pending count long before the bound binds.
     StreamSpec("COEVOLVE_ROLLOUT_GROUPS", (ROLLOUT_GROUPS,), "interest", 20_000, 2048 * MiB),
     StreamSpec("COEVOLVE_ROLLOUT_RESULTS", (ROLLOUT_RESULTS,), "workqueue", 100_000, 256 * MiB),
-    StreamSpec("COEVOLVE_POLICY", (POLICY_UPDATES,), "limits", 1000, 16 * MiB),
+    StreamSpec(
+        "COEVOLVE_POLICY", (POLICY_UPDATES, FAILURE_POLICY_UPDATES), "limits", 1000, 16 * MiB
+    ),
     StreamSpec("COEVOLVE_SIGNALS", (SIGNALS_ALL,), "workqueue", 10_000, 1024 * MiB),
     StreamSpec(
         "COEVOLVE_EXPLORE_REQUESTS", (EXPLORATION_REQUESTS,), "workqueue", 10_000, 256 * MiB

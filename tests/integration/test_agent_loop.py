@@ -124,8 +124,8 @@ async def test_learner_publishes_weights_that_rollout_loads_identically(
                 await anyio.sleep(0.1)
         assert learner_actor.last_metrics.trained
 
-        rollout._announced = update
-        await rollout._swap_if_newer()
+        rollout.policies.hear("target", update)
+        await rollout._use("target")
         assert rollout.engine.policy_version == 1
         saved = loop_settings.run_dir / "policies" / "v1.safetensors"
         assert saved.read_bytes() == await fetch_policy(bus, update)  # for `eval --policy 1`

@@ -78,14 +78,14 @@ async def test_rollout_refuses_weights_whose_digest_differs(
     # a fresh LoRA of the rollout's model, as the learner would publish it
     blob = export_weights(load_policy(run_dir=loop_settings.run_dir, device="cpu"))
     update = await publish_policy(bus, blob, version=1, step=1, base_model="m", kind="lora")
-    rollout._announced = msgspec.structs.replace(update, sha256="0" * 64)
+    rollout.policies.hear("target", msgspec.structs.replace(update, sha256="0" * 64))
 
     with caplog.at_level(logging.ERROR):
-        await rollout._swap_if_newer()
+        await rollout._use("target")
 
     assert rollout.engine.policy_version == 0
-    assert "refused policy v1" in caplog.text and "sha256" in caplog.text
-    rollout._announced = update  # the true announcement still loads
-    await rollout._swap_if_newer()
+    assert "refused target policy v1" in caplog.text and "sha256" in caplog.text
+    rollout.policies.announced["target"] = update  # the true announcement still loads
+    await rollout._use("target")
     assert rollout.engine.policy_version == 1
     await bus.close()

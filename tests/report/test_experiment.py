@@ -466,6 +466,26 @@ def test_a_mechanism_arm_is_the_defaults_with_its_switch_on() -> None:
         arm_settings("nope", 2)
 
 
+def test_an_objective_arm_is_a_configuration_up_accepts_and_is_compared_with_coevolve(
+    tmp_path: Path,
+) -> None:
+    from coevolve.cli.sections import check_sections
+    from coevolve.shared.config import Settings
+
+    for arm in ("eto", "coevolving_dpo"):
+        settings, scale = arm_settings(arm, 1)
+        assert scale == []
+        check_sections(Settings(services=settings["services"]))  # raises if half is missing
+    eto, _ = arm_settings("eto", 1)
+    assert eto["services"]["learner"]["grpo"]["objective"] == "eto"
+    results = tmp_path / "results"
+    for seed in (0, 1):
+        write_result(results, "coevolve", seed, {"t1": 0.5, "t2": 0.5})
+        write_result(results, "coevolving_dpo", seed, {"t1": 0.75, "t2": 0.5})
+    text = render_experiment_report(results).read_text()
+    assert "| coevolving_dpo - coevolve | success | end |" in text
+
+
 def test_the_report_gives_each_arm_its_uniform_share_and_role_llm_seconds_per_step(
     tmp_path: Path,
 ) -> None:

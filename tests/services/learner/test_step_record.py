@@ -6,6 +6,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+import msgspec
+
 from coevolve.services.learner.handler import (
     STEPS_FILE,
     append_step_record,
@@ -144,3 +146,16 @@ def test_labels_and_navigated_trajectories_are_recorded_and_read_back(tmp_path: 
     first, second = step.groups
     assert (first.label_s, first.labelled, first.good, first.bad) == (3.0, 2, 2, 2)
     assert (first.navigated, second.navigated, second.labelled) == (0, 1, 0)
+
+
+def test_a_failure_agent_group_is_recorded_with_its_agent_and_rewards() -> None:
+    group = msgspec.structs.replace(
+        rewarded_group("g4", "task-a", "seed", 5, 0.6, 0.2), agent="failure"
+    )
+    record = step_record(
+        [GROUPS[0], group], step=1, version=2, published=True, version_before=5, max_staleness=4
+    )
+
+    target, failure = record["groups"]
+    assert "agent" not in target and "rewards" not in target
+    assert (failure["agent"], failure["rewards"]) == ("failure", [0.6, 0.2])
