@@ -388,13 +388,21 @@ def _by_arm(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return dict(sorted(arms.items(), key=lambda kv: ARM_ORDER.get(kv[0], 99)))
 
 
+def pool_growth(summary: dict[str, Any]) -> int:
+    """The tasks a run added: ``tasks_added``, or in a result written before it was
+    recorded every task not of the seed origin (a no-label run's D0 included)."""
+    if summary.get("tasks_added") is not None:
+        return int(summary["tasks_added"])
+    return sum(n for origin, n in summary["pool_by_origin"].items() if origin != "seed")
+
+
 def data_loop_rows(results: list[dict[str, Any]]) -> list[list[str]]:
     rows = []
     for arm, mine in _by_arm(results).items():
         summaries = [r["summary"] for r in mine]
         candidates = sum(s["candidates"] for s in summaries)
         accepted = sum(s["accepted"] for s in summaries)
-        growth = [sum(n for o, n in s["pool_by_origin"].items() if o != "seed") for s in summaries]
+        growth = [pool_growth(s) for s in summaries]
         rows.append(
             [
                 arm,

@@ -111,6 +111,8 @@ class RunSummary:
     # the failure agent's failures against the target's on the same tasks (None: no
     # failure agent, or none of its failures on a task the target failed)
     hard_negatives: HardNegatives | None = None
+    # tasks this run added (not from its starting pool, ``TaskRow.from_start``)
+    tasks_added: int | None = None
 
     @property
     def signals(self) -> int:
@@ -122,6 +124,10 @@ class RunSummary:
 
     @property
     def pool_growth(self) -> int:
+        """Tasks this run's verdicts added (``tasks_added``); for a summary written before
+        that was recorded, every task not of the seed origin."""
+        if self.tasks_added is not None:
+            return self.tasks_added
         return sum(n for origin, n in self.pool_by_origin.items() if origin != "seed")
 
 
@@ -173,6 +179,7 @@ def summarize_run(data: RunData) -> RunSummary:
         role_llm_seconds=role_llm_seconds(data),
         experiences=len(data.experiences),
         hard_negatives=hard_negatives(data),
+        tasks_added=len(grown),
     )
 
 
@@ -392,7 +399,7 @@ def plot_pool(data: RunData, path: Path) -> Path:
     )
     by_origin: dict[str, list[float]] = {}
     for task in data.tasks:
-        if task.origin != "seed":
+        if not task.from_start:  # a no-label run's starting pool D0 is not growth
             by_origin.setdefault(task.origin, []).append(data.minutes(task.added_at))
     _cumulative_counts(
         growth, by_origin, end, title="tasks added by origin (cumulative)", ylabel="tasks"
@@ -522,7 +529,7 @@ def summary_rows(summary: RunSummary) -> list[tuple[str, str]]:
             "pool",
             ", ".join(f"{k} {v}" for k, v in sorted(pool.items())) if pool else NONE_YET,
         ),
-        ("pool growth (explored + synthesized)", str(summary.pool_growth)),
+        ("pool growth (tasks this run added)", str(summary.pool_growth)),
     ]
     rows += [(name, fmt_minutes(at)) for name, at in summary.first_minutes.items()]
     return rows

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from coevolve.cli import app
 from coevolve.report import plots
-from coevolve.report.run_data import RunData, SpanRow, StepGroup, StepRecord, load_run
+from coevolve.report.run_data import RunData, SpanRow, StepGroup, StepRecord, TaskRow, load_run
 from coevolve.report.run_report import (
     DISTIL_SPAN,
     _uniform_share_series,
@@ -160,3 +160,16 @@ def test_role_llm_seconds_sum_the_labelling_of_every_group_and_the_distiller_spa
     # a stale group was labelled too: its seconds count
     assert role_llm_seconds(data) == {"attributor": 60.0, "distiller": 15.0}
     assert role_llm_seconds(RunData(run_dir=tmp_path)) == {}
+
+
+def test_a_no_label_runs_starting_pool_is_not_growth(tmp_path: Path) -> None:
+    data = RunData(run_dir=tmp_path)
+    data.tasks = [
+        TaskRow(0.0, "explored", "d0-1"),  # committed D0 tasks: no verdict added them
+        TaskRow(0.0, "explored", "d0-2"),
+        TaskRow(120.0, "synthesized", "child", parent_task_id="d0-1"),
+    ]
+    summary = summarize_run(data)
+
+    assert summary.pool_by_origin == {"explored": 2, "synthesized": 1}
+    assert summary.tasks_added == summary.pool_growth == 1
