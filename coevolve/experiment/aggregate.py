@@ -402,7 +402,7 @@ def data_loop_rows(results: list[dict[str, Any]]) -> list[list[str]]:
         summaries = [r["summary"] for r in mine]
         candidates = sum(s["candidates"] for s in summaries)
         accepted = sum(s["accepted"] for s in summaries)
-        growth = [pool_growth(s) for s in summaries]
+        growth = [float(pool_growth(s)) for s in summaries]
         rows.append(
             [
                 arm,
