@@ -865,6 +865,11 @@ class GrpoLearner:
             self.frozen_reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.optimizer.state.clear()
         self.warm_started = True
+        self.restart_failure_agent()
+
+    def restart_failure_agent(self) -> None:
+        """The failure agent (when on) starts again as the target's adapter as it stands:
+        at the end of a warm start, both agents are the warm-started policy."""
         if self.failure_agent is not None:
             self.failure_agent = FailureAgent(self)
 
@@ -979,9 +984,9 @@ class GrpoLearner:
         saved_agent = state.extra.get("failure_agent")
         if self.failure_agent is not None and saved_agent is not None:
             self.failure_agent.restore(saved_agent)
-        elif self.failure_agent is not None:
+        else:
             # switched on for a run that had none: it starts from the target as it stands
-            self.failure_agent = FailureAgent(self)
+            self.restart_failure_agent()
         if self.warm_started and self.policy.finetune != "lora" and self.needs_reference:
             # the frozen copy is not in the checkpoint: the closest reference is the policy
             log.warning("full fine-tuning resumed: the KL reference restarts from these weights")

@@ -111,4 +111,5 @@ def adopt_warm_start(learner: GrpoLearner, path: str | Path, sha256: str | None 
     learner.optimizer.state.clear()
     learner.warm_started = True
     learner.version = max(learner.version, 1)
+    learner.restart_failure_agent()
     return digest

@@ -931,10 +931,10 @@ class PoolStore:
         """Active tasks whose latest recorded group has a failure (a score below 1), the
         most recent first, at most ``limit``: the tasks the target fails."""
         rows = self._query(
-            "SELECT task_id FROM (SELECT task_id, max(recorded_at) AS latest_at, min(score) AS worst "
-            "FROM rollout_results GROUP BY task_id, group_id "
-            "QUALIFY row_number() OVER (PARTITION BY task_id ORDER BY latest_at DESC) = 1) AS latest "
-            "JOIN tasks ON tasks.id = latest.task_id "
+            "SELECT task_id FROM (SELECT task_id, max(recorded_at) AS latest_at, "
+            "min(score) AS worst FROM rollout_results GROUP BY task_id, group_id "
+            "QUALIFY row_number() OVER (PARTITION BY task_id ORDER BY latest_at DESC) = 1) "
+            "AS latest JOIN tasks ON tasks.id = latest.task_id "
             "WHERE worst < 1.0 AND tasks.status = 'active' ORDER BY latest_at DESC LIMIT ?",
             [limit],
         )
