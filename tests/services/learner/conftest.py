@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from coevolve.services.learner.preference_pairs import EXPERT, PairSide
 from coevolve.shared.messages import ChatMessage, RolloutGroup, Trajectory
 from coevolve.shared.policy import (
     Generation,
@@ -107,3 +108,13 @@ def make_group(sampled: Sampled) -> GroupFactory:
         )
 
     return make
+
+
+@pytest.fixture
+def experts(policy_factory: PolicyFactory, sampled: Sampled) -> dict[str, PairSide]:
+    """The ideal answer to the sampled prompt, as an expert side of task "colour"."""
+    tokenizer = policy_factory().tokenizer
+    answer = tokenizer(" ultramarine blue, like the sea.", add_special_tokens=False)["input_ids"]
+    ids = sampled.prompt + answer
+    mask = [0] * len(sampled.prompt) + [1] * len(answer)
+    return {"colour": PairSide(ids, mask, 1.0, EXPERT)}

@@ -16,7 +16,6 @@ from coevolve.services.learner.config import LearnerConfig, LearnerServiceConfig
 from coevolve.services.learner.dpo import dpo_loss
 from coevolve.services.learner.preference import pair_logprobs, reference_logprobs, step_pairs
 from coevolve.services.learner.preference_pairs import (
-    EXPERT,
     PairSide,
     PreferencePair,
     failure_agent_pairs,
@@ -26,7 +25,7 @@ from coevolve.shared.config import ConfigError, Settings
 from coevolve.shared.messages import RolloutGroup
 from coevolve.shared.policy import LoadedPolicy
 
-from .conftest import GroupFactory, PolicyFactory, Sampled
+from .conftest import GroupFactory, PolicyFactory
 
 TARGET_REWARDS = [1.0, 0.4, 0.0, 0.2]
 FAILURE_REWARDS = [0.6, 0.0, 0.6, 0.2]  # the failure agent's: nearer misses
@@ -40,15 +39,6 @@ def config(**preference: Any) -> LearnerConfig:
         min_shared_prompt=1,
         lr=2e-3,
     )
-
-
-@pytest.fixture
-def experts(policy_factory: PolicyFactory, sampled: Sampled) -> dict[str, PairSide]:
-    tokenizer = policy_factory().tokenizer
-    answer = tokenizer(" ultramarine blue, like the sea.", add_special_tokens=False)["input_ids"]
-    ids = sampled.prompt + answer
-    mask = [0] * len(sampled.prompt) + [1] * len(answer)
-    return {"colour": PairSide(ids, mask, 1.0, EXPERT)}
 
 
 def groups(make_group: GroupFactory) -> tuple[RolloutGroup, RolloutGroup]:

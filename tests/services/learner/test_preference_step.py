@@ -17,7 +17,7 @@ from coevolve.services.learner.config import LearnerConfig, LearnerServiceConfig
 from coevolve.services.learner.dpo import dpo_loss
 from coevolve.services.learner.grpo import grpo_loss
 from coevolve.services.learner.preference import pair_logprobs, reference_logprobs, step_pairs
-from coevolve.services.learner.preference_pairs import EXPERT, PairSide
+from coevolve.services.learner.preference_pairs import PairSide
 from coevolve.services.learner.trainer import (
     PREFERENCE_METRICS,
     GrpoLearner,
@@ -29,7 +29,7 @@ from coevolve.shared.messages import RolloutGroup
 from coevolve.shared.policy import LoadedPolicy
 from coevolve.shared.policy.logprobs import sequence_logprobs
 
-from .conftest import GroupFactory, PolicyFactory, Sampled
+from .conftest import GroupFactory, PolicyFactory
 
 REWARDS = [1.0, 0.4, 0.0, 0.2]  # one solved, three failures with partial credit
 
@@ -37,16 +37,6 @@ REWARDS = [1.0, 0.4, 0.0, 0.2]  # one solved, three failures with partial credit
 def config(objective: str = "eto", **overrides: Any) -> LearnerConfig:
     settings: dict[str, Any] = {"micro_batch_size": 8, "min_shared_prompt": 1, "lr": 2e-3}
     return LearnerConfig(objective=objective, **{**settings, **overrides})  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def experts(policy_factory: PolicyFactory, sampled: Sampled) -> dict[str, PairSide]:
-    """The ideal answer to the sampled prompt, as an expert side of task "colour"."""
-    tokenizer = policy_factory().tokenizer
-    answer = tokenizer(" ultramarine blue, like the sea.", add_special_tokens=False)["input_ids"]
-    ids = sampled.prompt + answer
-    mask = [0] * len(sampled.prompt) + [1] * len(answer)
-    return {"colour": PairSide(ids, mask, 1.0, EXPERT)}
 
 
 def pairs_loss(
