@@ -205,6 +205,110 @@ def accumulate_pair(
     return stats, tokens
 
 
+def task_batches(pairs: Sequence[Indexed]) -> list[list[Indexed]]:
+    """``pairs`` by task, in order of first appearance: a task's pairs share their prompt
+    (and an eto task its expert side), which ``accumulate_task_pairs`` runs once."""
+    batches: dict[str, list[Indexed]] = {}
+    for indexed in pairs:
+        batches.setdefault(indexed[1].task_id, []).append(indexed)
+    return list(batches.values())
+
+
+def distinct_sides(batch: Sequence[Indexed]) -> tuple[list[PairSide], list[tuple[int, int]]]:
+    """The batch's sides, each once (an expert or a trajectory in several pairs), and per
+    pair the positions of its chosen and rejected sides among them."""
+    sides: list[PairSide] = []
+    where: dict[tuple[str, int], int] = {}
+    positions = []
+    for _, pair in batch:
+        indexes = []
+        for side in (pair.chosen, pair.rejected):
+            key = (side.source, len(side.token_ids))
+            if key not in where:
+                where[key] = len(sides)
+                sides.append(side)
+            indexes.append(where[key])
+        positions.append((indexes[0], indexes[1]))
+    return sides, positions
+
+
+def sides_logprobs(
+    learner: GrpoLearner, model: nn.Module, sides: Sequence[PairSide], prompt_length: int
+) -> tuple[Tensor, SharedPrefix | None]:
+    """``[S]``: each side's log-probs summed over its agent tokens, their common prompt run
+    once (its ``backward`` is the caller's when the model has a graph)."""
+    device = learner.device
+    prompt: SharedPrefix | None = None
+    if prompt_length:
+        prompt_ids = torch.tensor(sides[0].token_ids[:prompt_length], device=device)
+        prompt = SharedPrefix(model, prompt_ids, 1.0, requires_grad=torch.is_grad_enabled())
+    tails = [(s.token_ids[prompt_length:], s.loss_mask[prompt_length:]) for s in sides]
+    ids, attention, mask = pad_sides(tails, learner.pad_id, device)
+    if prompt is not None:
+        logprobs, _ = prompt.logprobs(ids, attention, mask, with_entropy=False)
+    else:
+        logprobs, _ = sequence_logprobs(
+            model, ids, attention, 1.0, positions=mask, with_entropy=False
+        )
+    return summed_logprobs(logprobs, mask), prompt
+
+
+def accumulate_task_pairs(
+    learner: GrpoLearner,
+    batch: Sequence[Indexed],
+    references: dict[int, Tensor],
+    pair_normalizer: float,
+    token_normalizer: float,
+) -> tuple[DpoStats | None, int]:
+    """Forward and backward a task's pairs together: each distinct side once, after their
+    common prompt once (GRPO's ``SharedPrefix``), the reference's log-probs alike (kept in
+    ``references`` by pair index for the next epochs). The same loss and gradient as the
+    pairs one by one (``accumulate_pair``), for a fraction of the work: a group's pairs
+    repeat its prompt, and ETO's its expert. ``(None, 0)`` when the batch together is over
+    the activation budget."""
+    config = learner.config
+    sides, positions = distinct_sides(batch)
+    prompt_length = 0
+    if config.share_prompt:
+        prompt_length = shared_prompt_length(
+            [s.token_ids for s in sides], [s.loss_mask for s in sides]
+        )
+    if prompt_length < config.min_shared_prompt:
+        prompt_length = 0
+    tails = [len(s.token_ids) - prompt_length for s in sides]
+    if over_budget([prompt_length, padded_tokens(tails)], config.activation_tokens):
+        return None, 0
+    run = prompt_length + sum(tails)
+    chosen_at = torch.tensor([c for c, _ in positions])
+    rejected_at = torch.tensor([r for _, r in positions])
+    if any(index not in references for index, _ in batch):
+        with torch.no_grad(), learner.reference_model() as reference:
+            ref_sides, _ = sides_logprobs(learner, reference, sides, prompt_length)
+        for (index, _), (c, r) in zip(batch, positions, strict=True):
+            references[index] = torch.stack([ref_sides[c], ref_sides[r]]).detach()
+        run *= 2
+    reference_pairs = torch.stack([references[index] for index, _ in batch])
+    settings = learner.config.preference
+    logps, prompt = sides_logprobs(learner, learner.model, sides, prompt_length)
+    device = logps.device
+    loss, stats = dpo_loss(
+        logps[chosen_at.to(device)],
+        logps[rejected_at.to(device)],
+        reference_pairs[:, 0],
+        reference_pairs[:, 1],
+        beta=settings.beta,
+        sft_coef=settings.sft_coef,
+        chosen_tokens=torch.tensor([p.chosen.agent_tokens for _, p in batch], device=device),
+        expert_chosen=torch.tensor([p.kind == "expert" for _, p in batch], device=device),
+        pair_normalizer=pair_normalizer,
+        token_normalizer=token_normalizer,
+    )
+    loss.backward()
+    if prompt is not None:
+        prompt.backward()
+    return stats, run
+
+
 def expert_tokens(pairs: Sequence[Indexed]) -> int:
     """The agent tokens of the expert chosen sides: the supervised term's normaliser."""
     return sum(pair.chosen.agent_tokens for _, pair in pairs if pair.kind == "expert")
@@ -261,16 +365,25 @@ def train_pairs(
         for part in split_pairs(indexed, config.mini_batches):
             total = GradientSum(learner.trainable)
             count, supervised = float(len(part)), float(max(expert_tokens(part), 1))
-            for index, pair in share(part):
-                if index not in references:
-                    references[index], run = reference_logprobs(learner, pair)
-                    tokens += run
-                pair_stats, run = accumulate_pair(
-                    learner, pair, references[index], count, supervised
+            for batch in task_batches(share(part)):
+                batch_stats, run = accumulate_task_pairs(
+                    learner, batch, references, count, supervised
                 )
-                stats.append(pair_stats)
+                if batch_stats is None:  # over the activation budget together: one by one
+                    for index, pair in batch:
+                        if index not in references:
+                            references[index], ran = reference_logprobs(learner, pair)
+                            run += ran
+                        pair_stats, ran = accumulate_pair(
+                            learner, pair, references[index], count, supervised
+                        )
+                        stats.append(pair_stats)
+                        run += ran
+                        total.collect()
+                else:
+                    stats.append(batch_stats)
+                    total.collect()
                 tokens += run
-                total.collect()
             total.finish()
             grad_norms.append(learner.apply_update())
     if world()[1] > 1:

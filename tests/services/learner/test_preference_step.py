@@ -16,7 +16,15 @@ from coevolve.services.learner import trainer as trainer_module
 from coevolve.services.learner.config import LearnerConfig, LearnerServiceConfig, PreferenceConfig
 from coevolve.services.learner.dpo import dpo_loss
 from coevolve.services.learner.grpo import grpo_loss
-from coevolve.services.learner.preference import pair_logprobs, reference_logprobs, step_pairs
+from coevolve.services.learner.preference import (
+    accumulate_pair,
+    accumulate_task_pairs,
+    expert_tokens,
+    pair_logprobs,
+    reference_logprobs,
+    step_pairs,
+    task_batches,
+)
 from coevolve.services.learner.preference_pairs import PairSide
 from coevolve.services.learner.trainer import (
     PREFERENCE_METRICS,
@@ -223,3 +231,36 @@ def test_a_checkpoint_without_an_objective_is_grpos(
     GrpoLearner(policy_factory(), config("grpo")).restore_checkpoint(path)
     with pytest.raises(ObjectiveMismatch, match="coevolving_dpo"):
         GrpoLearner(policy_factory(), config("coevolving_dpo")).restore_checkpoint(path)
+
+
+def test_a_tasks_pairs_together_give_the_gradient_of_the_pairs_one_by_one(
+    policy: LoadedPolicy, make_group: GroupFactory, experts: dict[str, PairSide]
+) -> None:
+    learner = GrpoLearner(policy, config("coevolving_dpo"))
+    learner.model.train(False)
+    # move off the reference first, so that margins and gradients are not trivial
+    learner.step([make_group(REWARDS)], experts)
+    pairs = list(
+        enumerate(step_pairs(learner, [make_group([0.0, 0.4, 1.0, 0.2], offset=4)], experts))
+    )
+    assert len(pairs) == 6  # 3 expert pairs sharing one expert side, 3 failure pairs
+    count, supervised = float(len(pairs)), float(expert_tokens(pairs))
+
+    def gradient(together: bool) -> list[torch.Tensor]:
+        references: dict[int, torch.Tensor] = {}
+        if together:
+            (batch,) = task_batches(pairs)
+            stats, _ = accumulate_task_pairs(learner, batch, references, count, supervised)
+            assert stats is not None and stats.pairs == 6
+        else:
+            for index, pair in pairs:
+                references[index], _ = reference_logprobs(learner, pair)
+                accumulate_pair(learner, pair, references[index], count, supervised)
+        grads = [p.grad.detach().clone() for p in learner.trainable]
+        learner.optimizer.zero_grad(set_to_none=True)
+        return grads
+
+    one_by_one, together = gradient(False), gradient(True)
+    for a, b in zip(one_by_one, together, strict=True):
+        assert torch.allclose(a, b, rtol=2e-2, atol=1e-5)
+    assert any(a.abs().sum() > 0 for a in together)
