@@ -232,25 +232,61 @@ def distinct_sides(batch: Sequence[Indexed]) -> tuple[list[PairSide], list[tuple
     return sides, positions
 
 
-def sides_logprobs(
-    learner: GrpoLearner, model: nn.Module, sides: Sequence[PairSide], prompt_length: int
-) -> tuple[Tensor, SharedPrefix | None]:
-    """``[S]``: each side's log-probs summed over its agent tokens, their common prompt run
-    once (its ``backward`` is the caller's when the model has a graph)."""
-    device = learner.device
-    prompt: SharedPrefix | None = None
-    if prompt_length:
-        prompt_ids = torch.tensor(sides[0].token_ids[:prompt_length], device=device)
-        prompt = SharedPrefix(model, prompt_ids, 1.0, requires_grad=torch.is_grad_enabled())
+def side_chunks(
+    learner: GrpoLearner, sides: Sequence[PairSide], prompt_length: int
+) -> list[list[int]] | None:
+    """The sides' indexes in runs of ``micro_batch_size`` (else one by one), each run
+    within the activation budget beside the prompt; None: one side alone is over it."""
+    config = learner.config
+    for size in dict.fromkeys((max(1, config.micro_batch_size), 1)):
+        chunks = [list(range(i, min(i + size, len(sides)))) for i in range(0, len(sides), size)]
+        held = (
+            [prompt_length, padded_tokens([len(sides[i].token_ids) - prompt_length for i in c])]
+            for c in chunks
+        )
+        if not any(over_budget(h, config.activation_tokens) for h in held):
+            return chunks
+    return None
+
+
+def chunk_logprobs(
+    learner: GrpoLearner,
+    model: nn.Module,
+    prompt: SharedPrefix | None,
+    sides: Sequence[PairSide],
+    prompt_length: int,
+) -> Tensor:
+    """``[len(sides)]``: each side's log-probs summed over its agent tokens, after the
+    common ``prompt`` (None: whole sequences)."""
     tails = [(s.token_ids[prompt_length:], s.loss_mask[prompt_length:]) for s in sides]
-    ids, attention, mask = pad_sides(tails, learner.pad_id, device)
+    ids, attention, mask = pad_sides(tails, learner.pad_id, learner.device)
     if prompt is not None:
         logprobs, _ = prompt.logprobs(ids, attention, mask, with_entropy=False)
     else:
         logprobs, _ = sequence_logprobs(
             model, ids, attention, 1.0, positions=mask, with_entropy=False
         )
-    return summed_logprobs(logprobs, mask), prompt
+    return summed_logprobs(logprobs, mask)
+
+
+def sides_logprobs(
+    learner: GrpoLearner,
+    model: nn.Module,
+    sides: Sequence[PairSide],
+    prompt_length: int,
+    chunks: Sequence[Sequence[int]],
+) -> Tensor:
+    """``[S]`` log-probs of every side without a graph, the common prompt run once."""
+    with torch.no_grad():
+        prompt = None
+        if prompt_length:
+            prompt_ids = torch.tensor(sides[0].token_ids[:prompt_length], device=learner.device)
+            prompt = SharedPrefix(model, prompt_ids, 1.0, requires_grad=False)
+        parts = [
+            chunk_logprobs(learner, model, prompt, [sides[i] for i in chunk], prompt_length)
+            for chunk in chunks
+        ]
+    return torch.cat(parts)
 
 
 def accumulate_task_pairs(
@@ -262,10 +298,15 @@ def accumulate_task_pairs(
 ) -> tuple[DpoStats | None, int]:
     """Forward and backward a task's pairs together: each distinct side once, after their
     common prompt once (GRPO's ``SharedPrefix``), the reference's log-probs alike (kept in
-    ``references`` by pair index for the next epochs). The same loss and gradient as the
-    pairs one by one (``accumulate_pair``), for a fraction of the work: a group's pairs
-    repeat its prompt, and ETO's its expert. ``(None, 0)`` when the batch together is over
-    the activation budget."""
+    ``references`` by pair index for the next epochs). A group's pairs repeat its prompt,
+    and ETO's its expert, so this is a fraction of the work of ``accumulate_pair`` pair
+    by pair, for the same loss and gradient.
+
+    The sides run in micro-batches within the activation budget, which DPO's coupling of
+    two sides does not allow directly: a first pass without a graph gives every side's
+    log-prob, hence the loss and its derivative ``w`` by each side's log-prob; the second
+    pass backpropagates ``Σ w · logp`` micro-batch by micro-batch, whose gradient is the
+    loss's. ``(None, 0)`` when one side alone is over the budget."""
     config = learner.config
     sides, positions = distinct_sides(batch)
     prompt_length = 0
@@ -275,25 +316,26 @@ def accumulate_task_pairs(
         )
     if prompt_length < config.min_shared_prompt:
         prompt_length = 0
-    tails = [len(s.token_ids) - prompt_length for s in sides]
-    if over_budget([prompt_length, padded_tokens(tails)], config.activation_tokens):
+    chunks = side_chunks(learner, sides, prompt_length)
+    if chunks is None:
         return None, 0
-    run = prompt_length + sum(tails)
-    chosen_at = torch.tensor([c for c, _ in positions])
-    rejected_at = torch.tensor([r for _, r in positions])
+    tails = prompt_length + sum(len(s.token_ids) - prompt_length for s in sides)
+    run = 0
+    chosen_at = [c for c, _ in positions]
+    rejected_at = [r for _, r in positions]
     if any(index not in references for index, _ in batch):
-        with torch.no_grad(), learner.reference_model() as reference:
-            ref_sides, _ = sides_logprobs(learner, reference, sides, prompt_length)
+        with learner.reference_model() as reference:
+            ref_sides = sides_logprobs(learner, reference, sides, prompt_length, chunks)
         for (index, _), (c, r) in zip(batch, positions, strict=True):
-            references[index] = torch.stack([ref_sides[c], ref_sides[r]]).detach()
-        run *= 2
+            references[index] = torch.stack([ref_sides[c], ref_sides[r]])
+        run += tails
     reference_pairs = torch.stack([references[index] for index, _ in batch])
-    settings = learner.config.preference
-    logps, prompt = sides_logprobs(learner, learner.model, sides, prompt_length)
-    device = logps.device
+    now = sides_logprobs(learner, learner.model, sides, prompt_length, chunks)
+    leaf = now.detach().requires_grad_(True)
+    settings, device = learner.config.preference, now.device
     loss, stats = dpo_loss(
-        logps[chosen_at.to(device)],
-        logps[rejected_at.to(device)],
+        leaf[chosen_at],
+        leaf[rejected_at],
         reference_pairs[:, 0],
         reference_pairs[:, 1],
         beta=settings.beta,
@@ -303,10 +345,19 @@ def accumulate_task_pairs(
         pair_normalizer=pair_normalizer,
         token_normalizer=token_normalizer,
     )
-    loss.backward()
+    (weights,) = torch.autograd.grad(loss, leaf)
+    prompt: SharedPrefix | None = None
+    if prompt_length:
+        prompt_ids = torch.tensor(sides[0].token_ids[:prompt_length], device=device)
+        prompt = SharedPrefix(learner.model, prompt_ids, 1.0, requires_grad=True)
+    for chunk in chunks:
+        logps = chunk_logprobs(
+            learner, learner.model, prompt, [sides[i] for i in chunk], prompt_length
+        )
+        (weights[chunk] * logps).sum().backward()
     if prompt is not None:
         prompt.backward()
-    return stats, run
+    return stats, run + 2 * tails
 
 
 def expert_tokens(pairs: Sequence[Indexed]) -> int:

@@ -233,10 +233,14 @@ def test_a_checkpoint_without_an_objective_is_grpos(
         GrpoLearner(policy_factory(), config("coevolving_dpo")).restore_checkpoint(path)
 
 
+@pytest.mark.parametrize("micro_batch_size", [8, 2])  # all sides at once; in runs of 2
 def test_a_tasks_pairs_together_give_the_gradient_of_the_pairs_one_by_one(
-    policy: LoadedPolicy, make_group: GroupFactory, experts: dict[str, PairSide]
+    policy: LoadedPolicy,
+    make_group: GroupFactory,
+    experts: dict[str, PairSide],
+    micro_batch_size: int,
 ) -> None:
-    learner = GrpoLearner(policy, config("coevolving_dpo"))
+    learner = GrpoLearner(policy, config("coevolving_dpo", micro_batch_size=micro_batch_size))
     learner.model.train(False)
     # move off the reference first, so that margins and gradients are not trivial
     learner.step([make_group(REWARDS)], experts)
