@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -439,30 +440,29 @@ def compute_rows(results: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
-def mechanism_rows(results: list[dict[str, Any]]) -> list[list[str]]:
-    """Per arm: the uniform-group share, the mechanisms' role-LLM seconds per learner
-    step and the experiences drawn (means per seed; results older than these fields read
-    0 seconds and 0 experiences)."""
+def mechanism_roles(results: list[dict[str, Any]]) -> list[str]:
+    """The mechanisms' LLM roles that spent time in any of ``results``."""
+    spent = [r["summary"].get("role_llm_seconds", {}) for r in results]
+    return [role for role in MECHANISM_ROLES if any(s.get(role) for s in spent)]
+
+
+def mechanism_rows(results: list[dict[str, Any]], roles: Sequence[str]) -> list[list[str]]:
+    """Per arm: the uniform-group share, the role-LLM seconds per learner step of
+    ``roles``, and the experiences drawn when the distiller is among them (means per
+    seed; results older than these fields read 0 seconds and 0 experiences)."""
     rows = []
     for arm, mine in _by_arm(results).items():
         summaries = [r["summary"] for r in mine]
         steps = [max(s["learner_steps"], 1) for s in summaries]
         seconds = [s.get("role_llm_seconds", {}) for s in summaries]
         uniform = [s["uniform_share"] for s in summaries if s.get("uniform_share") is not None]
-        rows.append(
-            [
-                arm,
-                str(len(mine)),
-                _mean_text(uniform, 3),
-                *(
-                    _mean_text(
-                        [sec.get(role, 0.0) / n for sec, n in zip(seconds, steps, strict=True)]
-                    )
-                    for role in MECHANISM_ROLES
-                ),
-                _mean_text([s.get("experiences", 0) for s in summaries]),
-            ]
-        )
+        per_step = [
+            _mean_text([sec.get(role, 0.0) / n for sec, n in zip(seconds, steps, strict=True)])
+            for role in roles
+        ]
+        drawn = [float(s.get("experiences", 0)) for s in summaries]
+        experiences = [_mean_text(drawn)] if "distiller" in roles else []
+        rows.append([arm, str(len(mine)), _mean_text(uniform, 3), *per_step, *experiences])
     return rows
 
 
@@ -639,6 +639,7 @@ def _markdown(
             "Means per seed, ± the half-width of the 95% t interval across seeds.",
         ]
     if results:
+        roles = mechanism_roles(results)
         parts += [
             "",
             "## Groups and mechanisms per arm",
@@ -648,15 +649,19 @@ def _markdown(
                     "arm",
                     "seeds",
                     "uniform-group share",
-                    *(f"{role} LLM s per step" for role in MECHANISM_ROLES),
-                    "experiences drawn",
+                    *(f"{role} LLM s per step" for role in roles),
+                    *(["experiences drawn"] if "distiller" in roles else []),
                 ],
-                mechanism_rows(results),
+                mechanism_rows(results, roles),
             ),
             "",
-            "Uniform groups: every trajectory scored the same, so GRPO has no gradient. "
-            "Role-LLM seconds: the attributor labelling steps (step credit) and the "
-            "distiller drawing experiences (self-navigating), per learner step.",
+            "Uniform groups: every trajectory scored the same, so GRPO has no gradient."
+            + (
+                " Role-LLM seconds per learner step: the attributor labelling steps (step "
+                "credit), the distiller drawing experiences (self-navigating)."
+                if roles
+                else ""
+            ),
         ]
     gains = gain_rows(scores, results)
     if gains:

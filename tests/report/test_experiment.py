@@ -509,3 +509,10 @@ def test_the_report_gives_each_arm_its_uniform_share_and_role_llm_seconds_per_st
     assert f"{(10.0 + 300 / 11) / 2:.1f} ± " in row and "| 2.5 ± " in row
     # results written before these fields read as no mechanism cost
     assert "| coevolve | 2 | - | 0.0 ± 0.0 | 0.0 ± 0.0 | 0.0 ± 0.0 |" in text
+
+
+def test_the_mechanism_columns_show_only_when_a_mechanism_spent_time(results_dir: Path) -> None:
+    text = render_experiment_report(results_dir).read_text()
+
+    assert "| arm | seeds | uniform-group share |\n" in text
+    assert "LLM s per step" not in text and "experiences drawn" not in text
