@@ -374,16 +374,18 @@ def preference_step(
     config = learner.config
     agent = learner.failure_agent
     target_groups = [g for g in groups if g.agent == "target"]
-    kept, dropped = filter_stale(target_groups, learner.version, config.max_staleness)
-    staleness = [learner.version - group_version(g) for g in kept]
+    kept_target, dropped = filter_stale(target_groups, learner.version, config.max_staleness)
+    staleness = [learner.version - group_version(g) for g in kept_target]
     failure_groups = [g for g in groups if g.agent == "failure"]
+    kept_failure: list[RolloutGroup] = []
     if agent is not None:
         kept_failure, dropped_failure = filter_stale(
             failure_groups, agent.version, config.max_staleness
         )
-        kept, dropped = [*kept, *kept_failure], dropped + dropped_failure
+        dropped += dropped_failure
     else:
         dropped += len(failure_groups)  # no failure agent here to pair them for
+    kept = [*kept_target, *kept_failure]
     pairs = step_pairs(learner, kept, experts)
     stats, grad_norms, tokens = train_pairs(learner, pairs)
     updates = sum(math.isfinite(norm) for norm in grad_norms)
@@ -391,8 +393,9 @@ def preference_step(
         learner.step_count += 1
         learner.version += 1
     failure = failure_agent_step(learner, agent, kept) if agent is not None else None
+    # the step's groups and rewards are the target's; the failure agent's have their fields
     metrics = step_metrics(
-        learner, kept, (dropped, staleness), pairs, stats, grad_norms, (tokens, started)
+        learner, kept_target, (dropped, staleness), pairs, stats, grad_norms, (tokens, started)
     )
     if failure is not None:
         metrics = replace(metrics, **failure)

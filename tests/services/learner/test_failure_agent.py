@@ -112,6 +112,8 @@ def test_a_step_trains_each_agent_on_its_own_pairs_with_its_own_weights(
     assert metrics.pairs == 7 and metrics.failure_pairs == 0
     assert metrics.failure_agent_pairs == len(agent_pairs) > 0
     assert metrics.failure_agent_groups == 1
+    # the step's groups and reward are the target's alone
+    assert metrics.groups == 1 and metrics.reward_mean == pytest.approx(sum(TARGET_REWARDS) / 4)
     assert metrics.hard_negative_reward == pytest.approx(sum(FAILURE_REWARDS) / 4)
     assert metrics.target_failure_reward == pytest.approx(0.6 / 3)
     assert set(FAILURE_AGENT_METRICS) <= set(metrics.scalars())
