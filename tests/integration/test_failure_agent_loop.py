@@ -5,6 +5,7 @@ job with its weights and a target job with the target's."""
 from __future__ import annotations
 
 import anyio
+import msgspec
 import pytest
 import torch
 
@@ -13,7 +14,8 @@ from coevolve.services.rollout.actor import AGENTS, RolloutActor
 from coevolve.shared.config import Settings
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.messages import RolloutGroup, RolloutJob, decode
-from coevolve.shared.policy_sync import latest_policy
+from coevolve.shared.policy import export_weights, load_policy
+from coevolve.shared.policy_sync import latest_policy, publish_policy
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import ROLLOUT_GROUPS, ROLLOUT_RESULTS, stream_for
 
@@ -79,4 +81,29 @@ async def test_rollout_rolls_each_agents_jobs_with_that_agents_newest_weights(
     assert set(rollout.policies.kept) == {"target", "failure"}
     again = await roll("failure")
     assert (again.agent, again.policy_version) == ("failure", 2)
+    await bus.close()
+
+
+async def test_a_failure_job_whose_weights_are_refused_is_rolled_and_marked_as_the_target(
+    loop_settings: Settings,
+) -> None:
+    bus = await Bus.connect(loop_settings.bus, "test")
+    await bus.ensure_streams()
+    blob = export_weights(load_policy(run_dir=loop_settings.run_dir, device="cpu"))
+    update = await publish_policy(
+        bus, blob, version=3, step=3, base_model="m", kind="lora", agent="failure"
+    )
+    rollout = RolloutActor(loop_settings)
+    rollout._bus = bus
+    rollout.engine = await anyio.to_thread.run_sync(rollout._load_engine)
+    rollout.policies.hear("failure", msgspec.structs.replace(update, sha256="0" * 64))
+    groups = await bus.js.pull_subscribe(ROLLOUT_GROUPS, durable="test-refused")
+
+    job = RolloutJob(task=seed_tasks()[0], group_size=2, agent="failure")
+    await rollout.on_job(job, None)  # type: ignore[arg-type]
+    (msg,) = await groups.fetch(1, timeout=10)
+    group = decode(msg.data, RolloutGroup)
+
+    assert rollout.policies.refused and rollout.policies.loaded is None
+    assert (group.agent, group.policy_version) == ("target", 0)
     await bus.close()
