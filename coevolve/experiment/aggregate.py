@@ -549,8 +549,11 @@ def _markdown(
         }
     )
     warm = found.warm_start
+    arms = spec.get("arms") or sorted(
+        {r["arm"] for r in results}, key=lambda arm: ARM_ORDER.get(arm, 99)
+    )
     parts = [
-        "# Synthesis ablation: none vs random vs coevolve",
+        f"# Experiment: {' vs '.join(arms) or 'no arm yet'}",
         "",
         f"Spec: {json.dumps(spec, sort_keys=True) if spec else 'unknown'}.",
         "",

@@ -484,6 +484,7 @@ def test_an_objective_arm_is_a_configuration_up_accepts_and_is_compared_with_coe
         write_result(results, "coevolving_dpo", seed, {"t1": 0.75, "t2": 0.5})
     text = render_experiment_report(results).read_text()
     assert "| coevolving_dpo - coevolve | success | end |" in text
+    assert text.startswith("# Experiment: coevolve vs coevolving_dpo\n")
 
 
 def test_the_report_gives_each_arm_its_uniform_share_and_role_llm_seconds_per_step(
