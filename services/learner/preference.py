@@ -102,20 +102,23 @@ def pad_sides(
     return ids.to(device), attention.to(device), mask.to(device)
 
 
+def common_prompt(learner: GrpoLearner, sides: Sequence[PairSide]) -> int:
+    """The length of the prompt the sides share, to run once (0: none, or too short to
+    be worth it)."""
+    config = learner.config
+    if not config.share_prompt:
+        return 0
+    length = shared_prompt_length([s.token_ids for s in sides], [s.loss_mask for s in sides])
+    return length if length >= config.min_shared_prompt else 0
+
+
 def pair_layout(learner: GrpoLearner, pair: PreferencePair) -> tuple[int, bool]:
     """The length of the pair's common prompt to run once (0: none), and whether the pair
     is over the activation budget (then each side runs alone, checkpointed)."""
-    config = learner.config
     sides = (pair.chosen, pair.rejected)
-    prompt_length = 0
-    if config.share_prompt:
-        prompt_length = shared_prompt_length(
-            [s.token_ids for s in sides], [s.loss_mask for s in sides]
-        )
-    if prompt_length < config.min_shared_prompt:
-        prompt_length = 0
+    prompt_length = common_prompt(learner, sides)
     held = [prompt_length, padded_tokens([len(s.token_ids) - prompt_length for s in sides])]
-    if over_budget(held, config.activation_tokens):
+    if over_budget(held, learner.config.activation_tokens):
         return 0, True
     return prompt_length, False
 
@@ -307,15 +310,8 @@ def accumulate_task_pairs(
     log-prob, hence the loss and its derivative ``w`` by each side's log-prob; the second
     pass backpropagates ``Σ w · logp`` micro-batch by micro-batch, whose gradient is the
     loss's. ``(None, 0)`` when one side alone is over the budget."""
-    config = learner.config
     sides, positions = distinct_sides(batch)
-    prompt_length = 0
-    if config.share_prompt:
-        prompt_length = shared_prompt_length(
-            [s.token_ids for s in sides], [s.loss_mask for s in sides]
-        )
-    if prompt_length < config.min_shared_prompt:
-        prompt_length = 0
+    prompt_length = common_prompt(learner, sides)
     chunks = side_chunks(learner, sides, prompt_length)
     if chunks is None:
         return None, 0
