@@ -146,22 +146,25 @@ def pair_logprobs(
             )
             sums.append(summed_logprobs(logprobs, mask))
         return torch.cat(sums), None, sum(len(ids) for ids, _ in sides)
-    prompt: SharedPrefix | None = None
-    tokens = 0
-    if prompt_length:
-        prompt_ids = torch.tensor(sides[0][0][:prompt_length], device=device)
-        prompt = SharedPrefix(model, prompt_ids, 1.0, requires_grad=requires_grad)
-        tokens += prompt_length
-    tails = [(ids[prompt_length:], mask[prompt_length:]) for ids, mask in sides]
-    ids, attention, mask = pad_sides(tails, learner.pad_id, device)
-    tokens += int(attention.sum())
-    if prompt is not None:
-        logprobs, _ = prompt.logprobs(ids, attention, mask, with_entropy=False)
-    else:
-        logprobs, _ = sequence_logprobs(
-            model, ids, attention, 1.0, positions=mask, with_entropy=False
-        )
-    return summed_logprobs(logprobs, mask), prompt, tokens
+    both = (pair.chosen, pair.rejected)
+    prompt = side_prefix(learner, model, both, prompt_length, requires_grad=requires_grad)
+    tokens = sum(len(s.token_ids) for s in both) - prompt_length
+    return chunk_logprobs(learner, model, prompt, both, prompt_length), prompt, tokens
+
+
+def side_prefix(
+    learner: GrpoLearner,
+    model: nn.Module,
+    sides: Sequence[PairSide],
+    prompt_length: int,
+    *,
+    requires_grad: bool,
+) -> SharedPrefix | None:
+    """The sides' common first ``prompt_length`` tokens run once (None: 0 tokens)."""
+    if not prompt_length:
+        return None
+    prompt_ids = torch.tensor(sides[0].token_ids[:prompt_length], device=learner.device)
+    return SharedPrefix(model, prompt_ids, 1.0, requires_grad=requires_grad)
 
 
 @torch.no_grad()
@@ -281,10 +284,7 @@ def sides_logprobs(
 ) -> Tensor:
     """``[S]`` log-probs of every side without a graph, the common prompt run once."""
     with torch.no_grad():
-        prompt = None
-        if prompt_length:
-            prompt_ids = torch.tensor(sides[0].token_ids[:prompt_length], device=learner.device)
-            prompt = SharedPrefix(model, prompt_ids, 1.0, requires_grad=False)
+        prompt = side_prefix(learner, model, sides, prompt_length, requires_grad=False)
         parts = [
             chunk_logprobs(learner, model, prompt, [sides[i] for i in chunk], prompt_length)
             for chunk in chunks
@@ -315,7 +315,7 @@ def accumulate_task_pairs(
     chunks = side_chunks(learner, sides, prompt_length)
     if chunks is None:
         return None, 0
-    tails = prompt_length + sum(len(s.token_ids) - prompt_length for s in sides)
+    one_pass = prompt_length + sum(len(s.token_ids) - prompt_length for s in sides)
     run = 0
     chosen_at = [c for c, _ in positions]
     rejected_at = [r for _, r in positions]
@@ -324,7 +324,7 @@ def accumulate_task_pairs(
             ref_sides = sides_logprobs(learner, reference, sides, prompt_length, chunks)
         for (index, _), (c, r) in zip(batch, positions, strict=True):
             references[index] = torch.stack([ref_sides[c], ref_sides[r]])
-        run += tails
+        run += one_pass
     reference_pairs = torch.stack([references[index] for index, _ in batch])
     now = sides_logprobs(learner, learner.model, sides, prompt_length, chunks)
     leaf = now.detach().requires_grad_(True)
@@ -342,10 +342,7 @@ def accumulate_task_pairs(
         token_normalizer=token_normalizer,
     )
     (weights,) = torch.autograd.grad(loss, leaf)
-    prompt: SharedPrefix | None = None
-    if prompt_length:
-        prompt_ids = torch.tensor(sides[0].token_ids[:prompt_length], device=device)
-        prompt = SharedPrefix(learner.model, prompt_ids, 1.0, requires_grad=True)
+    prompt = side_prefix(learner, learner.model, sides, prompt_length, requires_grad=True)
     for chunk in chunks:
         logps = chunk_logprobs(
             learner, learner.model, prompt, [sides[i] for i in chunk], prompt_length
@@ -353,7 +350,7 @@ def accumulate_task_pairs(
         (weights[chunk] * logps).sum().backward()
     if prompt is not None:
         prompt.backward()
-    return stats, run + 2 * tails
+    return stats, run + 2 * one_pass
 
 
 def expert_tokens(pairs: Sequence[Indexed]) -> int:

@@ -60,9 +60,9 @@ class AgentPolicies:
             await self.load(blob, version)
             self.loaded = (agent, version)
             log.info("hot-swapped to %s policy version %d", agent, version)
-        elif blob is None and (self.loaded or ("target", 0))[0] != agent:
+        elif blob is None:
             # none of its weights could be had: the group says whose weights rolled it
-            agent = (self.loaded or ("target", 0))[0]
+            agent = self.loaded[0] if self.loaded else "target"
         if "failure" not in self.announced:
             self.kept.clear()  # one agent: nothing to switch back to
         return agent
