@@ -5,14 +5,23 @@ from __future__ import annotations
 import pytest
 import typer
 
+from coevolve.cli.sections import enabled_optional_services
 from coevolve.cli.up import parse_scale
-from coevolve.shared.runtime.subjects import DEFAULT_SERVICES, OPTIONAL_SERVICES
+from coevolve.shared.config import Settings
+from coevolve.shared.runtime.subjects import DEFAULT_SERVICES, ENABLED_BY_DEFAULT
 
 
-def test_the_defaults_start_one_of_each_service_and_no_optional_one() -> None:
-    replicas = parse_scale([])
+def test_the_defaults_start_one_of_each_default_service_and_no_other() -> None:
+    enabled = enabled_optional_services(Settings())
+    assert enabled == set(ENABLED_BY_DEFAULT) == {"distiller"}
+    replicas = parse_scale([], enabled)
     assert {name for name, count in replicas.items() if count == 1} == set(DEFAULT_SERVICES)
-    assert all(replicas[name] == 0 for name in OPTIONAL_SERVICES)
+    assert replicas["evaluator"] == 0
+
+
+def test_an_optional_service_turned_off_does_not_start() -> None:
+    settings = Settings(services={"distiller": {"enabled": False}})
+    assert parse_scale([], enabled_optional_services(settings))["distiller"] == 0
 
 
 def test_an_enabled_optional_service_starts() -> None:
