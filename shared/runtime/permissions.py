@@ -169,7 +169,7 @@ ROLES: tuple[Role, ...] = (
     ),
     Role(
         "distiller",
-        "distils experiences from rollout groups for navigated rollouts (optional)",
+        "distils experiences from rollout groups for navigated rollouts (on by default)",
         publishes=(EXPERIENCES,),
         listens=(ROLLOUT_GROUPS,),
         requests=(POOL_RPC,),
