@@ -35,6 +35,8 @@ BENCHMARKS = {
     "synthesis": "recorded explorations through abstractor and judge per role model: accepted",
     "ddp": "2 learner ranks (gloo) vs 1 on the same batches: weight difference, step s",
     "failover": "coevolve up on a 3-node NATS cluster losing its stream leader, then quorum",
+    "hard_negatives": "co-evolving DPO in lockstep: the failure agent's failures against the "
+    "target's on the same tasks (partial credit), until 200 pairs",
 }
 
 

@@ -1,0 +1,243 @@
+"""Hard negatives: do the co-evolving failure agent's failures come closer to success than
+the target's own failures on the same tasks?
+
+Co-evolving DPO in lockstep (rollout, then learn) from the objectives experiment's
+committed warm start, on BFCL's per-turn train tasks (shuffled rounds over all of them),
+with the services' default sampling, episode length and group size. Each round draws
+``tasks_per_round`` tasks and samples one group of each with the target and one with the
+failure agent (its adapter swapped in); each failure of the failure agent (reward below
+1) is set against the target's mean failure on the same task in the same round; then one
+learner step takes both agents' groups (``objective: coevolving_dpo`` with
+``preference.failure_agent``: the target on the expert against both agents' failures, the
+failure agent on failure pairs). Pairs sampled before the failure agent's first update
+(both agents are the warm start) are the control; the later ones are the measurement,
+until ``min_pairs`` of them. In a ``coevolve up`` run the failure agent gets
+``pool_store.failure_agent_share`` of a few dozen groups in 30 minutes, too few to count
+on; here every round samples both. Writes ``result.json`` under
+``RUN_DIR/bench/hard-negatives-*`` after every round.
+
+Slow as it stands: one ``--quick`` round took 243 s on 2 cores (the in-process torch
+engine on the BFCL turns' long prompts, and a DPO step for both adapters), so a full run
+takes hours; the rollout's llama.cpp engine would sample both agents far faster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+
+from coevolve.bench import tables
+from coevolve.report.stats import bootstrap_mean_interval, paired_p_value
+from coevolve.schedules.lockstep import LockstepConfig, TaskCycle, collect_groups
+from coevolve.services.learner.config import LearnerServiceConfig
+from coevolve.services.learner.preference_pairs import ExpertCache
+from coevolve.services.learner.trainer import GrpoLearner
+from coevolve.services.learner.warm_start import adopt_warm_start
+from coevolve.services.rollout.config import RolloutConfig
+from coevolve.shared.config import DEFAULT_RUN_DIR, load_settings
+from coevolve.shared.envs.bfcl.tasks import load_turn_tasks, split_tasks
+from coevolve.shared.messages import RolloutGroup
+from coevolve.shared.policy import SamplingParams, TransformersEngine, load_policy
+
+SOLVED = 1.0
+# the warm start every arm of the objectives experiment started from
+WARM_START = Path(__file__).resolve().parents[1] / "docs/results/objectives/warm-start.safetensors"
+
+
+@dataclass(frozen=True)
+class Setup:
+    min_pairs: int = 200
+    max_rounds: int = 40
+    tasks_per_round: int = 2
+    seed: int = 0
+    group_size: int | None = None  # None: pool_store.group_size
+    max_new_tokens: int | None = None  # None: rollout.max_new_tokens
+
+
+FULL = Setup()
+QUICK = Setup(min_pairs=1, max_rounds=2, tasks_per_round=1, group_size=2, max_new_tokens=32)
+
+
+@dataclass(frozen=True)
+class Pair:
+    task_id: str
+    round: int
+    failure_agent: float  # partial credit of one failure of the failure agent
+    target: float  # the target's mean failure on the task in the same round
+
+
+def pairs_of(
+    round_index: int, target: Sequence[RolloutGroup], failure: Sequence[RolloutGroup]
+) -> list[Pair]:
+    """Each failure of the failure agent against the target's mean failure on its task; a
+    task the target solved every time has nothing to set against and is left out."""
+    theirs = {g.task_id: fails for g in target if (fails := [r for r in g.rewards() if r < SOLVED])}
+    return [
+        Pair(g.task_id, round_index, reward, sum(theirs[g.task_id]) / len(theirs[g.task_id]))
+        for g in failure
+        if g.task_id in theirs
+        for reward in g.rewards()
+        if reward < SOLVED
+    ]
+
+
+def summary(pairs: Sequence[Pair]) -> dict[str, Any] | None:
+    if not pairs:
+        return None
+    mine = [p.failure_agent for p in pairs]
+    theirs = [p.target for p in pairs]
+    gap = bootstrap_mean_interval([a - b for a, b in zip(mine, theirs, strict=True)])
+    p_value, test = paired_p_value(mine, theirs)
+    return {
+        "pairs": len(pairs),
+        "tasks": len({p.task_id for p in pairs}),
+        "failure_agent_mean": sum(mine) / len(mine),
+        "target_mean": sum(theirs) / len(theirs),
+        "gap": gap.mean,
+        "gap_low": gap.low,
+        "gap_high": gap.high,
+        "p_value": p_value,
+        "test": test,
+    }
+
+
+def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dict[str, Any]:
+    """Rounds until ``min_pairs`` measured pairs (or ``max_rounds``); the summary, also
+    written to ``out/result.json`` (default ``RUN_DIR/bench/hard-negatives-<time>``)."""
+    setup = setup or (QUICK if quick else FULL)
+    if not WARM_START.is_file():
+        raise FileNotFoundError(f"the committed warm start is missing: {WARM_START}")
+    torch.manual_seed(setup.seed)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    settings = load_settings()
+    service = settings.section("learner", LearnerServiceConfig)
+    preference = msgspec.structs.replace(service.grpo.preference, failure_agent=True)
+    learner_config = msgspec.structs.replace(
+        service.grpo, objective="coevolving_dpo", preference=preference
+    )
+    lockstep = LockstepConfig.from_settings(settings, seed=setup.seed)
+    rollout = settings.section("rollout", RolloutConfig)
+    # a per-turn task has one user turn: the rollout's budget for it
+    max_steps = rollout.max_steps or rollout.max_steps_per_turn
+    group_size = setup.group_size or lockstep.group_size
+    params = SamplingParams(
+        max_new_tokens=setup.max_new_tokens or lockstep.max_new_tokens,
+        temperature=lockstep.temperature,
+        top_p=lockstep.top_p,
+        stop=lockstep.stop,
+    )
+    if out is None:
+        out = Path(os.environ.get("COEVOLVE_RUN_DIR") or DEFAULT_RUN_DIR) / "bench"
+        out = out / f"hard-negatives-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+
+    policy = load_policy(service.model, run_dir=settings.run_dir, device=service.device)
+    learner = GrpoLearner(policy, learner_config, log_dir=out / "tensorboard")
+    digest = adopt_warm_start(learner, WARM_START)
+    engine = TransformersEngine(policy)
+    experts = ExpertCache(policy, service.warm_start)
+    train, _ = split_tasks(load_turn_tasks())
+    cycle = TaskCycle(train, seed=setup.seed)
+    control: list[Pair] = []
+    measured: list[Pair] = []
+    rounds: list[dict[str, Any]] = []
+    started = time.perf_counter()
+
+    def record() -> dict[str, Any]:
+        """The result so far, written after every round: a stopped run keeps its pairs."""
+        result = {
+            "setup": {**setup.__dict__, "group_size": group_size, "warm_start_sha256": digest},
+            "measured": summary(measured),
+            "control": summary(control),
+            "rounds": rounds,
+            "pairs": [p.__dict__ for p in [*control, *measured]],
+            "seconds": round(time.perf_counter() - started, 1),
+            "reached_min_pairs": len(measured) >= setup.min_pairs,
+        }
+        (out / "result.json").write_text(json.dumps(result, indent=1))
+        return result
+
+    for index in range(1, setup.max_rounds + 1):
+        agent = learner.failure_agent
+        assert agent is not None
+        tasks = cycle(setup.tasks_per_round)
+        seeded = replace(params, seed=setup.seed * 1_000_003 + 2 * index)
+        # the failure agent's own draws: with one seed, round 1's identical agents would
+        # sample identical groups and the control would be 0 by construction
+        own_seed = replace(seeded, seed=setup.seed * 1_000_003 + 2 * index + 1)
+        engine.policy_version = learner.version
+        engine.clear_cache()
+        target = collect_groups(
+            engine, tasks, group_size, seeded, max_steps, lockstep.partial_credit
+        )
+        trained = agent.step_count > 0
+        with agent.swapped_in(learner):
+            engine.clear_cache()
+            engine.policy_version = agent.version
+            failure = [
+                msgspec.structs.replace(g, agent="failure")
+                for g in collect_groups(
+                    engine, tasks, group_size, own_seed, max_steps, lockstep.partial_credit
+                )
+            ]
+        engine.clear_cache()
+        found = pairs_of(index, target, failure)
+        (measured if trained else control).extend(found)
+        metrics = learner.step([*target, *failure], experts.for_tasks(tasks))
+        rounds.append(
+            {
+                "round": index,
+                "failure_agent_trained": trained,
+                "pairs": len(found),
+                "target_version": learner.version,
+                "failure_agent_version": agent.version,
+                "failure_agent_pairs": metrics.failure_agent_pairs,
+                "seconds": round(time.perf_counter() - started, 1),
+            }
+        )
+        print(
+            f"round {index}: {len(found)} pairs ({'measured' if trained else 'control'}), "
+            f"{len(measured)} measured in all; target v{learner.version}, failure agent "
+            f"v{agent.version}; {time.perf_counter() - started:.0f} s",
+            flush=True,
+        )
+        record()
+        if len(measured) >= setup.min_pairs:
+            break
+    learner.close()
+    result = record()
+    _print(result, out)
+    return result
+
+
+def _print(result: dict[str, Any], out: Path) -> None:
+    def row(name: str, found: dict[str, Any] | None) -> list[object]:
+        if found is None:
+            return [name, 0, None, None, None, None, None]
+        return [
+            name,
+            found["pairs"],
+            found["tasks"],
+            f"{found['failure_agent_mean']:.3f}",
+            f"{found['target_mean']:.3f}",
+            f"{found['gap']:+.3f} [{found['gap_low']:+.3f}, {found['gap_high']:+.3f}]",
+            f"{found['p_value']:.3f}",
+        ]
+
+    tables.print_table(
+        "Failure agent's failures against the target's on the same task (partial credit)",
+        ["failures", "n", "tasks", "failure agent", "target", "difference [95% bootstrap]", "p"],
+        [
+            row("before its first update (control)", result["control"]),
+            row("after (measured)", result["measured"]),
+        ],
+        note=f"{len(result['rounds'])} rounds, {result['seconds']:.0f} s; {out / 'result.json'}",
+    )
