@@ -35,6 +35,7 @@ import msgspec
 import torch
 
 from coevolve.bench import tables
+from coevolve.report.hard_negatives import SOLVED
 from coevolve.report.stats import bootstrap_mean_interval, paired_p_value
 from coevolve.schedules.lockstep import LockstepConfig, TaskCycle, collect_groups
 from coevolve.services.learner.config import LearnerServiceConfig
@@ -47,7 +48,6 @@ from coevolve.shared.envs.bfcl.tasks import load_turn_tasks, split_tasks
 from coevolve.shared.messages import RolloutGroup
 from coevolve.shared.policy import SamplingParams, TransformersEngine, load_policy
 
-SOLVED = 1.0
 # the warm start every arm of the objectives experiment started from
 WARM_START = Path(__file__).resolve().parents[1] / "docs/results/objectives/warm-start.safetensors"
 
