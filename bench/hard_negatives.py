@@ -35,8 +35,8 @@ import msgspec
 import torch
 
 from coevolve.bench import tables
-from coevolve.report.hard_negatives import SOLVED
-from coevolve.report.stats import bootstrap_mean_interval, paired_p_value
+from coevolve.report.hard_negatives import SOLVED, compare_failures
+from coevolve.report.stats import paired_p_value
 from coevolve.schedules.lockstep import LockstepConfig, TaskCycle, collect_groups
 from coevolve.services.learner.config import LearnerServiceConfig
 from coevolve.services.learner.preference_pairs import ExpertCache
@@ -90,20 +90,19 @@ def pairs_of(
 
 
 def summary(pairs: Sequence[Pair]) -> dict[str, Any] | None:
-    if not pairs:
+    """The report's comparison of the pairs, with a paired permutation p-value."""
+    found = compare_failures([(p.task_id, p.failure_agent, p.target) for p in pairs])
+    if found is None:
         return None
-    mine = [p.failure_agent for p in pairs]
-    theirs = [p.target for p in pairs]
-    gap = bootstrap_mean_interval([a - b for a, b in zip(mine, theirs, strict=True)])
-    p_value, test = paired_p_value(mine, theirs)
+    p_value, test = paired_p_value([p.failure_agent for p in pairs], [p.target for p in pairs])
     return {
-        "pairs": len(pairs),
-        "tasks": len({p.task_id for p in pairs}),
-        "failure_agent_mean": sum(mine) / len(mine),
-        "target_mean": sum(theirs) / len(theirs),
-        "gap": gap.mean,
-        "gap_low": gap.low,
-        "gap_high": gap.high,
+        "pairs": found.pairs,
+        "tasks": found.tasks,
+        "failure_agent_mean": found.failure_agent_mean,
+        "target_mean": found.target_mean,
+        "gap": found.gap,
+        "gap_low": found.low,
+        "gap_high": found.high,
         "p_value": p_value,
         "test": test,
     }
@@ -165,54 +164,56 @@ def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dic
         (out / "result.json").write_text(json.dumps(result, indent=1))
         return result
 
-    for index in range(1, setup.max_rounds + 1):
-        agent = learner.failure_agent
-        assert agent is not None
-        tasks = cycle(setup.tasks_per_round)
-        seeded = replace(params, seed=setup.seed * 1_000_003 + 2 * index)
-        # the failure agent's own draws: with one seed, round 1's identical agents would
-        # sample identical groups and the control would be 0 by construction
-        own_seed = replace(seeded, seed=setup.seed * 1_000_003 + 2 * index + 1)
-        engine.policy_version = learner.version
-        engine.clear_cache()
-        target = collect_groups(
-            engine, tasks, group_size, seeded, max_steps, lockstep.partial_credit
-        )
-        trained = agent.step_count > 0
-        with agent.swapped_in(learner):
+    try:
+        for index in range(1, setup.max_rounds + 1):
+            agent = learner.failure_agent
+            assert agent is not None
+            tasks = cycle(setup.tasks_per_round)
+            seeded = replace(params, seed=setup.seed * 1_000_003 + 2 * index)
+            # the failure agent's own draws: with one seed, round 1's identical agents would
+            # sample identical groups and the control would be 0 by construction
+            own_seed = replace(seeded, seed=setup.seed * 1_000_003 + 2 * index + 1)
+            engine.policy_version = learner.version
             engine.clear_cache()
-            engine.policy_version = agent.version
-            failure = [
-                msgspec.structs.replace(g, agent="failure")
-                for g in collect_groups(
-                    engine, tasks, group_size, own_seed, max_steps, lockstep.partial_credit
-                )
-            ]
-        engine.clear_cache()
-        found = pairs_of(index, target, failure)
-        (measured if trained else control).extend(found)
-        metrics = learner.step([*target, *failure], experts.for_tasks(tasks))
-        rounds.append(
-            {
-                "round": index,
-                "failure_agent_trained": trained,
-                "pairs": len(found),
-                "target_version": learner.version,
-                "failure_agent_version": agent.version,
-                "failure_agent_pairs": metrics.failure_agent_pairs,
-                "seconds": round(time.perf_counter() - started, 1),
-            }
-        )
-        print(
-            f"round {index}: {len(found)} pairs ({'measured' if trained else 'control'}), "
-            f"{len(measured)} measured in all; target v{learner.version}, failure agent "
-            f"v{agent.version}; {time.perf_counter() - started:.0f} s",
-            flush=True,
-        )
-        record()
-        if len(measured) >= setup.min_pairs:
-            break
-    learner.close()
+            target = collect_groups(
+                engine, tasks, group_size, seeded, max_steps, lockstep.partial_credit
+            )
+            trained = agent.step_count > 0
+            with agent.swapped_in(learner):
+                engine.clear_cache()
+                engine.policy_version = agent.version
+                failure = [
+                    msgspec.structs.replace(g, agent="failure")
+                    for g in collect_groups(
+                        engine, tasks, group_size, own_seed, max_steps, lockstep.partial_credit
+                    )
+                ]
+            engine.clear_cache()
+            found = pairs_of(index, target, failure)
+            (measured if trained else control).extend(found)
+            metrics = learner.step([*target, *failure], experts.for_tasks(tasks))
+            rounds.append(
+                {
+                    "round": index,
+                    "failure_agent_trained": trained,
+                    "pairs": len(found),
+                    "target_version": learner.version,
+                    "failure_agent_version": agent.version,
+                    "failure_agent_pairs": metrics.failure_agent_pairs,
+                    "seconds": round(time.perf_counter() - started, 1),
+                }
+            )
+            print(
+                f"round {index}: {len(found)} pairs ({'measured' if trained else 'control'}), "
+                f"{len(measured)} measured in all; target v{learner.version}, failure agent "
+                f"v{agent.version}; {time.perf_counter() - started:.0f} s",
+                flush=True,
+            )
+            record()
+            if len(measured) >= setup.min_pairs:
+                break
+    finally:
+        learner.close()
     result = record()
     _print(result, out)
     return result

@@ -9,6 +9,7 @@ the target never failed has nothing to be set against and is left out.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from coevolve.report.run_data import RunData
@@ -41,17 +42,27 @@ def hard_negatives(data: RunData) -> HardNegatives | None:
         for reward in group.rewards
         if reward < SOLVED
     ]
-    pairs = [(task, reward) for task, reward in mine if target.get(task)]
+    return compare_failures(
+        [
+            (task, reward, sum(target[task]) / len(target[task]))
+            for task, reward in mine
+            if target.get(task)
+        ]
+    )
+
+
+def compare_failures(pairs: Sequence[tuple[str, float, float]]) -> HardNegatives | None:
+    """(task, the failure agent's failure, the target's mean failure on the task) triples
+    summed up; None when there are none."""
     if not pairs:
         return None
-    theirs = [sum(target[task]) / len(target[task]) for task, _ in pairs]
-    gaps = [reward - other for (_, reward), other in zip(pairs, theirs, strict=True)]
+    gaps = [mine - theirs for _, mine, theirs in pairs]
     interval = bootstrap_mean_interval(gaps)
     return HardNegatives(
         pairs=len(pairs),
-        tasks=len({task for task, _ in pairs}),
-        failure_agent_mean=sum(r for _, r in pairs) / len(pairs),
-        target_mean=sum(theirs) / len(theirs),
+        tasks=len({task for task, _, _ in pairs}),
+        failure_agent_mean=sum(mine for _, mine, _ in pairs) / len(pairs),
+        target_mean=sum(theirs for _, _, theirs in pairs) / len(pairs),
         gap=interval.mean,
         low=interval.low,
         high=interval.high,
