@@ -5,20 +5,18 @@ Co-evolving DPO in lockstep (rollout, then learn) from the objectives experiment
 committed warm start, on BFCL's per-turn train tasks (shuffled rounds over all of them),
 with the services' default sampling, episode length and group size. Each round draws
 ``tasks_per_round`` tasks and samples one group of each with the target and one with the
-failure agent (its adapter swapped in); each failure of the failure agent (reward below
-1) is set against the target's mean failure on the same task in the same round; then one
-learner step takes both agents' groups (``objective: coevolving_dpo`` with
+failure agent, both on the rollout's llama.cpp engine with the agent's adapter swapped in;
+each failure of the failure agent (reward below 1) is set against the target's mean
+failure on the same task in the same round. The first ``train_rounds`` rounds end with one
+learner step on both agents' groups (``objective: coevolving_dpo`` with
 ``preference.failure_agent``: the target on the expert against both agents' failures, the
-failure agent on failure pairs). Pairs sampled before the failure agent's first update
-(both agents are the warm start) are the control; the later ones are the measurement,
-until ``min_pairs`` of them. In a ``coevolve up`` run the failure agent gets
-``pool_store.failure_agent_share`` of a few dozen groups in 30 minutes, too few to count
-on; here every round samples both. Writes ``result.json`` under
+failure agent on failure pairs); later rounds only sample, with both agents as the last
+step left them, since a DPO step on two adapters costs minutes on 2 cores. Pairs sampled
+before the failure agent's first update (both agents are the warm start) are the control;
+the later ones are the measurement, until ``min_pairs`` of them. In a ``coevolve up`` run
+the failure agent gets ``pool_store.failure_agent_share`` of a few dozen groups in 30
+minutes, too few to count on. Writes ``result.json`` under
 ``RUN_DIR/bench/hard-negatives-*`` after every round.
-
-Slow as it stands: one ``--quick`` round took 243 s on 2 cores (the in-process torch
-engine on the BFCL turns' long prompts, and a DPO step for both adapters), so a full run
-takes hours; the rollout's llama.cpp engine would sample both agents far faster.
 """
 
 from __future__ import annotations
@@ -45,8 +43,9 @@ from coevolve.services.learner.warm_start import adopt_warm_start
 from coevolve.services.rollout.config import RolloutConfig
 from coevolve.shared.config import DEFAULT_RUN_DIR, load_settings
 from coevolve.shared.envs.bfcl.tasks import load_turn_tasks, split_tasks
-from coevolve.shared.messages import RolloutGroup
-from coevolve.shared.policy import SamplingParams, TransformersEngine, load_policy
+from coevolve.shared.messages import RolloutGroup, Task
+from coevolve.shared.policy import SamplingParams, load_policy
+from coevolve.shared.policy.factory import engine_for_policy
 
 # the warm start every arm of the objectives experiment started from
 WARM_START = Path(__file__).resolve().parents[1] / "docs/results/objectives/warm-start.safetensors"
@@ -56,14 +55,20 @@ WARM_START = Path(__file__).resolve().parents[1] / "docs/results/objectives/warm
 class Setup:
     min_pairs: int = 200
     max_rounds: int = 40
-    tasks_per_round: int = 2
+    tasks_per_round: int = 4
+    # rounds that end with a learner step (more while the failure agent has had no update:
+    # a step with no failure pairs leaves it as it was); the rest sample the agents as
+    # the last step left them
+    train_rounds: int = 4
     seed: int = 0
     group_size: int | None = None  # None: pool_store.group_size
     max_new_tokens: int | None = None  # None: rollout.max_new_tokens
 
 
 FULL = Setup()
-QUICK = Setup(min_pairs=1, max_rounds=2, tasks_per_round=1, group_size=2, max_new_tokens=32)
+QUICK = Setup(
+    min_pairs=1, max_rounds=3, tasks_per_round=1, train_rounds=1, group_size=2, max_new_tokens=32
+)
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,7 @@ def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dic
     policy = load_policy(service.model, run_dir=settings.run_dir, device=service.device)
     learner = GrpoLearner(policy, learner_config, log_dir=out / "tensorboard")
     digest = adopt_warm_start(learner, WARM_START)
-    engine = TransformersEngine(policy)
+    engine = engine_for_policy("llama_cpp", policy, run_dir=settings.run_dir, sequences=group_size)
     experts = ExpertCache(policy, service.warm_start)
     train, _ = split_tasks(load_turn_tasks())
     cycle = TaskCycle(train, seed=setup.seed)
@@ -164,42 +169,46 @@ def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dic
         (out / "result.json").write_text(json.dumps(result, indent=1))
         return result
 
+    def sample(blob: bytes, version: int, seed: int, tasks: list[Task]) -> list[RolloutGroup]:
+        engine.load_weights(blob, version)
+        engine.clear_cache()
+        params_seeded = replace(params, seed=seed)
+        return collect_groups(
+            engine, tasks, group_size, params_seeded, max_steps, lockstep.partial_credit
+        )
+
     try:
         for index in range(1, setup.max_rounds + 1):
             agent = learner.failure_agent
             assert agent is not None
             tasks = cycle(setup.tasks_per_round)
-            seeded = replace(params, seed=setup.seed * 1_000_003 + 2 * index)
             # the failure agent's own draws: with one seed, round 1's identical agents would
             # sample identical groups and the control would be 0 by construction
-            own_seed = replace(seeded, seed=setup.seed * 1_000_003 + 2 * index + 1)
-            engine.policy_version = learner.version
-            engine.clear_cache()
-            target = collect_groups(
-                engine, tasks, group_size, seeded, max_steps, lockstep.partial_credit
-            )
+            seed = setup.seed * 1_000_003 + 2 * index
+            target = sample(learner.export_weights(), learner.version, seed, tasks)
+            failure = [
+                msgspec.structs.replace(g, agent="failure")
+                for g in sample(agent.export(learner), agent.version, seed + 1, tasks)
+            ]
             trained = agent.step_count > 0
-            with agent.swapped_in(learner):
-                engine.clear_cache()
-                engine.policy_version = agent.version
-                failure = [
-                    msgspec.structs.replace(g, agent="failure")
-                    for g in collect_groups(
-                        engine, tasks, group_size, own_seed, max_steps, lockstep.partial_credit
-                    )
-                ]
-            engine.clear_cache()
             found = pairs_of(index, target, failure)
             (measured if trained else control).extend(found)
-            metrics = learner.step([*target, *failure], experts.for_tasks(tasks))
+            # no measurement before the failure agent's first update, however long it takes
+            learned = index <= setup.train_rounds or not trained
+            metrics = (
+                learner.step([*target, *failure], experts.for_tasks(tasks)) if learned else None
+            )
             rounds.append(
                 {
                     "round": index,
+                    "learner_step": learned,
                     "failure_agent_trained": trained,
                     "pairs": len(found),
+                    "target_solved": _solved_share(target),
+                    "failure_agent_solved": _solved_share(failure),
                     "target_version": learner.version,
                     "failure_agent_version": agent.version,
-                    "failure_agent_pairs": metrics.failure_agent_pairs,
+                    "failure_agent_pairs": metrics.failure_agent_pairs if metrics else None,
                     "seconds": round(time.perf_counter() - started, 1),
                 }
             )
@@ -214,9 +223,15 @@ def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dic
                 break
     finally:
         learner.close()
+        engine.close()
     result = record()
     _print(result, out)
     return result
+
+
+def _solved_share(groups: Sequence[RolloutGroup]) -> float:
+    rewards = [r for g in groups for r in g.rewards()]
+    return round(sum(r >= SOLVED for r in rewards) / len(rewards), 3) if rewards else 0.0
 
 
 def _print(result: dict[str, Any], out: Path) -> None:

@@ -47,7 +47,13 @@ from coevolve.shared.config import Settings
 from coevolve.shared.envs import make_environment
 from coevolve.shared.episodes import run_groups
 from coevolve.shared.messages import Origin, RolloutGroup, Task, Trajectory
-from coevolve.shared.policy import LoadedPolicy, SamplingParams, TransformersEngine, load_policy
+from coevolve.shared.policy import (
+    Engine,
+    LoadedPolicy,
+    SamplingParams,
+    TransformersEngine,
+    load_policy,
+)
 
 # groups since the last synthesis -> new tasks for the source (the data loop)
 Synthesizer = Callable[[list[RolloutGroup]], list[Task]]
@@ -62,7 +68,7 @@ ROLLOUT_FIELDS = ("max_new_tokens", "max_steps", "temperature", "top_p", "partia
 
 
 def collect_groups(
-    engine: TransformersEngine,
+    engine: Engine,
     tasks: Sequence[Task],
     group_size: int,
     params: SamplingParams,

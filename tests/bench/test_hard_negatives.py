@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from coevolve.bench import hard_negatives
 from coevolve.cli.bench import BENCHMARKS
 from coevolve.shared.messages import Agent, RolloutGroup
+from tests.support.cache import CACHE_DIR
 from tests.support.messages import untokenized_trajectory
 
 
@@ -43,3 +47,42 @@ def test_each_failure_of_the_failure_agent_meets_the_targets_mean_failure() -> N
     assert found["gap"] == pytest.approx(0.25)
     assert found["gap_low"] <= found["gap"] <= found["gap_high"]
     assert hard_negatives.summary([]) is None
+
+
+@pytest.mark.slow
+def test_a_real_run_samples_both_agents_and_counts_pairs_after_the_first_update(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real model, llama.cpp engine, BFCL turns and co-evolving DPO steps: the rounds
+    before the failure agent's first update all train and give the control; the result
+    on disk is the one returned."""
+    monkeypatch.setenv("COEVOLVE_RUN_DIR", str(CACHE_DIR))
+    setup = hard_negatives.Setup(
+        min_pairs=1,
+        max_rounds=2,
+        tasks_per_round=1,
+        train_rounds=1,
+        group_size=2,
+        max_new_tokens=16,
+    )
+
+    result = hard_negatives.run(quick=True, setup=setup, out=tmp_path)
+
+    assert json.loads((tmp_path / "result.json").read_text()) == result
+    rounds = result["rounds"]
+    assert [r["round"] for r in rounds] == list(range(1, len(rounds) + 1))
+    assert 1 <= len(rounds) <= 2 and rounds[0]["learner_step"]
+    for r in rounds:
+        assert 0.0 <= r["target_solved"] <= 1.0 and 0.0 <= r["failure_agent_solved"] <= 1.0
+        if not r["failure_agent_trained"]:
+            assert r["learner_step"]
+    # the warm start is version 1 of both agents' base; a learner step moves the target on
+    assert rounds[0]["target_version"] >= 1
+    control_rounds = {r["round"] for r in rounds if not r["failure_agent_trained"]}
+    counted = {"control": 0, "measured": 0}
+    for pair in result["pairs"]:
+        counted["control" if pair["round"] in control_rounds else "measured"] += 1
+    for name in counted:
+        found = result[name]
+        assert (found["pairs"] if found else 0) == counted[name]
+    assert result["reached_min_pairs"] == (counted["measured"] >= 1)
