@@ -1,21 +1,22 @@
 """Hard negatives: do the co-evolving failure agent's failures come closer to success than
 the target's own failures on the same tasks?
 
-Co-evolving DPO in lockstep (rollout, then learn) from the objectives experiment's
-committed warm start, on BFCL's per-turn train tasks (shuffled rounds over all of them),
-with the services' default sampling, episode length and group size. Each round draws
-``tasks_per_round`` tasks and samples one group of each with the target and one with the
-failure agent, both on the rollout's llama.cpp engine with the agent's adapter swapped in;
-each failure of the failure agent (reward below 1) is set against the target's mean
-failure on the same task in the same round. The first ``train_rounds`` rounds end with one
-learner step on both agents' groups (``objective: coevolving_dpo`` with
-``preference.failure_agent``: the target on the expert against both agents' failures, the
-failure agent on failure pairs); later rounds only sample, with both agents as the last
-step left them, since a DPO step on two adapters costs minutes on 2 cores. Pairs sampled
-before the failure agent's first update (both agents are the warm start) are the control;
-the later ones are the measurement, until ``min_pairs`` of them. In a ``coevolve up`` run
-the failure agent gets ``pool_store.failure_agent_share`` of a few dozen groups in 30
-minutes, too few to count on. Writes ``result.json`` under
+From the objectives experiment's committed warm start, on BFCL's per-turn train tasks
+(shuffled rounds over all of them), with the services' default sampling, episode length
+and group size: each round draws ``tasks_per_round`` tasks and samples one group of each
+with the target and one with the failure agent, both on the rollout's llama.cpp engine
+with the agent's adapter hot-swapped in; each failure of the failure agent (reward below 1)
+is set against the target's mean failure on the same task in the same round. The first
+``train_rounds`` rounds end with the failure agent's DPO step of ``coevolving_dpo``
+(``failure_agent_step``: both agents' failures of a task paired by partial credit, at
+most ``failure_pairs_per_group`` a group). The target stays the warm start, and later
+rounds only sample: an ETO step on 16 pairs of these turns took 7 minutes in the
+objectives experiment (one learner thread beside rollout), so the target's expert pairs
+(up to 16 a task) and a step every round would take hours.
+Pairs sampled before the failure agent's first update (both agents are the warm start)
+are the control; the later ones are the measurement, until ``min_pairs`` of them. In a
+``coevolve up`` run the failure agent gets ``pool_store.failure_agent_share`` of a few
+dozen groups in 30 minutes, too few to count on. Writes ``result.json`` under
 ``RUN_DIR/bench/hard-negatives-*`` after every round.
 """
 
@@ -37,7 +38,7 @@ from coevolve.report.hard_negatives import SOLVED, compare_failures
 from coevolve.report.stats import paired_p_value
 from coevolve.schedules.lockstep import LockstepConfig, TaskCycle, collect_groups
 from coevolve.services.learner.config import LearnerServiceConfig
-from coevolve.services.learner.preference_pairs import ExpertCache
+from coevolve.services.learner.preference import failure_agent_step
 from coevolve.services.learner.trainer import GrpoLearner
 from coevolve.services.learner.warm_start import adopt_warm_start
 from coevolve.services.rollout.config import RolloutConfig
@@ -56,10 +57,10 @@ class Setup:
     min_pairs: int = 200
     max_rounds: int = 40
     tasks_per_round: int = 4
-    # rounds that end with a learner step (more while the failure agent has had no update:
-    # a step with no failure pairs leaves it as it was); the rest sample the agents as
-    # the last step left them
+    # rounds that end with the failure agent's step (more while it has had no update: a
+    # step with no failure pairs leaves it as it was); the rest only sample
     train_rounds: int = 4
+    failure_pairs_per_group: int = 1
     seed: int = 0
     group_size: int | None = None  # None: pool_store.group_size
     max_new_tokens: int | None = None  # None: rollout.max_new_tokens
@@ -123,7 +124,11 @@ def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dic
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     settings = load_settings()
     service = settings.section("learner", LearnerServiceConfig)
-    preference = msgspec.structs.replace(service.grpo.preference, failure_agent=True)
+    preference = msgspec.structs.replace(
+        service.grpo.preference,
+        failure_agent=True,
+        failure_pairs_per_group=setup.failure_pairs_per_group,
+    )
     learner_config = msgspec.structs.replace(
         service.grpo, objective="coevolving_dpo", preference=preference
     )
@@ -147,7 +152,6 @@ def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dic
     learner = GrpoLearner(policy, learner_config, log_dir=out / "tensorboard")
     digest = adopt_warm_start(learner, WARM_START)
     engine = engine_for_policy("llama_cpp", policy, run_dir=settings.run_dir, sequences=group_size)
-    experts = ExpertCache(policy, service.warm_start)
     train, _ = split_tasks(load_turn_tasks())
     cycle = TaskCycle(train, seed=setup.seed)
     control: list[Pair] = []
@@ -194,28 +198,26 @@ def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dic
             found = pairs_of(index, target, failure)
             (measured if trained else control).extend(found)
             # no measurement before the failure agent's first update, however long it takes
-            learned = index <= setup.train_rounds or not trained
-            metrics = (
-                learner.step([*target, *failure], experts.for_tasks(tasks)) if learned else None
-            )
+            trains = index <= setup.train_rounds or not trained
+            step = failure_agent_step(learner, agent, [*target, *failure]) if trains else None
             rounds.append(
                 {
                     "round": index,
-                    "learner_step": learned,
+                    "failure_agent_step": trains,
                     "failure_agent_trained": trained,
                     "pairs": len(found),
                     "target_solved": _solved_share(target),
                     "failure_agent_solved": _solved_share(failure),
                     "target_version": learner.version,
                     "failure_agent_version": agent.version,
-                    "failure_agent_pairs": metrics.failure_agent_pairs if metrics else None,
+                    "failure_agent_pairs": step["failure_agent_pairs"] if step else None,
                     "seconds": round(time.perf_counter() - started, 1),
                 }
             )
             print(
                 f"round {index}: {len(found)} pairs ({'measured' if trained else 'control'}), "
-                f"{len(measured)} measured in all; target v{learner.version}, failure agent "
-                f"v{agent.version}; {time.perf_counter() - started:.0f} s",
+                f"{len(measured)} measured in all; failure agent v{agent.version}; "
+                f"{time.perf_counter() - started:.0f} s",
                 flush=True,
             )
             record()

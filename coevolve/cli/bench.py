@@ -35,7 +35,7 @@ BENCHMARKS = {
     "synthesis": "recorded explorations through abstractor and judge per role model: accepted",
     "ddp": "2 learner ranks (gloo) vs 1 on the same batches: weight difference, step s",
     "failover": "coevolve up on a 3-node NATS cluster losing its stream leader, then quorum",
-    "hard_negatives": "co-evolving DPO in lockstep: the failure agent's failures against the "
+    "hard_negatives": "co-evolving DPO's failure agent: its failures against the "
     "target's on the same tasks (partial credit), until 200 pairs",
 }
 

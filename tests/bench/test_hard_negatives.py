@@ -53,9 +53,9 @@ def test_each_failure_of_the_failure_agent_meets_the_targets_mean_failure() -> N
 def test_a_real_run_samples_both_agents_and_counts_pairs_after_the_first_update(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Real model, llama.cpp engine, BFCL turns and co-evolving DPO steps: the rounds
-    before the failure agent's first update all train and give the control; the result
-    on disk is the one returned."""
+    """Real model, llama.cpp engine, BFCL turns and the failure agent's DPO steps: the
+    rounds before its first update all train it and give the control; the result on disk
+    is the one returned."""
     monkeypatch.setenv("COEVOLVE_RUN_DIR", str(CACHE_DIR))
     setup = hard_negatives.Setup(
         min_pairs=1,
@@ -71,13 +71,13 @@ def test_a_real_run_samples_both_agents_and_counts_pairs_after_the_first_update(
     assert json.loads((tmp_path / "result.json").read_text()) == result
     rounds = result["rounds"]
     assert [r["round"] for r in rounds] == list(range(1, len(rounds) + 1))
-    assert 1 <= len(rounds) <= 2 and rounds[0]["learner_step"]
+    assert 1 <= len(rounds) <= 2 and rounds[0]["failure_agent_step"]
     for r in rounds:
         assert 0.0 <= r["target_solved"] <= 1.0 and 0.0 <= r["failure_agent_solved"] <= 1.0
         if not r["failure_agent_trained"]:
-            assert r["learner_step"]
-    # the warm start is version 1 of both agents' base; a learner step moves the target on
-    assert rounds[0]["target_version"] >= 1
+            assert r["failure_agent_step"]
+        # the target stays the warm start; only the failure agent's version moves
+        assert r["target_version"] == rounds[0]["target_version"]
     control_rounds = {r["round"] for r in rounds if not r["failure_agent_trained"]}
     counted = {"control": 0, "measured": 0}
     for pair in result["pairs"]:
