@@ -174,12 +174,17 @@ def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dic
         return result
 
     def sample(blob: bytes, version: int, seed: int, tasks: list[Task]) -> list[RolloutGroup]:
+        """A group of each task, one task at a time as the rollout service samples: a
+        group fills the engine's sequences, so each step prefills only what is new."""
         engine.load_weights(blob, version)
-        engine.clear_cache()
-        params_seeded = replace(params, seed=seed)
-        return collect_groups(
-            engine, tasks, group_size, params_seeded, max_steps, lockstep.partial_credit
-        )
+        groups: list[RolloutGroup] = []
+        for offset, task in enumerate(tasks):
+            engine.clear_cache()
+            seeded = replace(params, seed=seed + 1_000 * offset)  # rounds step by 2
+            groups += collect_groups(
+                engine, [task], group_size, seeded, max_steps, lockstep.partial_credit
+            )
+        return groups
 
     try:
         for index in range(1, setup.max_rounds + 1):
