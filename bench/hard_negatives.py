@@ -256,7 +256,8 @@ def _print(result: dict[str, Any], out: Path) -> None:
         ]
 
     tables.print_table(
-        "Failure agent's failures against the target's on the same task (partial credit)",
+        "Failure agent's failures against the target's on the same task (reward: "
+        "rollout.partial_credit x the environment's partial credit)",
         ["failures", "n", "tasks", "failure agent", "target", "difference [95% bootstrap]", "p"],
         [
             row("before its first update (control)", result["control"]),
