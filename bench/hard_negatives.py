@@ -76,7 +76,7 @@ QUICK = Setup(
 class Pair:
     task_id: str
     round: int
-    failure_agent: float  # partial credit of one failure of the failure agent
+    failure_agent: float  # reward of one failure of the failure agent
     target: float  # the target's mean failure on the task in the same round
 
 
@@ -157,6 +157,8 @@ def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dic
     control: list[Pair] = []
     measured: list[Pair] = []
     rounds: list[dict[str, Any]] = []
+    # the target stays the warm start: its adapter is exported once
+    target_weights = learner.export_weights()
     started = time.perf_counter()
 
     def record() -> dict[str, Any]:
@@ -194,7 +196,7 @@ def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dic
             # the failure agent's own draws: with one seed, round 1's identical agents would
             # sample identical groups and the control would be 0 by construction
             seed = setup.seed * 1_000_003 + 2 * index
-            target = sample(learner.export_weights(), learner.version, seed, tasks)
+            target = sample(target_weights, learner.version, seed, tasks)
             failure = [
                 msgspec.structs.replace(g, agent="failure")
                 for g in sample(agent.export(learner), agent.version, seed + 1, tasks)

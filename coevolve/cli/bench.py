@@ -36,7 +36,7 @@ BENCHMARKS = {
     "ddp": "2 learner ranks (gloo) vs 1 on the same batches: weight difference, step s",
     "failover": "coevolve up on a 3-node NATS cluster losing its stream leader, then quorum",
     "hard_negatives": "co-evolving DPO's failure agent: its failures against the "
-    "target's on the same tasks (partial credit), until 200 pairs",
+    "target's on the same tasks (reward), until 200 pairs",
 }
 
 

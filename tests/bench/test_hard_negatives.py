@@ -1,4 +1,4 @@
-"""The hard-negatives benchmark: its pairing on fixed groups."""
+"""The hard-negatives benchmark: its pairing on fixed groups, and one real run."""
 
 from __future__ import annotations
 
