@@ -28,12 +28,15 @@ from coevolve.shared.envs.rendering import (
     ToolRendering,
     configure_tool_rendering,
 )
+from coevolve.shared.pacing import PacingSettings
 from coevolve.shared.runtime.subjects import SERVICES
 
 DEFAULT_RUN_DIR = Path("runs/default")
 # `coevolve up --labels/--d0` pass them to the services it starts through these
 LABELS_ENV = "COEVOLVE_LABELS"
 D0_FILE_ENV = "COEVOLVE_D0_FILE"
+# what `up` sets to "none" for a run without explorers: no data loop, nothing to wait for
+PACING_ENV = "COEVOLVE_PACING_WHEN_BEHIND"
 # the policy's inference engines: llama.cpp (CPU), torch + peft in process, vLLM (GPUs)
 EngineKind = Literal["llama_cpp", "transformers", "vllm"]
 ENGINE_KINDS: tuple[EngineKind, ...] = ("llama_cpp", "transformers", "vllm")
@@ -149,6 +152,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     bus: BusSettings = msgspec.field(default_factory=BusSettings)
     telemetry: TelemetrySettings = msgspec.field(default_factory=TelemetrySettings)
     runtime: RuntimeSettings = msgspec.field(default_factory=RuntimeSettings)
+    pacing: PacingSettings = msgspec.field(default_factory=PacingSettings)
     services: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
 
     def section(self, name: str, kind: type[S]) -> S:
@@ -182,6 +186,8 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         raw["labels"] = labels
     if d0_file := os.environ.get(D0_FILE_ENV):
         raw.setdefault("d0", {})["file"] = d0_file
+    if when_behind := os.environ.get(PACING_ENV):
+        raw.setdefault("pacing", {})["when_behind"] = when_behind
     if nats_url := os.environ.get("NATS_URL"):
         raw.setdefault("bus", {})["url"] = nats_url
     if replicas := os.environ.get(REPLICAS_ENV):

@@ -144,6 +144,15 @@ class Lineage(Part):
     # the functions of those calls: a child must call at least one of them
     failed_calls: list[FailedCall] = msgspec.field(default_factory=list)
     target_functions: list[str] = msgspec.field(default_factory=list)
+    # the policy version whose rollout raised the signal (freshness: how many versions
+    # pass before the child is first drawn)
+    signal_version: int | None = None
+    # a substitution child: the parent's request and the value swapped (old, new), so the
+    # judge can check that the new value keeps the old one's role
+    parent_request: str | None = None
+    replaced: list[Any] | None = None
+    # a composed task: the ids of the tasks whose turns it joins, in order
+    composed_from: list[str] = msgspec.field(default_factory=list)
 
 
 class Task(Part):
@@ -239,6 +248,9 @@ class ExplorationRound(Part):
     steps: list[InteractionStep]
     request: str | None = None
     replaced: list[Any] | None = None
+    # a composed round (``explorer/composition.py``): the ids of the tasks whose turns its
+    # calls join, its ``request`` theirs joined; a unit as it is, like a substitution
+    composed_from: list[str] | None = None
 
 
 class ScoreSample(Part):
@@ -373,6 +385,8 @@ class Exploration(Message):
     signal_evidence: dict[str, Any] = msgspec.field(default_factory=dict)
     # what the policy got wrong in the signal's trajectory (guided explorations)
     failed_calls: list[FailedCall] = msgspec.field(default_factory=list)
+    # the policy version whose rollout raised the signal
+    signal_version: int | None = None
     created_at: float = msgspec.field(default_factory=now)
 
 
@@ -420,6 +434,8 @@ class Heartbeat(Message):
 
 # the learner's heartbeat phase while it runs a GRPO step (what `bench chaos` waits for)
 GRPO_STEP_PHASE = "grpo step"
+# the learner holds its next step until the data loop keeps the pacing contract
+WAITING_FOR_DATA_PHASE = "waiting for data"
 
 
 class Metric(Message):
@@ -471,6 +487,16 @@ class SampleBatchReply(Message):
     tasks: list[Task]
 
 
+class AtomsFor(Message):
+    """Active tasks that may be joined with ``task_id`` into one composed turn, at most
+    ``limit``: one user turn with no conversation before it, in the same environment and
+    configuration (for BFCL, the same API classes); their calls may still fail from the
+    task's state, which composition checks by running them."""
+
+    task_id: str
+    limit: Annotated[int, msgspec.Meta(ge=1, le=200)] = 20
+
+
 class GetStats(Message):
     pass
 
@@ -508,7 +534,9 @@ class ErrorReply(Message):
     error: str
 
 
-PoolRequest = AddTasks | GetTask | SampleBatch | GetStats | LineageQuery | ListExperiences
+PoolRequest = (
+    AddTasks | GetTask | SampleBatch | AtomsFor | GetStats | LineageQuery | ListExperiences
+)
 PoolReply = (
     AddTasksReply
     | GetTaskReply
@@ -540,6 +568,7 @@ AnyMessage = (
     | GetTaskReply
     | SampleBatch
     | SampleBatchReply
+    | AtomsFor
     | GetStats
     | PoolStats
     | LineageQuery

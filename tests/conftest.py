@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from coevolve.shared.config import Settings, load_settings
+from coevolve.shared.config import PACING_ENV, Settings, load_settings
 from coevolve.shared.runtime.credentials import (
     CREDENTIALS_DIR_ENV,
     USER_ENV,
@@ -24,6 +24,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # the same numbers on every CPU: bf16 is chosen only where a test asks for it
 os.environ.setdefault("COEVOLVE_DTYPE", "float32")
+# a learner in a test does not wait for a data loop the test did not start; the tests of
+# the pacing contract turn it on themselves
+os.environ.setdefault(PACING_ENV, "none")
 
 
 @pytest.fixture

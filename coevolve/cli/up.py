@@ -27,6 +27,7 @@ from coevolve.shared.config import (
     D0_FILE_ENV,
     LABELS_ENV,
     NATS_CREDENTIALS_DIR,
+    PACING_ENV,
     REPLICAS_ENV,
     ConfigError,
     Settings,
@@ -169,6 +170,8 @@ def up(
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from exc
     replicas = parse_scale(scale or [], enabled_optional_services(settings))
+    if replicas.get("explorer", 0) == 0 and settings.pacing.waits:
+        os.environ[PACING_ENV] = "none"  # no data loop: the learner must not wait for it
     run = settings.run_dir
     run.mkdir(parents=True, exist_ok=True)
     if schedule not in ("async", "lockstep"):

@@ -41,9 +41,11 @@ import msgspec
 
 from coevolve.services.learner.config import LearnerServiceConfig
 from coevolve.services.learner.handler import (
+    PACING_FILE,
     STEPS_FILE,
     keep_tasks,
     record_step,
+    record_wait,
     save_checkpoint,
     saved_tasks,
     train_step,
@@ -55,7 +57,12 @@ from coevolve.services.learner.preference_pairs import ExpertCache, PairSide
 from coevolve.services.learner.ranks import PolicySpec, Ranks, build_learner
 from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
 from coevolve.shared.config import Settings
-from coevolve.shared.messages import GRPO_STEP_PHASE, RolloutGroup, Task
+from coevolve.shared.messages import (
+    GRPO_STEP_PHASE,
+    WAITING_FOR_DATA_PHASE,
+    RolloutGroup,
+    Task,
+)
 from coevolve.shared.runtime.actor import Actor, Consumer, Delivery, ServiceFailed
 from coevolve.shared.runtime.subjects import LEARNER_GROUPS_CONSUMER
 
@@ -421,8 +428,51 @@ class LearnerActor(Actor):
         if waiting.error is not None:
             raise RuntimeError(f"learner step failed: {waiting.error!r}") from waiting.error
 
+    async def _keep_pace(self) -> None:
+        """Hold the next step while the data loop is behind the pacing contract (at most
+        ``pacing.max_wait_s``): on shared cores the loop then gets them. Each wait goes to
+        ``RUN_DIR/learner/pacing.jsonl``."""
+        pacing = self.settings.pacing
+        learner = self.learner
+        if not pacing.waits or learner is None:
+            return
+        from coevolve.shared.pool_client import PoolClient
+
+        pool = PoolClient(self.bus)
+        steps_done = learner.step_count
+        started = anyio.current_time()
+        delivered = 0
+        with anyio.move_on_after(pacing.max_wait_s):
+            while True:
+                try:
+                    delivered = (await pool.stats()).accepted_candidates
+                except Exception as exc:  # pool-store away: training goes on
+                    log.warning("pacing: pool-store did not answer: %r", exc)
+                    return
+                short = pacing.shortfall(steps_done, delivered)
+                if not short:
+                    break
+                self.report_progress(
+                    WAITING_FOR_DATA_PHASE,
+                    delivered,
+                    pacing.owed(steps_done),
+                    detail=f"the data loop is {short} accepted tasks behind",
+                )
+                await anyio.sleep(pacing.poll_s)
+        waited = anyio.current_time() - started
+        if waited >= pacing.poll_s:
+            record_wait(
+                self.settings.path(PACING_FILE),
+                step=steps_done + 1,
+                waited_s=waited,
+                delivered=delivered,
+                owed=pacing.owed(steps_done),
+            )
+        self.clear_progress()
+
     async def _train(self) -> None:
         async with self._step_lock:
+            await self._keep_pace()
             per_step = self.config.grpo.groups_per_step
             batch, self._waiting = self._waiting[:per_step], self._waiting[per_step:]
             if not batch:

@@ -27,6 +27,8 @@ from coevolve.shared.messages import PolicyVersion, RolloutGroup, Task
 
 # one JSON line per GRPO step, under the run directory (see ``step_record``)
 STEPS_FILE = "learner/steps.jsonl"
+# one line per wait of the learner for the data loop (the pacing contract)
+PACING_FILE = "learner/pacing.jsonl"
 
 
 def train_step(
@@ -104,6 +106,18 @@ def step_record(
         "groups": [entry(g) for g in groups if id(g) in kept_ids],
         "stale": [entry(g) for g in groups if id(g) not in kept_ids],
     }
+
+
+def record_wait(path: Path, *, step: int, waited_s: float, delivered: int, owed: int) -> None:
+    """Append one wait of the learner for the data loop (``PACING_FILE``)."""
+    record = {
+        "step": step,
+        "waited_s": round(waited_s, 1),
+        "delivered": delivered,
+        "owed": owed,
+        "at": time.time(),
+    }
+    append_step_record(path, record)
 
 
 def append_step_record(path: Path, record: dict[str, Any]) -> None:

@@ -1,0 +1,130 @@
+"""The pacing contract as services: real NATS, DuckDB, BFCL environment and SmolLM2.
+
+The learner holds its next step while the data loop has delivered fewer accepted tasks
+than it owes (``pacing.tasks_per_step`` per step after ``grace_steps``), and steps as soon
+as pool-store records an accepted verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import anyio
+import msgspec
+import pytest
+from nats.aio.msg import Msg
+
+from coevolve.services.learner.actor import LearnerActor
+from coevolve.services.learner.handler import PACING_FILE
+from coevolve.services.pool_store.actor import PoolStoreActor
+from coevolve.services.rollout.actor import RolloutActor
+from coevolve.shared.config import Settings
+from coevolve.shared.envs import make_environment
+from coevolve.shared.envs.bfcl.tasks import seed_tasks
+from coevolve.shared.episodes import run_group
+from coevolve.shared.messages import (
+    WAITING_FOR_DATA_PHASE,
+    Heartbeat,
+    Lineage,
+    PolicyVersion,
+    RolloutGroup,
+    Task,
+    Verdict,
+    decode,
+    new_id,
+)
+from coevolve.shared.pacing import PacingSettings
+from coevolve.shared.policy import SamplingParams
+from coevolve.shared.runtime.actor import ActorRunner
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.subjects import (
+    POLICY_UPDATES,
+    ROLLOUT_GROUPS,
+    VERDICTS,
+    heartbeat_subject,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+async def _real_group(settings: Settings, bus: Bus, task: Task) -> RolloutGroup:
+    """A group of two real trajectories of ``task`` (rewards set 1 and 0: a gradient)."""
+    rollout = RolloutActor(settings)  # used for its engine, not run
+    rollout._bus = bus
+    rollout.engine = await anyio.to_thread.run_sync(rollout._load_engine)
+    trajectories = await anyio.to_thread.run_sync(
+        lambda: run_group(
+            rollout.engine,
+            lambda: make_environment("bfcl"),
+            task,
+            2,
+            SamplingParams(max_new_tokens=16, seed=0),
+            max_steps=1,
+        )
+    )
+    trajectories[0].reward, trajectories[1].reward = 1.0, 0.0
+    return RolloutGroup(task_id=task.id, origin="seed", policy_version=0, trajectories=trajectories)
+
+
+async def test_learner_waits_for_the_data_loop_then_steps(loop_settings: Settings) -> None:
+    loop_settings.pacing = PacingSettings(
+        tasks_per_step=1.0, grace_steps=0, poll_s=0.5, max_wait_s=300.0
+    )
+    loop_settings.services["pool_store"]["feed_jobs"] = False
+    learner = LearnerActor(loop_settings)
+    runners = [ActorRunner(PoolStoreActor(loop_settings)), ActorRunner(learner)]
+    bus = await Bus.connect(loop_settings.bus, "test")
+    await bus.ensure_streams()
+    updates = await bus.nc.subscribe(POLICY_UPDATES)
+    phases: list[str] = []
+
+    async def beats(msg: Msg) -> None:
+        phases.append(decode(msg.data, Heartbeat).phase)
+
+    await bus.nc.subscribe(heartbeat_subject("learner"), cb=beats)
+    task = seed_tasks()[0]
+    group = await _real_group(loop_settings, bus, task)
+    async with anyio.create_task_group() as tg:
+        for runner in runners:
+            tg.start_soon(partial(runner.run, handle_signals=False))
+        assert decode((await updates.next_msg(timeout=240)).data, PolicyVersion).version == 0
+        await bus.publish(ROLLOUT_GROUPS, group)
+        # step 1 owes nothing (no step done yet)
+        assert decode((await updates.next_msg(timeout=240)).data, PolicyVersion).version == 1
+        await bus.publish(ROLLOUT_GROUPS, msgspec.structs.replace(group, id=new_id()))
+        # step 2 owes one accepted task: none was delivered, so the learner waits
+        with anyio.fail_after(60):
+            while WAITING_FOR_DATA_PHASE not in phases:
+                await anyio.sleep(0.2)
+        with pytest.raises(TimeoutError):
+            await updates.next_msg(timeout=3)
+        child = msgspec.structs.replace(
+            task,
+            id="task-child",
+            origin="synthesized",
+            lineage=Lineage(signal_id="signal-1", parent_task_id=task.id, signal_version=1),
+        )
+        await bus.publish(
+            VERDICTS, Verdict(candidate_id="candidate-1", accepted=True, reasons=[], task=child)
+        )
+        assert decode((await updates.next_msg(timeout=240)).data, PolicyVersion).version == 2
+        for runner in runners:
+            runner.request_stop()
+    await bus.close()
+    (wait,) = [
+        json.loads(line) for line in (loop_settings.run_dir / PACING_FILE).read_text().splitlines()
+    ]
+    assert (wait["step"], wait["delivered"], wait["owed"]) == (2, 1, 1)
+    assert wait["waited_s"] >= 3.0
+
+
+def test_owed_tasks_follow_the_configured_pace() -> None:
+    pacing = PacingSettings(tasks_per_step=1.5, grace_steps=2)
+    assert [pacing.owed(steps) for steps in range(6)] == [0, 0, 0, 1, 3, 4]
+    assert pacing.shortfall(4, delivered=1) == 2
+    assert pacing.shortfall(4, delivered=5) == 0
+    assert not PacingSettings(tasks_per_step=0).waits
+    assert not PacingSettings(when_behind="none").waits
+    with pytest.raises(ValueError):
+        PacingSettings(tasks_per_step=-1)
