@@ -17,6 +17,7 @@ from coevolve.cli.events import progress_text
 from coevolve.cli.options import ConfigOption, JsonOption, RunDirOption, settings_from
 from coevolve.cli.sections import enabled_optional_services
 from coevolve.cli.up import recorded_nats_url, supervised_services
+from coevolve.report.exposure import status_exposure, status_line, status_record
 from coevolve.services.evaluator.scores import held_out_line, read_latest
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import DecodeError, Heartbeat, decode
@@ -147,7 +148,7 @@ def status(
     config: ConfigOption = None, run_dir: RunDirOption = None, json_output: JsonOption = False
 ) -> None:
     """Show each service instance with its phase, progress and heartbeat age, and
-    stream/consumer depths."""
+    stream/consumer depths, and the run's exposure (coevolve/report/exposure.py)."""
     settings = settings_from(config, run_dir)
     url = os.environ.get("NATS_URL") or recorded_nats_url(settings.run_dir) or settings.bus.url
     settings.bus.url = url
@@ -177,6 +178,8 @@ def status(
     }
     held_out = read_latest(settings.run_dir)
     report["held_out"] = msgspec.to_builtins(held_out) if held_out is not None else None
+    exposure, pool_unread = status_exposure(settings.run_dir)
+    report["exposure"] = status_record(exposure, pool_unread)
     if json_output:
         typer.echo(json.dumps(report))
         return
@@ -189,6 +192,8 @@ def status(
         typer.echo(f"held back by the supervisor: {name}: {reason}")
     if held_out is not None:
         typer.echo(held_out_line(held_out))
+    if exposure.learner_steps or pool_unread is None:
+        typer.echo(status_line(exposure, pool_unread))
     typer.echo(f"\n{'stream':<28}{'messages':>10}{'bytes':>14}  leader  copies")
     for s in report["streams"]:
         copies = " ".join(

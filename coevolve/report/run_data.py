@@ -59,6 +59,8 @@ class TaskRow:
     parent_task_id: str | None = None
     signal_kind: str | None = None
     depth: int = 0
+    # the policy version whose rollout raised the signal (a child of a signal, when known)
+    signal_version: int | None = None
 
     @property
     def from_start(self) -> bool:
@@ -79,8 +81,9 @@ class VerdictRow:
 
 @dataclass(frozen=True)
 class GroupRow:
-    """One recorded rollout group: when, at which policy version, its score range, its
-    task, its scores (in sample order) and its id (the learner's steps name it)."""
+    """One recorded rollout group: when, at which policy version (its newest
+    trajectory's), its score range, its task, its scores (in sample order), its id (the
+    learner's steps name it) and its oldest trajectory's policy version."""
 
     recorded_at: float
     policy_version: int
@@ -89,6 +92,12 @@ class GroupRow:
     task_id: str = ""
     scores: tuple[float, ...] = ()
     group_id: str = ""
+    lowest_version: int | None = None
+
+    @property
+    def first_version(self) -> int:
+        """The lowest policy version among the group's trajectories."""
+        return self.policy_version if self.lowest_version is None else self.lowest_version
 
 
 @dataclass(frozen=True)
@@ -222,7 +231,7 @@ class RunData:
 def load_run(run_dir: Path) -> RunData:
     """Read every source there is under ``run_dir``; missing ones stay empty."""
     data = RunData(run_dir=run_dir, started_at=_up_started_at(run_dir))
-    _load_pool(data)
+    load_pool(data)
     data.scalars = read_scalars(run_dir / LEARNER_TENSORBOARD)
     data.scalars.update(read_eval_scalars(run_dir / TENSORBOARD, data.scalars))
     data.spans = read_spans(run_dir / "traces")
@@ -242,12 +251,17 @@ def _up_started_at(run_dir: Path) -> float | None:
 
 
 @contextlib.contextmanager
-def readable_pool(path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A read-only connection to ``path``; to a copy of it when a writer holds its lock."""
+def readable_pool(
+    path: Path, *, copy_when_locked: bool = True
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A read-only connection to ``path``; to a copy of it when a writer holds its lock
+    (unless ``copy_when_locked`` is False: then the lock's error is raised)."""
     with contextlib.ExitStack() as stack:
         try:
             connection = duckdb.connect(str(path), read_only=True)
         except duckdb.Error:
+            if not copy_when_locked:
+                raise
             connection = duckdb.connect(str(pool_copy(path, stack)), read_only=True)
         stack.callback(connection.close)
         yield connection
@@ -265,13 +279,15 @@ def pool_copy(path: Path, stack: contextlib.ExitStack) -> Path:
     return copy
 
 
-def _load_pool(data: RunData) -> None:
+def load_pool(data: RunData, *, copy_when_locked: bool = True) -> None:
+    """Fill ``data``'s pool parts from ``RUN_DIR/pool.duckdb``; ``pool_error`` says why
+    not (``copy_when_locked`` False: a file a running pool-store holds is left alone)."""
     path = data.run_dir / POOL_FILE
     if not path.exists():
         data.pool_error = f"no {POOL_FILE}"
         return
     try:
-        with readable_pool(path) as db:
+        with readable_pool(path, copy_when_locked=copy_when_locked) as db:
             # one clock for every pool event: the judge's verdict time (a task's own
             # created_at is when the abstractor drafted it, before any verdict); a task
             # no verdict added (a seed, a D0 task drafted days before the run) is there
@@ -308,12 +324,13 @@ def _load_pool(data: RunData) -> None:
                     str(task_id),
                     tuple(float(x) for x in scores),
                     str(group_id),
+                    int(lowest),
                 )
-                for at, version, mean, uniform, task_id, scores, group_id in db.execute(
+                for at, version, mean, uniform, task_id, scores, group_id, lowest in db.execute(
                     "SELECT max(recorded_at), max(policy_version), avg(score), "
                     "min(score) = max(score), min(task_id), "
-                    "list(score ORDER BY sample_index), group_id FROM rollout_results "
-                    "GROUP BY group_id ORDER BY 1, group_id"
+                    "list(score ORDER BY sample_index), group_id, min(policy_version) "
+                    "FROM rollout_results GROUP BY group_id ORDER BY 1, group_id"
                 ).fetchall()
             ]
             data.experiences = _experiences(db)
@@ -392,8 +409,8 @@ def read_spans(directory: Path) -> list[SpanRow]:
     return spans
 
 
-def _lineage_fields(lineage: str | None) -> tuple[str | None, str | None, int]:
-    """(parent task id, signal kind, depth) of a stored lineage (JSON)."""
+def _lineage_fields(lineage: str | None) -> tuple[str | None, str | None, int, int | None]:
+    """(parent task id, signal kind, depth, signal version) of a stored lineage (JSON)."""
     try:
         chain = json.loads(lineage) if lineage else {}
     except ValueError:
@@ -405,10 +422,12 @@ def _lineage_fields(lineage: str | None) -> tuple[str | None, str | None, int]:
         depth = int(chain.get("depth") or 0)
     except (TypeError, ValueError):
         depth = 0
+    version = chain.get("signal_version")
     return (
         str(parent) if parent else None,
         str(kind) if kind else None,
         depth,
+        version if isinstance(version, int) and not isinstance(version, bool) else None,
     )
 
 

@@ -3,9 +3,11 @@
 The summary table comes first (is the loop alive, is it learning), then one section per
 part of the loop: learning (reward, KL when computed, staleness, uniform groups, held-out
 accuracy when an evaluator measured it), signals, pool growth,
-draws (rollout groups per origin and how concentrated they are), verdicts, repair (did
-training on a child raise its parent: ``coevolve/report/repair.py``), and the time each
-stage took. A part with no data says "none yet".
+draws (rollout groups per origin and how concentrated they are), exposure (how much of
+the training is on synthesized tasks, and how soon a child of a signal is first drawn:
+``coevolve/report/exposure.py``), verdicts, repair (did training on a child raise its
+parent: ``coevolve/report/repair.py``), and the time each stage took. A part with no
+data says "none yet".
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from coevolve.report.accepted import (
     accepted_summary,
     write_accepted_rows,
 )
+from coevolve.report.exposure import exposure, exposure_text, write_exposure
 from coevolve.report.hard_negatives import HardNegatives, hard_negatives, hard_negatives_text
 from coevolve.report.repair import (
     MEASURED_FILE,
@@ -595,6 +598,7 @@ def render_run_report(run_dir: Path, out: Path | None = None) -> Path:
         rows = accepted_rows(run_dir)
         write_accepted_rows(rows, out / ACCEPTED_FILE)
         accepted = accepted_summary(rows)
+    write_exposure(data, out)
     (out / REPORT_FILE).write_text(run_markdown(data, summary, measured, accepted))
     return out / REPORT_FILE
 
@@ -638,6 +642,10 @@ def run_markdown(
         "## Draws",
         "",
         draws_text(data),
+        "",
+        "## Exposure",
+        "",
+        exposure_text(exposure(data)),
         "",
         "## Verdicts",
         "",

@@ -38,7 +38,7 @@ class PoolStoreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     feed_interval_s: float = 1.0
     # which tasks jobs and sample replies get: sampler (learnability | dynamic | uniform),
     # window, unseen_share, unseen_weight, uniform_weight, retire_after, max_task_share,
-    # share_window (see sampling.SamplingConfig)
+    # share_window, fresh_share (see sampling.SamplingConfig)
     sampling: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
     # self-navigating (the distiller's experiences): a rollout job carries up to this many
     # stored experiences whose request is at least this like its task's (n-gram cosine)

@@ -17,6 +17,7 @@ the database.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import random
 from collections import Counter, deque
@@ -166,7 +167,8 @@ class SamplingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, f
     candidate (an explicit mix still splits the slots by origin first); a task weighs by
     how much a group on it can teach, an unseen task by ``unseen_weight``, and no task
     takes more than ``max_task_share`` of the last ``share_window`` jobs fed. ``dynamic``
-    and ``uniform`` apply the origin mix first and pick within each origin.
+    and ``uniform`` apply the origin mix first and pick within each origin. Whatever the
+    sampler, fresh children of signals take up to ``fresh_share`` of a job feed first.
     """
 
     # "learnability": weigh every task by 4 x the variance of its recent scores, pool-wide,
@@ -194,6 +196,11 @@ class SamplingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, f
     # fewer than about 1/max_task_share active tasks the cap relaxes to 1/tasks
     max_task_share: float = 0.05
     share_window: int = 200
+    # every sampler, jobs fed only: children of a signal never fed as a job (fresh) take
+    # up to this share of each feed's slots (at least one while any waits) before the
+    # sampler draws, oldest first: a child exists to repair its signal's failure now. A
+    # mix that gives synthesized tasks no weight leaves them out; 0 turns it off
+    fresh_share: float = 0.5
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -210,6 +217,8 @@ class SamplingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, f
             raise ValueError(f"max_task_share must lie in (0, 1], got {self.max_task_share}")
         if self.share_window < 1:
             raise ValueError(f"share_window must be >= 1, got {self.share_window}")
+        if not 0.0 <= self.fresh_share <= 1.0:
+            raise ValueError(f"fresh_share must lie in [0, 1], got {self.fresh_share}")
         if whole_jobs(self.max_task_share, self.share_window) < 1:
             raise ValueError(
                 f"max_task_share x share_window must allow a task at least one job: "
@@ -429,3 +438,60 @@ class JobShares:
     def capped(self, limit: int) -> frozenset[int]:
         """Keys of the tasks that may not be drawn now."""
         return frozenset(key for key, count in self._counts.items() if count >= limit)
+
+
+@dataclass(frozen=True)
+class FreshTask:
+    task_id: str
+    environment: str
+
+
+class FreshTasks:
+    """Children of a signal (synthesized, with a signal id) never fed as a rollout job,
+    by sample key: a task's key grows with the order it joined the pool, so the smallest
+    keys are the oldest. Kept in memory by the store and rebuilt when the file opens (the
+    active ones of them without recorded results)."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[int, FreshTask] = {}
+        self._key_of: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def add(self, task_id: str, sample_key: int, environment: str) -> None:
+        self._by_key[sample_key] = FreshTask(task_id, environment)
+        self._key_of[task_id] = sample_key
+
+    def drop_tasks(self, task_ids: Sequence[str]) -> None:
+        for task_id in task_ids:
+            key = self._key_of.pop(task_id, None)
+            if key is not None:
+                del self._by_key[key]
+
+    def drop_keys(self, keys: Sequence[int]) -> None:
+        for key in keys:
+            fresh = self._by_key.pop(key, None)
+            if fresh is not None:
+                del self._key_of[fresh.task_id]
+
+    def task_ids(self) -> list[str]:
+        """Oldest first."""
+        return [self._by_key[key].task_id for key in sorted(self._by_key)]
+
+    def oldest(self, count: int, environment: str | None) -> list[int]:
+        """The keys of the ``count`` oldest (in ``environment``)."""
+        keys = (
+            key
+            for key in sorted(self._by_key)
+            if environment in (None, self._by_key[key].environment)
+        )
+        return list(itertools.islice(keys, max(0, count)))
+
+
+def fresh_slots(share: float, size: int) -> int:
+    """Slots of a feed of ``size`` that fresh tasks may take: ``share`` of them, at least
+    one (none when ``share`` is 0)."""
+    if share <= 0.0 or size <= 0:
+        return 0
+    return min(size, max(1, whole_jobs(share, size)))

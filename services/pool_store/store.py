@@ -24,12 +24,14 @@ import msgspec
 
 from coevolve.services.pool_store import experiences as experience_rows
 from coevolve.services.pool_store.sampling import (
+    FreshTasks,
     JobShares,
     OriginDraw,
     PoolCounts,
     RecentScores,
     SamplingConfig,
     TaskScores,
+    fresh_slots,
     origin_quotas,
     origin_weights,
     split_slots,
@@ -72,6 +74,8 @@ _open_files_lock = threading.Lock()
 
 _TASK_SELECT: Final = ", ".join(TASK_COLUMNS)
 _RESULTS_HANDLER: Final = "rollout_results"
+# the origin of children of signals: the only tasks that are ever fresh
+_FRESH_ORIGIN: Final = "synthesized"
 
 _json_encoder = msgspec.json.Encoder()
 _turns_decoder = msgspec.json.Decoder(list[str])
@@ -151,6 +155,8 @@ class Transaction:
         self._connection = connection
         # the pool counts as they will be once this transaction commits
         self.counts = counts
+        # the tasks written, with their sample keys, once it commits
+        self.added: list[tuple[Task, int]] = []
 
     def execute(self, sql: str, params: Sequence[object] | None = None) -> list[tuple[Any, ...]]:
         """Run one statement inside the transaction and return its rows (if any)."""
@@ -201,6 +207,7 @@ class PoolStore:
         self._counts = PoolCounts()
         self._recent = RecentScores()
         self._shares = JobShares(self.sampling)
+        self._fresh = FreshTasks()
         self._experiences: list[Experience] = []
         if read_only:
             if not self.path.exists():
@@ -223,6 +230,7 @@ class PoolStore:
             self._counts = self._load_counts()
             self._load_recent_scores()
             self._load_job_shares()
+            self._load_fresh()
             self._experiences = self._load_experiences()
         except BaseException:
             self.close()
@@ -320,6 +328,35 @@ class PoolStore:
         ).fetchall()
         self._shares.record([int(key) for (key,) in rows])
 
+    def _load_fresh(self, task_ids: Sequence[str] | None = None) -> None:
+        """Rebuild the fresh tasks (all, or those of ``task_ids``): active children of a
+        signal with no recorded results."""
+        id_filter = ""
+        params: list[object] = []
+        if task_ids is not None:
+            if not task_ids:
+                return
+            id_filter = f"AND t.id IN ({_placeholders(len(task_ids))})"
+            params.extend(task_ids)
+            self._fresh.drop_tasks(task_ids)
+        rows = self._connection.execute(
+            f"""
+            SELECT t.id, t.sample_key, t.environment FROM tasks AS t
+            WHERE t.origin = ? AND t.status = 'active'
+              AND coalesce(json_extract_string(t.lineage, '$.signal_id'), '') <> ''
+              AND NOT EXISTS (SELECT 1 FROM rollout_results AS r WHERE r.task_id = t.id)
+              {id_filter}
+            """,
+            [_FRESH_ORIGIN, *params],
+        ).fetchall()
+        for task_id, sample_key, environment in rows:
+            self._fresh.add(str(task_id), int(sample_key), str(environment))
+
+    def _note_added(self, added: Sequence[tuple[Task, int]]) -> None:
+        for task, sample_key in added:
+            if _is_fresh_child(task):
+                self._fresh.add(task.id, sample_key, task.environment)
+
     def __enter__(self) -> PoolStore:
         return self
 
@@ -366,6 +403,7 @@ class PoolStore:
                 self._rollback()
                 raise
             self._counts = tx.counts
+            self._note_added(tx.added)
 
     def _rollback(self) -> None:
         # a failed commit has already ended the transaction
@@ -496,6 +534,7 @@ class PoolStore:
             if task.status == "active":
                 tx.counts.active[(task.origin, task.environment)] += 1
         tasks = [task for task, _ in rows]
+        tx.added.extend(zip(tasks, keys, strict=True))
         tx.execute(
             f"INSERT INTO tasks ({_TASK_SELECT}, sample_key) SELECT "
             "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
@@ -555,8 +594,10 @@ class PoolStore:
                         changed.append(task_id)
             if status == "active":
                 self._load_recent_scores(changed)
+                self._load_fresh(changed)
             else:
                 self._recent.drop(changed)
+                self._fresh.drop_tasks(changed)
         return len(changed)
 
     @staticmethod
@@ -600,10 +641,12 @@ class PoolStore:
         when there are fewer candidates than slots are some repeated. Returns [] when no
         task matches.
 
-        ``jobs``: the tasks become rollout jobs (the job feed). Under the learnability
-        sampler a task then is not drawn while it holds its capped share of the last
-        ``share_window`` jobs, nothing is repeated (the batch may come back shorter than
-        ``size``), and the batch is counted in that window.
+        ``jobs``: the tasks become rollout jobs (the job feed). Fresh children of signals
+        (never fed as a job) then come first, oldest first, in up to ``fresh_share`` of
+        the slots, whatever the sampler, and are fresh no more; the sampler draws the rest.
+        Under the learnability sampler a task then is not drawn while it holds its capped
+        share of the last ``share_window`` jobs, nothing is repeated (the batch may come
+        back shorter than ``size``), and the batch is counted in that window.
         """
         if size < 0:
             raise ValueError(f"batch size must be >= 0, got {size}")
@@ -614,32 +657,77 @@ class PoolStore:
             weights = origin_weights(mix, available)
             if size == 0 or not weights:
                 return []
-            if self.sampling.learnability:
-                return self._learnability_batch(
-                    size, mix, weights, available, environment, rng, jobs
-                )
-            quotas = origin_quotas(weights, size, rng)
-            picked: dict[str, list[int]] = defaultdict(list)
-            if self.sampling.dynamic:
-                draws = self._dynamic_draws(quotas, available, environment, rng, picked)
-            else:
-                draws = [
-                    self._origin_draw(origin, min(quota, available[origin]), available[origin], rng)
-                    for origin, quota in quotas.items()
-                ]
-            self._run_draws(draws, environment)
-            for draw in draws:
-                picked[draw.origin].extend(draw.picked)
-            tasks = self._fetch_by_keys([key for keys in picked.values() for key in keys])
-            batch: list[int] = []
-            for origin, quota in quotas.items():
-                chosen = picked[origin]
-                batch.extend(chosen)
-                batch.extend(rng.choices(chosen, k=quota - len(chosen)))
-            rng.shuffle(batch)
-            if jobs:
+            fresh = self._fresh_picks(size, weights, environment) if jobs else []
+            if fresh:
+                available[_FRESH_ORIGIN] -= len(fresh)
+                left = any(available[origin] for origin in weights)
+                weights = origin_weights(mix, available) if left else {}
+            rest = size - len(fresh)
+            drawn: list[int] = []
+            if rest and weights:
+                skip = frozenset(fresh)
+                if self.sampling.learnability:
+                    drawn = self._learnability_batch(
+                        rest, mix, weights, available, environment, rng, jobs, skip
+                    )
+                else:
+                    drawn = self._mix_batch(rest, mix, weights, available, environment, rng, skip)
+            batch = fresh + drawn
+            tasks = self._fetch_by_keys(list(dict.fromkeys(batch)))
+            if jobs:  # in the order the jobs are fed: the window slides job by job
                 self._shares.record(batch)
+                self._fresh.drop_keys(batch)
         return [tasks[key] for key in batch]
+
+    def _fresh_picks(
+        self, size: int, weights: dict[str, float], environment: str | None
+    ) -> list[int]:
+        """The keys of the fresh tasks a job batch of ``size`` starts with, oldest first;
+        none when the origin weights leave synthesized tasks out."""
+        if _FRESH_ORIGIN not in weights:
+            return []
+        return self._fresh.oldest(fresh_slots(self.sampling.fresh_share, size), environment)
+
+    def fresh_tasks(self) -> list[str]:
+        """Ids of the children of signals never fed as a job, oldest first: those the
+        next job feeds draw before the sampler does."""
+        with self._lock:
+            return self._fresh.task_ids()
+
+    def _mix_batch(
+        self,
+        size: int,
+        mix: dict[str, float] | None,
+        weights: dict[str, float],
+        available: dict[str, int],
+        environment: str | None,
+        rng: random.Random,
+        skip: frozenset[int],
+    ) -> list[int]:
+        """The keys ``sample_batch`` draws under the dynamic and uniform samplers (the
+        store's lock held): the origin mix picks each slot's origin, the sampler the task
+        within it; ``skip``: keys already in the batch, not counted in ``available``."""
+        quotas = origin_quotas(weights, size, rng)
+        picked: dict[str, list[int]] = defaultdict(list)
+        if self.sampling.dynamic:
+            draws = self._dynamic_draws(quotas, available, environment, rng, picked, skip)
+        else:
+            draws = [
+                self._origin_draw(
+                    origin, min(quota, available[origin]), available[origin], rng, skip
+                )
+                for origin, quota in quotas.items()
+            ]
+        self._run_draws(draws, environment)
+        for draw in draws:
+            picked[draw.origin].extend(draw.picked)
+        batch: list[int] = []
+        for origin, quota in quotas.items():
+            chosen = picked[origin]
+            batch.extend(chosen)
+            batch.extend(rng.choices(chosen, k=quota - len(chosen)))
+        rng.shuffle(batch)
+        return batch
 
     def _learnability_batch(
         self,
@@ -650,13 +738,16 @@ class PoolStore:
         environment: str | None,
         rng: random.Random,
         jobs: bool,
-    ) -> list[Task]:
-        """``sample_batch`` under the learnability sampler (the store's lock held).
+        skip: frozenset[int],
+    ) -> list[int]:
+        """The keys ``sample_batch`` draws under the learnability sampler (the store's
+        lock held).
 
         The candidates are the tasks of the origins ``weights`` names: all of them as one
         set without a mix, one set per origin (with the mix's quotas) with one. In each
         set a slot goes to an unseen task with ``unseen_probability``, otherwise to a seen
-        task drawn by weight; for jobs, tasks at their capped share are left out.
+        task drawn by weight; for jobs, tasks at their capped share are left out. ``skip``:
+        keys already in the batch (fresh, so unseen), not counted in ``available``.
         """
         origins = list(weights)
         seen = {origin: self._recent.of(origin, environment) for origin in origins}
@@ -664,9 +755,11 @@ class PoolStore:
         unseen = {origin: max(0, available[origin] - len(seen[origin])) for origin in origins}
         if jobs:
             limit = self._shares.limit(sum(available[origin] for origin in origins))
-            capped = self._shares.capped(limit)
+            capped = self._shares.capped(limit) - skip
             if capped:
                 self._leave_out(capped, seen, excluded, unseen, environment)
+        if skip:
+            excluded = {origin: keys | skip for origin, keys in excluded.items()}
         if mix:
             allowed = {origin: len(seen[origin]) + unseen[origin] for origin in origins}
             if not any(allowed.values()):
@@ -708,16 +801,13 @@ class PoolStore:
         for keys, set_draws in zip(picked, draws, strict=True):
             for draw in set_draws:
                 keys.extend(draw.picked)
-        tasks = self._fetch_by_keys([key for keys in picked for key in keys])
         batch: list[int] = []
         for keys, (_, slots) in zip(picked, sets, strict=True):
             batch.extend(keys)
             if not jobs and keys:
                 batch.extend(rng.choices(keys, k=slots - len(keys)))
         rng.shuffle(batch)
-        if jobs:  # in the order the jobs are fed: the window slides job by job
-            self._shares.record(batch)
-        return [tasks[key] for key in batch]
+        return batch
 
     def _leave_out(
         self,
@@ -760,9 +850,11 @@ class PoolStore:
         environment: str | None,
         rng: random.Random,
         picked: dict[str, list[int]],
+        skip: frozenset[int] = frozenset(),
     ) -> list[OriginDraw]:
         """Pick each origin's tasks with results by weight (into ``picked``); return the
-        key draws for its slots that go to tasks never rolled out."""
+        key draws for its slots that go to tasks never rolled out (``skip``: unseen keys
+        already in the batch, not counted in ``available``)."""
         draws: list[OriginDraw] = []
         for origin, quota in quotas.items():
             seen = self._recent.of(origin, environment)
@@ -773,7 +865,7 @@ class PoolStore:
             chosen = weighted_sample(seen, weights, min(to_seen, len(seen)), rng)
             picked[origin].extend(scores.sample_key for scores in chosen)
             if to_unseen:
-                excluded = self._recent.keys(origin)
+                excluded = self._recent.keys(origin) | skip
                 draws.append(self._origin_draw(origin, to_unseen, unseen, rng, excluded))
         return draws
 
@@ -852,6 +944,7 @@ class PoolStore:
             for task_id, scores in updated.items():
                 self._recent.put(task_id, scores)
             self._recent.drop(retired)
+            self._fresh.drop_tasks([sample.task_id for sample in results.samples])
         return True
 
     @staticmethod
@@ -1105,6 +1198,11 @@ class PoolStore:
             "candidate": _stage(chain.candidate_id),
             "verdict": verdict,
         }
+
+
+def _is_fresh_child(task: Task) -> bool:
+    """A child of a signal, active: fresh until it is first fed as a job."""
+    return task.origin == _FRESH_ORIGIN and bool(task.lineage.signal_id) and task.status == "active"
 
 
 def _stage(stage_id: str | None, **details: Any) -> dict[str, Any] | None:

@@ -1,0 +1,164 @@
+"""Fresh children first: a synthesized task whose lineage names a signal is fed as a
+rollout job before the sampler draws, once; then it competes like any task.
+
+Real DuckDB files; children join through ``record_verdict`` (or ``add_tasks``), results
+through ``record_results``, jobs through the job feed's own function
+(``handler.rollout_jobs``) or ``sample_batch(..., jobs=True)`` with a seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from coevolve.services.pool_store.config import PoolStoreConfig
+from coevolve.services.pool_store.handler import rollout_jobs
+from coevolve.services.pool_store.sampling import Sampler, SamplingConfig
+from coevolve.services.pool_store.store import PoolStore
+from coevolve.shared.messages import Lineage, RolloutResults, ScoreSample, Task, Verdict
+
+TaskFactory = Callable[..., Task]
+
+HALF = [1.0, 0.0] * 4
+SEEDS = 40
+
+
+def record(store: PoolStore, task_id: str, scores: list[float]) -> None:
+    group = f"group-{task_id}-{len(store.score_history(task_id))}"
+    samples = [
+        ScoreSample(task_id=task_id, policy_version=3, score=score, length=1) for score in scores
+    ]
+    assert store.record_results(RolloutResults(group_id=group, samples=samples))
+
+
+def learnable_seeds(store: PoolStore, make_task: TaskFactory) -> list[Task]:
+    """Seed tasks rolled out once, each solved half the time: the sampler's favourites."""
+    seeds = [make_task(origin="seed") for _ in range(SEEDS)]
+    store.add_tasks(seeds)
+    for seed in seeds:
+        record(store, seed.id, HALF)
+    return seeds
+
+
+def accept_child(store: PoolStore, make_task: TaskFactory, signal: str = "signal-1") -> Task:
+    child = make_task(
+        origin="synthesized",
+        lineage=Lineage(
+            signal_id=signal, signal_kind="boundary", parent_task_id="task-0", signal_version=3
+        ),
+    )
+    _, added = store.record_verdict(
+        Verdict(candidate_id=f"candidate-{child.id}", accepted=True, reasons=[], task=child)
+    )
+    assert added == child.id
+    return child
+
+
+def no_unseen_floor(sampler: Sampler = "learnability", **fields: float) -> SamplingConfig:
+    # without the unseen tasks' floor share the sampler alone almost never draws the child
+    return SamplingConfig(sampler=sampler, unseen_share=0.0, **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("sampler", ["learnability", "dynamic", "uniform"])
+def test_the_next_job_feed_draws_a_fresh_child_first_and_only_once(
+    db_path: Path, make_task: TaskFactory, sampler: Sampler
+) -> None:
+    with PoolStore(db_path, sampling=no_unseen_floor(sampler)) as store:
+        learnable_seeds(store, make_task)
+        unguided = make_task(origin="synthesized", lineage=Lineage(parent_task_id="task-1"))
+        explored = make_task(origin="explored", lineage=Lineage(signal_id="signal-9"))
+        store.add_tasks([unguided, explored])
+        child = accept_child(store, make_task)
+        store.sample_batch(4, seed=0)  # a sample reply, not jobs: freshness is kept
+
+        config = PoolStoreConfig(sampling=store.sampling)
+        jobs = rollout_jobs(store, 4, config, queue_seq=0, first_round=0)
+        assert jobs[0].task.id == child.id
+        assert [job.task.id for job in jobs].count(child.id) == 1
+        assert store.fresh_tasks() == []
+        # no signal, or not synthesized: never fresh
+        store.set_status([unguided.id, explored.id], "retired")
+        store.set_status([unguided.id, explored.id], "active")
+        assert store.fresh_tasks() == []
+
+
+def test_a_child_fed_once_competes_by_learnability(db_path: Path, make_task: TaskFactory) -> None:
+    with PoolStore(db_path, sampling=no_unseen_floor()) as store:
+        learnable_seeds(store, make_task)
+        child = accept_child(store, make_task)
+        assert store.sample_batch(4, seed=0, jobs=True)[0].id == child.id
+        assert store.recent_jobs(child.id) == 1  # the cap counts its job
+        # fresh no more: an unseen task weighing 0.05 against 40 weighing 1
+        later = [t.id for seed in range(1, 11) for t in store.sample_batch(4, seed=seed, jobs=True)]
+        assert child.id not in later
+
+
+def test_fresh_share_zero_gives_the_sampler_every_slot(
+    db_path: Path, make_task: TaskFactory
+) -> None:
+    with PoolStore(db_path, sampling=no_unseen_floor(fresh_share=0.0)) as store:
+        learnable_seeds(store, make_task)
+        child = accept_child(store, make_task)
+        for seed in range(5):
+            jobs = [t.id for t in store.sample_batch(4, seed=seed, jobs=True)]
+            # the same draw as a sample reply: nothing comes before the sampler
+            assert jobs == [t.id for t in store.sample_batch(4, seed=seed)]
+            assert child.id not in jobs
+        assert store.fresh_tasks() == [child.id]
+
+
+def test_fresh_children_take_at_most_their_share_of_a_feed_oldest_first(
+    db_path: Path, make_task: TaskFactory
+) -> None:
+    with PoolStore(db_path, sampling=no_unseen_floor()) as store:
+        learnable_seeds(store, make_task)
+        children = [accept_child(store, make_task, f"signal-{n}") for n in range(3)]
+        first = [t.id for t in store.sample_batch(4, seed=0, jobs=True)]
+        assert first[:2] == [children[0].id, children[1].id]  # half of 4 slots
+        assert children[2].id not in first
+        # a feed of one slot still gives it to a waiting child
+        assert [t.id for t in store.sample_batch(1, seed=1, jobs=True)] == [children[2].id]
+        assert store.fresh_tasks() == []
+
+
+def test_a_mix_without_synthesized_weight_leaves_children_waiting(
+    db_path: Path, make_task: TaskFactory
+) -> None:
+    with PoolStore(db_path, sampling=no_unseen_floor()) as store:
+        learnable_seeds(store, make_task)
+        child = accept_child(store, make_task)
+        seeds_only = store.sample_batch(4, mix={"seed": 1.0}, seed=0, jobs=True)
+        assert all(t.origin == "seed" for t in seeds_only)
+        # still fresh: the next feed whose mix weighs synthesized tasks starts with it
+        mixed = store.sample_batch(4, mix={"seed": 1.0, "synthesized": 0.01}, seed=0, jobs=True)
+        assert mixed[0].id == child.id
+        assert len({t.id for t in mixed}) == 4
+
+
+def test_a_fresh_child_is_still_fresh_after_the_store_reopens(
+    db_path: Path, make_task: TaskFactory
+) -> None:
+    sampling = no_unseen_floor()
+    with PoolStore(db_path, sampling=sampling) as store:
+        learnable_seeds(store, make_task)
+        child = accept_child(store, make_task, "signal-1")
+        rolled = accept_child(store, make_task, "signal-2")
+        record(store, rolled.id, HALF)  # reported: not fresh
+        retired = accept_child(store, make_task, "signal-3")
+        store.set_status([retired.id], "retired")
+    with PoolStore(db_path, sampling=sampling) as store:
+        batch = [t.id for t in store.sample_batch(4, seed=0, jobs=True)]
+        assert batch[0] == child.id
+        assert retired.id not in batch
+        assert store.fresh_tasks() == []
+        store.set_status([retired.id], "active")  # back, never rolled out: fresh again
+        assert store.fresh_tasks() == [retired.id]
+
+
+def test_fresh_share_must_lie_between_zero_and_one() -> None:
+    for share in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="fresh_share"):
+            SamplingConfig(fresh_share=share)
+    assert SamplingConfig().fresh_share == 0.5
