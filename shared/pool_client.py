@@ -7,6 +7,7 @@ from typing import TypeVar
 from coevolve.shared.messages import (
     AddTasks,
     AddTasksReply,
+    AtomsFor,
     ErrorReply,
     ExperiencesReply,
     GetStats,
@@ -62,6 +63,11 @@ class PoolClient:
         self, size: int, mix: dict[str, float] | None = None, seed: int | None = None
     ) -> list[Task]:
         request = SampleBatch(size=size, mix=mix or {}, seed=seed)
+        return (await self._call(request, SampleBatchReply)).tasks
+
+    async def atoms_for(self, task_id: str, limit: int = 20) -> list[Task]:
+        """Tasks that may be joined with ``task_id`` into one composed turn (``AtomsFor``)."""
+        request = AtomsFor(task_id=task_id, limit=limit)
         return (await self._call(request, SampleBatchReply)).tasks
 
     async def stats(self) -> PoolStats:

@@ -19,7 +19,8 @@ longer ask for a call the exploration never made, or contradict the one it made.
 
 A substitution round (``ExplorationRound.replaced``: the parent turn's calls with one
 value replaced) is a unit as it is, none of its calls left out: they are the parent's
-answer, asked about another value.
+answer, asked about another value. So is a composed round
+(``ExplorationRound.composed_from``: validated turns joined into one).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class CallUnit:
     changes_state: bool
     replaced: list[Any] | None = None
     request: str | None = None
+    composed_from: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -154,9 +156,9 @@ def round_unit(
 def substitution_unit(
     task: Task, round_: ExplorationRound, make_env: Callable[[], Environment]
 ) -> CallUnit | None:
-    """A substitution round's calls as they are: the parent turn's calls with one value
-    replaced, none left out (they are the parent's answer); None when they no longer
-    replay."""
+    """A substitution or composed round's calls as they are: the parent turn's calls with
+    one value replaced, or the joined turns' calls, none left out (they are the turns'
+    answers); None when they no longer replay."""
     calls = [step.action for step in round_.steps]
     replayed = _replay(task, calls, make_env)
     if not calls or not all(replayed.ok):
@@ -168,6 +170,7 @@ def substitution_unit(
         changes_state=changes,
         replaced=round_.replaced,
         request=round_.request,
+        composed_from=tuple(round_.composed_from or ()),
     )
 
 
@@ -182,7 +185,7 @@ def call_units(
     for round_ in exploration.rounds:
         if len(units) >= max_units:
             break
-        if round_.replaced is not None:
+        if round_.replaced is not None or round_.composed_from:
             unit = substitution_unit(exploration.task, round_, make_env)
             if unit is not None and all(unit.calls != other.calls for other in units):
                 units.append(unit)

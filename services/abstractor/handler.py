@@ -244,8 +244,9 @@ async def abstract(exploration: Exploration, deps: AbstractorDeps) -> Abstractio
         task = unit_task(
             draft, unit, exploration, index, signal_evidence=exploration.signal_evidence
         )
-        # a substitution's request is the parent's, which said what its calls needed
-        if config.complete_values and unit.replaced is None:
+        # a substitution's or a composition's request is its turns', which said what
+        # their calls needed
+        if config.complete_values and unit.replaced is None and not unit.composed_from:
             task, added = await anyio.to_thread.run_sync(complete_requests, task)
             if added:
                 log.info("exploration %s: unit %d: %d values added", exploration.id, index, added)
@@ -411,7 +412,7 @@ async def edit_request(
             return MalformedDraft(draft, [f"no words of the request name {old!r}"])
         edited = edited_request(parent_request, answer.words, new)
         draft = RequestDraft(substitution_description(edited), edited)
-        problems = edit_unit_problems(unit, draft.request, answer.words)
+        problems = edit_unit_problems(unit, draft.request, answer.words, parent_request)
         if not problems:
             return draft
         spans = [span for span in spans if span != answer.words]
@@ -434,6 +435,8 @@ def near_duplicate(queries: PoolQueries, task: Task) -> str | None:
     if duplicate is None:
         return None
     score, match = duplicate
+    if task.lineage.composed_from and any(match != t and match in t for t in task.user_turns):
+        return None  # a composed turn holds its atoms' requests: that is no copy
     return f"{score:.2f} similar to {match[:80]!r}"
 
 

@@ -357,6 +357,10 @@ def unit_task(
         depth=source.lineage.depth + 1,
         failed_calls=list(exploration.failed_calls),
         target_functions=target_functions(exploration.failed_calls),
+        signal_version=exploration.signal_version,
+        parent_request=source.user_turns[0] if unit.replaced and source.user_turns else None,
+        replaced=list(unit.replaced) if unit.replaced else None,
+        composed_from=list(unit.composed_from),
     )
     return Task(
         id=derived_id("task", candidate_id),

@@ -38,7 +38,8 @@ from coevolve.services.explorer.handler import (
 from coevolve.shared.config import Settings
 from coevolve.shared.llm import RoleClients
 from coevolve.shared.llm.role_actor import RoleActor
-from coevolve.shared.messages import Exploration, ExplorationRequest, Signal
+from coevolve.shared.messages import Exploration, ExplorationRequest, Signal, Task
+from coevolve.shared.pool_client import PoolClient
 from coevolve.shared.runtime.actor import Actor, Consumer, Delivery
 from coevolve.shared.runtime.subjects import (
     EXPLORATIONS,
@@ -82,7 +83,17 @@ class ExplorerActor(RoleActor):
             actions=self.actions,
             tracer=self.tracer,
             labelled=self.settings.labels != "none",
+            atoms=self._atoms_for,
         )
+
+    async def _atoms_for(self, task: Task) -> list[Task]:
+        """The pool's tasks that start where ``task`` starts ([] when pool-store is away:
+        composition then joins nothing)."""
+        try:
+            return await PoolClient(self.bus).atoms_for(task.id)
+        except Exception as exc:
+            log.warning("no atoms for task %s: %r", task.id, exc)
+            return []
 
     async def on_signal(self, signal: Signal, _: Delivery) -> None:
         explored = await explore_signal(signal, self.deps)
@@ -101,24 +112,24 @@ class ExplorerActor(RoleActor):
             await self.metric(
                 "llm_rejections", self.actions.rejected[kind], role="explorer", kind=kind
             )
-        exploration = explored.exploration
-        if exploration is None:
+        explorations = explored.explorations
+        if not explorations:
             await self._count(explored.outcome)
             return
-        await self.publish(EXPLORATIONS, exploration)
-        if self.config.record:
-            await anyio.to_thread.run_sync(self._record, exploration)
+        for exploration in explorations:
+            await self.publish(EXPLORATIONS, exploration)
+            if self.config.record:
+                await anyio.to_thread.run_sync(self._record, exploration)
+            log.info(
+                "exploration %s (%s, task %s): %d rounds",
+                exploration.id,
+                exploration.mode,
+                exploration.task.id,
+                len(exploration.rounds),
+            )
         stats = explored.stats
-        log.info(
-            "exploration %s (%s, task %s): %d steps, %d failed calls",
-            exploration.id,
-            exploration.mode,
-            exploration.task.id,
-            stats.steps,
-            stats.failed_calls,
-        )
         await self._count("published")
-        await self.metric("exploration_steps", stats.steps, mode=exploration.mode)
+        await self.metric("exploration_steps", stats.steps, mode=explorations[0].mode)
 
     def _record(self, exploration: Exploration) -> None:
         record = self.settings.path(f"{self.config.record}-{os.getpid()}.jsonl")

@@ -17,6 +17,10 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # value the user gave swapped for another the state holds; no LLM explores them, and
     # no LLM writes a request the parent's request states. 0: none
     substitution_rounds: int = 4
+    # a signal aimed at a failure also gives at most this many composed turns
+    # (``composition.py``): its turn, or a variant of it, joined with the turn before it,
+    # or with a task of the pool that starts on the same state. 0: none
+    composition_rounds: int = 2
     # where the parent turn gives no substitution, explore with the LLM (``rounds``
     # rounds, requests written by the abstractor's LLM). Off: by hand, 1 of run 28's 11
     # accepted LLM-written tasks read as a user's request (docs/main-job.md)
@@ -47,5 +51,7 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.substitution_rounds < 0:
             raise ValueError(f"substitution_rounds must be >= 0, got {self.substitution_rounds}")
+        if self.composition_rounds < 0:
+            raise ValueError(f"composition_rounds must be >= 0, got {self.composition_rounds}")
         if self.max_parent_depth < 0:
             raise ValueError(f"max_parent_depth must be >= 0, got {self.max_parent_depth}")

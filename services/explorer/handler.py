@@ -8,6 +8,8 @@ return; the lockstep schedule hands it to the abstractor's handler itself.
 from __future__ import annotations
 
 import logging
+import random
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
@@ -15,6 +17,13 @@ from typing import Any, Literal
 import anyio
 from opentelemetry.trace import NoOpTracer, Tracer
 
+from coevolve.services.explorer.composition import (
+    Atom,
+    atom_of,
+    composed_rounds,
+    orders,
+    previous_turn,
+)
 from coevolve.services.explorer.config import ExplorerConfig
 from coevolve.services.explorer.exploration import ExplorationStats, explore
 from coevolve.services.explorer.prompts import (
@@ -75,6 +84,9 @@ class ExplorerDeps:
     # whether the run has labels (``settings.labels``): without, substitution takes no
     # value the environment knows only from them
     labelled: bool = True
+    # the pool's tasks that start where a task starts (``AtomsFor``), the atoms a
+    # composed turn may join; None: composition joins only the turn before
+    atoms: Callable[[Task], Awaitable[list[Task]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,63 @@ class Explored:
     outcome: ExploreOutcome
     stats: ExplorationStats
     summary_rejection: Rejection | None = None  # the summarizer's unusable output
+    # composed turns (``composition.py``): their own exploration, as they may start from
+    # another state than the signal's task (the turn before it)
+    composed: Exploration | None = None
+
+    @property
+    def explorations(self) -> list[Exploration]:
+        return [e for e in (self.exploration, self.composed) if e is not None]
+
+
+async def composed_exploration(
+    signal: Signal, variants: list[ExplorationRound], failed: list[FailedCall], deps: ExplorerDeps
+) -> Exploration | None:
+    """Up to ``composition_rounds`` turns joining the signal's turn (or a variant of it
+    whose request code made) with the turn before it, or else with tasks of the pool that
+    start where it starts (``deps.atoms``); None when none replays."""
+    limit = deps.config.composition_rounds
+    parent = atom_of(signal.task)
+    if limit <= 0 or parent is None:
+        return None
+    failed_atoms = [parent] + [
+        Atom(parent.task_id, r.request, tuple(step.action for step in r.steps))
+        for r in variants
+        if r.request is not None
+    ]
+    earlier = previous_turn(signal.task)
+    if earlier is not None:
+        start, first = earlier
+        pairs: Iterator[tuple[Atom, ...]] = iter([(first, atom) for atom in failed_atoms])
+    elif deps.atoms is not None:
+        start = signal.task
+        found = await deps.atoms(signal.task)
+        others = [
+            atom
+            for task in found
+            if task.id != signal.task.id
+            and task.lineage.parent_task_id != signal.task.id
+            and (atom := atom_of(task)) is not None
+        ]
+        random.Random(signal.id).shuffle(others)
+        pairs = orders(failed_atoms, others)
+    else:
+        return None
+    environment = signal.task.environment
+    rounds = await anyio.to_thread.run_sync(
+        partial(composed_rounds, start, pairs, partial(make_environment, environment), limit)
+    )
+    if not rounds:
+        return None
+    return exploration_message(
+        derived_id("exploration", signal.id, "composed"),
+        "guided",
+        start,
+        rounds,
+        context=None,
+        signal=signal,
+        failed=failed,
+    )
 
 
 async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
@@ -102,31 +171,40 @@ async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
     if config.require_failure and not failed:
         return Explored(None, "nothing_failed", ExplorationStats())
     exploration_id = derived_id("exploration", signal.id)
-    if failed and config.substitution_rounds > 0:
-        with deps.tracer.start_as_current_span("explorer substitute"):
-            substituted = await anyio.to_thread.run_sync(
-                partial(
-                    substitution_rounds,
-                    signal.task,
-                    partial(make_environment, signal.task.environment),
-                    config.substitution_rounds,
-                    seed=signal.id,
-                    known_values=deps.labelled,
+    if failed and (config.substitution_rounds > 0 or config.composition_rounds > 0):
+        substituted: list[ExplorationRound] = []
+        if config.substitution_rounds > 0:
+            with deps.tracer.start_as_current_span("explorer substitute"):
+                substituted = await anyio.to_thread.run_sync(
+                    partial(
+                        substitution_rounds,
+                        signal.task,
+                        partial(make_environment, signal.task.environment),
+                        config.substitution_rounds,
+                        seed=signal.id,
+                        known_values=deps.labelled,
+                    )
                 )
+        with deps.tracer.start_as_current_span("explorer compose"):
+            composed = await composed_exploration(signal, substituted, failed, deps)
+        if substituted or composed:
+            rounds = [*substituted, *(composed.rounds if composed else [])]
+            stats = ExplorationStats(steps=sum(len(r.steps) for r in rounds))
+            exploration = (
+                exploration_message(
+                    exploration_id,
+                    "guided",
+                    signal.task,
+                    substituted,
+                    context=None,
+                    signal=signal,
+                    failed=failed,
+                )
+                if substituted
+                else None
             )
-        if substituted:
-            stats = ExplorationStats(steps=sum(len(r.steps) for r in substituted))
-            exploration = exploration_message(
-                exploration_id,
-                "guided",
-                signal.task,
-                substituted,
-                context=None,
-                signal=signal,
-                failed=failed,
-            )
-            return Explored(exploration, "explored", stats)
-        if not config.explore_without_substitution:
+            return Explored(exploration, "explored", stats, composed=composed)
+        if config.substitution_rounds > 0 and not config.explore_without_substitution:
             return Explored(None, "nothing_to_substitute", ExplorationStats())
     summary: ExplorationContext | Rejection | None = None
     if not failed or config.summarize_aimed:
@@ -282,6 +360,7 @@ def exploration_message(
         signal_kind=signal.kind if signal else None,
         signal_evidence=dict(signal.evidence) if signal else {},
         failed_calls=list(failed or []),
+        signal_version=signal.policy_version if signal else None,
     )
 
 

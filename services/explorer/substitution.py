@@ -29,6 +29,7 @@ from coevolve.shared.argument_values import salient_values
 from coevolve.shared.envs import Environment, state_of
 from coevolve.shared.envs.protocol import argument_values_of
 from coevolve.shared.messages import ExplorationRound, InteractionStep, Task, ToolCall
+from coevolve.shared.value_roles import mention, shape
 
 # A request whose calls depend on a condition the state decides ("if its price is above
 # 300, add it"): swapping the value may flip the condition, and the calls would no longer
@@ -51,30 +52,18 @@ class Substitution:
     new: Any
 
 
-def _mention(value: Any) -> re.Pattern[str]:
-    """``value`` as a whole token: ``USR005`` in "'USR005'." but not in ``USR0051``."""
-    return re.compile(rf"(?<![\w.]){re.escape(str(value))}(?![\w])")
-
-
 def stated_values(request: str, calls: Sequence[ToolCall]) -> list[Any]:
     """The salient values of ``calls`` that ``request`` writes out as they are passed."""
     return [
         value
         for _, _, value in salient_values(calls)
-        if isinstance(value, str | int | float) and _mention(value).search(request)
+        if isinstance(value, str | int | float) and mention(value).search(request)
     ]
 
 
 def conditional(request: str) -> bool:
     """Whether ``request`` asks for its calls only under a condition on a quantity."""
     return bool(CONDITION.search(request) and COMPARISON.search(request))
-
-
-def shape(value: Any) -> str:
-    """How a value is written, runs collapsed: ``USR005`` -> ``A9``, ``NVDA`` -> ``A``;
-    a variant's value keeps its parent's (no message id for a user id)."""
-    text = re.sub(r"[A-Z]+", "A", re.sub(r"[a-z]+", "a", re.sub(r"[0-9]+", "9", str(value))))
-    return re.sub(r"\s+", " ", text)
 
 
 def other_numbers(value: int | float) -> list[int | float]:
@@ -120,10 +109,10 @@ def substituted(value: Any, old: Any, new: Any) -> Any:
 
 
 def substituted_request(request: str, old: Any, new: Any) -> str:
-    return _mention(old).sub(lambda _: str(new), request)
+    return mention(old).sub(lambda _: str(new), request)
 
 
-def _parsed(observation: str) -> Any:
+def parsed_result(observation: str) -> Any:
     try:
         return json.loads(observation)
     except ValueError:
@@ -141,7 +130,7 @@ def _paths(node: Any, value: Any, path: Path = ()) -> Iterator[Path]:
         yield path
 
 
-def _contains(node: Any, value: Any) -> bool:
+def contains_value(node: Any, value: Any) -> bool:
     return next(_paths(node, value), None) is not None
 
 
@@ -188,7 +177,7 @@ def variant_calls(
     """The parent's calls with ``substitution`` made, run one by one through ``execute``
     from the parent's start state; a value an earlier call returned is taken from the
     variant's result instead. None when a call fails or nothing changes."""
-    parsed = [_parsed(text) for text in parent_observations]
+    parsed = [parsed_result(text) for text in parent_observations]
     calls: list[ToolCall] = []
     observations: list[str] = []
     variant_parsed: list[Any] = []
@@ -207,7 +196,7 @@ def variant_calls(
             return None
         calls.append(variant)
         observations.append(text)
-        variant_parsed.append(_parsed(text))
+        variant_parsed.append(parsed_result(text))
     if calls == list(parent_calls):
         return None
     return calls, observations
@@ -243,14 +232,14 @@ def unexplained_numbers(
     """(call position, number) of each number a call passes that the request does not
     write and no earlier call returned as it is: worked out (10.04 gallons rounded to 10),
     which a variant cannot work out again."""
-    parsed = [_parsed(text) for text in observations]
+    parsed = [parsed_result(text) for text in observations]
     found: list[tuple[int, Any]] = []
     for position, call in enumerate(calls):
         for _, _, value in salient_values([call]):
             if not isinstance(value, int | float) or isinstance(value, bool):
                 continue
-            stated = _mention(value).search(request) is not None
-            returned = any(_contains(result, value) for result in parsed[:position])
+            stated = mention(value).search(request) is not None
+            returned = any(contains_value(result, value) for result in parsed[:position])
             if not stated and not returned:
                 found.append((position, value))
     return found
@@ -269,7 +258,7 @@ def entangled(
             return True
     parts = [word.strip(",.") for word in text.split()]
     if len(parts) > 1:
-        outside = _mention(value).sub(" ", request)
+        outside = mention(value).sub(" ", request)
         if any(len(part) >= 4 and part[0].isupper() and part in outside for part in parts):
             return True
     passing = [i for i, call in enumerate(calls) if value in passed_values([call])]
@@ -286,11 +275,11 @@ def given_arguments(
     """(function, parameter, value) of each salient value of ``calls`` that no earlier
     call returned, where it is first passed: what the user gave (in the request, in
     words, or earlier in the conversation)."""
-    parsed = [_parsed(text) for text in observations]
+    parsed = [parsed_result(text) for text in observations]
     given: list[tuple[str, str, Any]] = []
     for position, call in enumerate(calls):
         for _, parameter, value in salient_values([call]):
-            returned = any(_contains(result, value) for result in parsed[:position])
+            returned = any(contains_value(result, value) for result in parsed[:position])
             fresh = all(value != seen for _, _, seen in given)
             if not returned and isinstance(value, str | int | float) and fresh:
                 given.append((call.name, parameter, value))
@@ -385,7 +374,7 @@ def substitution_rounds(
                 for call, text in zip(calls, observations, strict=True)
             ]
             old, new = substitution.old, substitution.new
-            stated = _mention(old).search(request) is not None
+            stated = mention(old).search(request) is not None
             rounds.append(
                 ExplorationRound(
                     steps=steps,

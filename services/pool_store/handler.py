@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -19,6 +20,7 @@ from coevolve.shared.experience import rank_experiences
 from coevolve.shared.messages import (
     AddTasks,
     AddTasksReply,
+    AtomsFor,
     Experience,
     ExperiencesReply,
     GetStats,
@@ -63,6 +65,8 @@ def answer(store: PoolStore, request: Message, config: PoolStoreConfig) -> Messa
             return SampleBatchReply(
                 tasks=store.sample_batch(size, mix or config.mix, environment, seed)
             )
+        case AtomsFor(task_id=task_id, limit=limit):
+            return SampleBatchReply(tasks=atoms_for(store, task_id, limit))
         case GetStats():
             return store.stats()
         case LineageQuery(task_id=task_id):
@@ -71,6 +75,37 @@ def answer(store: PoolStore, request: Message, config: PoolStoreConfig) -> Messa
         case ListExperiences(limit=limit):
             return experiences_reply(store, limit)
     raise ValueError(f"unsupported request {type(request).__name__}")
+
+
+# tasks scanned for atoms: the newest, enough for a run's pool
+ATOM_SCAN_LIMIT = 2000
+# configuration keys that carry a task's conversation so far (BFCL's per-turn tasks): an
+# atom has none, and the rest of its configuration is the task's
+CONVERSATION_KEYS = frozenset({"turn", "prior_turns", "prior_ground_truth"})
+
+
+def setting_of(task: Task) -> dict[str, Any]:
+    return {key: value for key, value in task.env_config.items() if key not in CONVERSATION_KEYS}
+
+
+def atoms_for(store: PoolStore, task_id: str, limit: int) -> list[Task]:
+    """Active one-turn tasks, newest first, with no conversation before their turn, in
+    ``task_id``'s environment and setting: what composition may join with it ([] when
+    the task is unknown)."""
+    task = store.get_task(task_id)
+    if task is None:
+        return []
+    setting = setting_of(task)
+    found = [
+        other
+        for other in store.list_tasks(limit=ATOM_SCAN_LIMIT, environment=task.environment)
+        if other.id != task.id
+        and other.status == "active"
+        and len(other.user_turns) == 1
+        and not other.env_config.get("prior_turns")
+        and setting_of(other) == setting
+    ]
+    return found[:limit]
 
 
 def added_event(task_id: str, origin: Origin) -> TaskAdded:

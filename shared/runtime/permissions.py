@@ -146,6 +146,7 @@ ROLES: tuple[Role, ...] = (
         "explores from signals and exploration requests",
         publishes=(EXPLORATIONS,),
         consumes=(EXPLORER_SIGNALS_CONSUMER, EXPLORER_REQUESTS_CONSUMER),
+        requests=(POOL_RPC,),
     ),
     Role(
         "abstractor",

@@ -36,7 +36,7 @@ from coevolve.shared.runtime.subjects import (
 pytestmark = pytest.mark.anyio
 
 SERVICE_USERS = set(SERVICES)
-POOL_ASKERS = {"learner", "signal_monitor", "abstractor", "distiller", "reader"}
+POOL_ASKERS = {"learner", "signal_monitor", "explorer", "abstractor", "distiller", "reader"}
 
 # subject -> the users (besides admin) that may publish to it
 PUBLISH: dict[str, set[str]] = {

@@ -100,6 +100,7 @@ def explore(
     rounds: int = 1,
     substitution_rounds: int = 0,
     explore_without_substitution: bool = False,
+    composition_rounds: int = 0,
 ) -> Explored:
     endpoint.reply(*(completion(json.dumps(reply)) for reply in replies))
     section = {"default": {"base_url": endpoint.base_url, "model": "m", "temperature": 0.7}}
@@ -112,6 +113,7 @@ def explore(
             rounds=rounds,
             substitution_rounds=substitution_rounds,
             explore_without_substitution=explore_without_substitution,
+            composition_rounds=composition_rounds,
             record=None,
             summarize_aimed=summarize_aimed,
         ),
@@ -217,3 +219,27 @@ def test_a_turn_without_a_substitution_is_explored_by_the_llm_only_when_asked(
     )
     assert explored.exploration is not None and len(endpoint.requests) == 1
     assert explored.exploration.rounds[0].replaced is None
+
+
+def test_a_failed_later_turn_is_also_joined_with_the_turn_before_it(
+    endpoint: FakeOpenAI,
+) -> None:
+    task = next(t for t in load_turn_tasks() if t.id == "multi_turn_base_72#t3")
+    signal = signal_of(task, failed_trajectory(task, [call("get_user_id", user="David")]))
+    explored = explore(endpoint, signal, [], substitution_rounds=2, composition_rounds=2)
+    assert endpoint.requests == []
+    assert explored.exploration is not None and explored.composed is not None
+    composed = explored.composed
+    assert composed.id != explored.exploration.id
+    assert composed.task.env_config["turn"] == task.env_config["turn"] - 1
+    assert composed.signal_version == explored.exploration.signal_version == 3
+    assert 1 <= len(composed.rounds) <= 2
+    earlier = task.env_config["prior_turns"][-1]
+    for joined in composed.rounds:
+        assert joined.composed_from is not None and joined.request is not None
+        assert joined.request.startswith(earlier.strip())
+        assert len(joined.steps) > len(task.ground_truth[0])
+    # composition alone, without substitution, still gives the joined turns
+    alone = explore(endpoint, signal, [], substitution_rounds=0, composition_rounds=1)
+    assert alone.exploration is None and alone.composed is not None
+    assert len(alone.composed.rounds) == 1

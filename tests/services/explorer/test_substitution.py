@@ -8,7 +8,6 @@ from coevolve.services.explorer.substitution import (
     conditional,
     given_arguments,
     other_numbers,
-    shape,
     stated_values,
     substituted_request,
     substitution_rounds,
@@ -17,6 +16,7 @@ from coevolve.services.explorer.substitution import (
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import load_turn_tasks
 from coevolve.shared.messages import Task, ToolCall
+from coevolve.shared.value_roles import shape
 
 
 def turn(task_id: str) -> Task:
