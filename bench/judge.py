@@ -17,12 +17,17 @@ A labelled set from BFCL's train-split per-turn tasks (``bfcl-turns-base``):
   call, or told as what the assistant must do), ``template_request`` (the request replaced
   by a template made from its own calls: each function's name in words, a colon and its
   description, then a "Details:" list of its argument values as the abstractor wrote it,
-  or without that list). One more kind is reported on its own,
-  outside the overall reject rate: ``redundant_call`` (a state-changing call made twice in
-  a row), what minimality is for.
+  or without that list), ``role_swap`` (a substitution child whose new value took another
+  party's place: the calls pass a new value where they passed one the request writes, and
+  the request writes it in place of another value written alike, as "I (user id USR004)"
+  for a message to USR004 that went to USR002 from USR001; its lineage holds the parent's
+  request and the swap). One more kind is reported on its own, outside the overall reject
+  rate: ``redundant_call`` (a state-changing call made twice in a row), what minimality is
+  for.
 
 Each candidate goes through the judge's stages in its order: replay, minimality,
-relevance (arguments named, intent), round trip (an LLM solver must reach the same
+relevance (plain request, no template, real values, same action, roles kept, arguments
+named, description covered, intent), round trip (an LLM solver must reach the same
 state), the LLM judge. A row per stage reports the accept rate of positives, the reject
 rate of negatives (overall and per corruption) and the seconds per candidate, each stage
 including the ones before it. The deterministic stages run on every candidate; the LLM
@@ -48,6 +53,7 @@ import msgspec
 
 from coevolve.bench import tables
 from coevolve.services.abstractor.completion import details_clause
+from coevolve.services.explorer.substitution import substituted
 from coevolve.services.judge.checks import (
     MIN_INTENT_SCORE,
     CallTrace,
@@ -55,6 +61,7 @@ from coevolve.services.judge.checks import (
     check_arguments_named,
     check_description_covered,
     check_intent,
+    check_keeps_roles,
     check_minimality,
     check_not_template,
     check_plain_request,
@@ -64,8 +71,10 @@ from coevolve.services.judge.checks import (
     trace_calls,
 )
 from coevolve.services.judge.replay import replay_candidate
-from coevolve.shared.envs import Environment, make_environment
+from coevolve.shared.argument_values import scalars
+from coevolve.shared.envs import Environment, make_environment, state_of
 from coevolve.shared.messages import Task, ToolCall
+from coevolve.shared.value_roles import mention, shape, writes, written_values
 
 CORRUPTIONS: tuple[str, ...] = (
     "wrong_function",
@@ -77,12 +86,15 @@ CORRUPTIONS: tuple[str, ...] = (
     "unused_value",
     "about_the_call",
     "template_request",
+    "role_swap",
 )
 # reported on its own, not in the overall reject rate
 EXTRA_CORRUPTIONS: tuple[str, ...] = ("redundant_call",)
 ALL_CORRUPTIONS = (*CORRUPTIONS, *EXTRA_CORRUPTIONS)
 SEED = 11
 QUICK_POSITIVES = 10
+# new values a role swap tries until its calls run
+ROLE_SWAP_TRIES = 5
 # The LLM stages cost about 80 s per candidate that reaches them on 2 shared cores (a round
 # trip of ~55 s, a judgment of ~25 s, Qwen2.5-Coder-0.5B on 1 thread): a small sample.
 QUICK_LLM_POSITIVES = 3
@@ -322,6 +334,97 @@ def unused_value(
     return Labelled(corrupted, "unused_value", task.id, f"names {value!r}")
 
 
+def _literals(value: Any) -> list[Any]:
+    """The distinct strings and numbers (not booleans) in ``value``, in order."""
+    found = [v for v in scalars(value) if isinstance(v, str | int | float)]
+    return list(dict.fromkeys(v for v in found if not isinstance(v, bool)))
+
+
+def _runs(task: Task, calls: Sequence[ToolCall], make_env: Callable[[], Environment]) -> bool:
+    """Whether every call runs without an error from the task's start state."""
+    environment = make_env()
+    try:
+        environment.reset(task)
+        return all(environment.execute(call)[0] for call in calls)
+    finally:
+        environment.close()
+
+
+def role_swap(
+    task: Task,
+    pool: dict[tuple[str, str], list[Any]],
+    rng: random.Random,
+    make_env: Callable[[], Environment] = _make_env,
+) -> Labelled | None:
+    """A substitution child whose new value took another party's place: a string the
+    request writes and a call passes (old) swapped in the calls for a new one written
+    alike, and in the request another value written alike replaced by the new one; the
+    lineage holds the request and the swap, as the abstractor's lineage does. The new
+    value is one the turn does not use, and the calls run with it, as a substitution's must:
+    tried in turn (``ROLE_SWAP_TRIES``), what the parameter takes in ``pool`` and the
+    start state holds first, then what the state holds, then ``pool``. None when the
+    request writes no two values of one shape of which a call passes one, or no new
+    value runs."""
+    request = task.user_turns[0]
+    calls = task.ground_truth[0]
+    passed = _literals([call.arguments for call in calls])
+    written = written_values(request)
+    # parties: ids, symbols, names of files and folders (the values an edit replaces)
+    pairs = [
+        (old, other)
+        for old in passed
+        if isinstance(old, str) and old in written
+        for other in written
+        if other != old and shape(other) == shape(old) and writes(request, other)
+    ]
+    if not pairs:
+        return None
+    old, other = rng.choice(pairs)
+    used = {str(v) for v in passed} | set(written)
+
+    def fits(value: Any) -> bool:
+        fresh = str(value) not in used and not writes(request, value)
+        return isinstance(value, str) and shape(value) == shape(old) and fresh
+
+    environment = make_env()
+    try:
+        environment.reset(task)
+        state = state_of(environment)
+    finally:
+        environment.close()
+    slots = {
+        (call.name, parameter)
+        for call in calls
+        for parameter, argument in call.arguments.items()
+        if old in _literals(argument)
+    }
+    for_parameter = {v for slot in slots for v in pool.get(slot, []) if fits(v)}
+    in_state = {v for v in _literals(state) if fits(v)}
+    anywhere = {v for values in pool.values() for v in values if fits(v)}
+    options: list[Any] = []
+    for tier in (for_parameter & in_state, in_state, for_parameter, anywhere):
+        ordered = sorted(tier - set(options), key=str)
+        rng.shuffle(ordered)
+        options.extend(ordered)
+
+    def swapped(new: Any) -> list[ToolCall]:
+        return [ToolCall(name=c.name, arguments=substituted(c.arguments, old, new)) for c in calls]
+
+    tried = options[:ROLE_SWAP_TRIES]
+    new = next((value for value in tried if _runs(task, swapped(value), make_env)), None)
+    if new is None:
+        return None
+    lineage = msgspec.structs.replace(task.lineage, parent_request=request, replaced=[old, new])
+    written_new = str(new)
+    corrupted = msgspec.structs.replace(
+        _with_calls(task, swapped(new), "rs"),
+        user_turns=[mention(other).sub(lambda _: written_new, request)],
+        lineage=lineage,
+    )
+    note = f"{old!r} -> {new!r} in the calls, {other!r} -> {new!r} in the request"
+    return Labelled(corrupted, "role_swap", task.id, note)
+
+
 def _other_value(value: Any, values: Sequence[Any], rng: random.Random) -> Any | None:
     others = [v for v in values if type(v) is type(value) and v != value]
     if others:
@@ -435,6 +538,7 @@ def labelled_set(
             "template_request": template_request(
                 task, trace, random.Random(f"{seed}:template:{task.id}")
             ),
+            "role_swap": role_swap(task, pool, random.Random(f"{seed}:role_swap:{task.id}")),
         }
         for kind, negative in made.items():
             if negative is None:
@@ -494,6 +598,7 @@ def deterministic_stages(item: Labelled, backend: str) -> Outcome:
             check_not_template(task, trace),
             check_real_values(task, trace),
             check_same_action(task, trace),
+            check_keeps_roles(task),
             check_arguments_named(task, trace),
             check_description_covered(task, trace),
             check_intent(task, trace, backend),  # type: ignore[arg-type]
@@ -516,6 +621,7 @@ RELEVANCE_CHECKS = (
     "not_template",
     "real_values",
     "same_action",
+    "keeps_roles",
     "names_arguments",
     "covers_description",
     "intent_matches",
@@ -779,6 +885,7 @@ def print_table(report: dict[str, Any]) -> None:
         "unused_value": "unused val",
         "about_the_call": "about call",
         "template_request": "template",
+        "role_swap": "role swap",
     }
     kinds = tuple(short.get(k, k.replace("_", " ")) for k in ALL_CORRUPTIONS)
     for key, title in (

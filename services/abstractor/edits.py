@@ -21,6 +21,7 @@ from coevolve.services.abstractor.call_units import CallUnit
 from coevolve.services.abstractor.prompts import ChatMessages, render_conversation
 from coevolve.shared.argument_values import salient_values
 from coevolve.shared.messages import ChatMessage, ToolCall
+from coevolve.shared.value_roles import role_problems
 
 # a name is at most this many words ("Synex Solutions", "Quasar Ltd.")
 MAX_SPAN_WORDS = 3
@@ -138,9 +139,17 @@ def edited_request(request: str, span: str, new: Any) -> str:
     return re.sub(rf"(?<![\w]){re.escape(span)}(?![\w])", str(new), request)
 
 
-def edit_unit_problems(unit: CallUnit, request: str, span: str) -> list[str]:
-    """Why the edited request cannot be the unit's; [] when it can. (A span written
+def edit_unit_problems(
+    unit: CallUnit, request: str, span: str, parent_request: str | None = None
+) -> list[str]:
+    """Why the edited request cannot be the unit's; [] when it can: the words are not in
+    it, or (given the parent's request) the new value took another party's place, as
+    the judge's ``keeps_roles`` rejects it (``shared.value_roles``). (A span written
     inside the calls is never offered: ``naming_spans``.)"""
     assert unit.replaced is not None
-    new = unit.replaced[1]
-    return [] if str(new) in request else [f"the words {span!r} are not in the request"]
+    old, new = unit.replaced
+    if str(new) not in request:
+        return [f"the words {span!r} are not in the request"]
+    if parent_request is None:
+        return []
+    return role_problems(parent_request, request, old, new, unit.calls)

@@ -19,6 +19,10 @@ They run after the replay (``replay.py``) and before any LLM, each a verdict cri
 - ``same_action``: no request asks for the opposite of its calls ("remove" for
   ``add_to_watchlist``) or names another function instead of its own ("check tire
   pressure" for ``adjustClimateControl``; ``shared/wording.py``);
+- ``keeps_roles``: a substitution child (``lineage.parent_request`` and
+  ``lineage.replaced``) writes its new value where its parent wrote the old one, not in
+  another party's place ("I (user id USR004) ..." where the parent's sender was
+  ``USR001`` and the swap replaced the receiver ``USR002``; ``shared/value_roles.py``);
 - ``intent_matches``: the request, without the "Details:" clause code appended to it, is
   closer to the functions it calls (name and description) than to most other functions
   the environment offers (all-MiniLM-L6-v2 embeddings, or the n-gram cosine without the
@@ -46,6 +50,7 @@ from coevolve.shared.argument_values import salient_values, scalars
 from coevolve.shared.envs import Environment, state_of
 from coevolve.shared.messages import Task, ToolCall
 from coevolve.shared.similarity import Backend, NearDuplicateIndex
+from coevolve.shared.value_roles import role_problems
 from coevolve.shared.wording import (
     call_syntax,
     opposite_action,
@@ -61,6 +66,7 @@ SEMANTIC_CRITERIA: tuple[str, ...] = (
     "not_template",
     "real_values",
     "same_action",
+    "keeps_roles",
     "names_arguments",
     "covers_description",
     "minimal",
@@ -632,6 +638,19 @@ def check_same_action(task: Task, trace: CallTrace) -> CheckResult:
     return CheckResult("same_action", not reasons, reasons)
 
 
+def check_keeps_roles(task: Task) -> CheckResult:
+    """A substitution child's new value takes the old value's place in the request, not
+    another party's (``shared.value_roles.role_problems``); a task that is no
+    substitution child passes."""
+    parent_request, replaced = task.lineage.parent_request, task.lineage.replaced
+    if parent_request is None or not replaced or len(replaced) != 2 or not task.user_turns:
+        return CheckResult("keeps_roles", True, details={"substitution": False})
+    old, new = replaced
+    calls = [call for turn in task.ground_truth for call in turn]
+    reasons = role_problems(parent_request, task.user_turns[0], old, new, calls)
+    return CheckResult("keeps_roles", not reasons, reasons, {"substitution": True})
+
+
 def json_text(value: Any) -> str:
     return " ".join(str(v) for v in scalars(value))
 
@@ -656,6 +675,7 @@ def semantic_checks(
         results.append(check_not_template(task, trace))
         results.append(check_real_values(task, trace))
         results.append(check_same_action(task, trace))
+        results.append(check_keeps_roles(task))
         results.append(check_arguments_named(task, trace))
         results.append(check_description_covered(task, trace))
     if minimality:

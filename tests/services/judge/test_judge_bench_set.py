@@ -45,6 +45,15 @@ def test_each_negative_differs_from_its_positive_by_one_corruption() -> None:
             assert after == before and task.user_turns != source.user_turns
             assert task.user_turns[0].startswith(" ".join(name_words(before[0].name)) + ": ")
             continue
+        if item.kind == "role_swap":
+            old, new = task.lineage.replaced or []
+            assert task.lineage.parent_request == source.user_turns[0]
+            assert old in source.user_turns[0] and old in task.user_turns[0]
+            assert new in task.user_turns[0] and new not in source.user_turns[0]
+            assert [c.name for c in after] == [c.name for c in before]
+            assert any(new in c.arguments.values() for c in after)
+            assert not any(old in c.arguments.values() for c in after)
+            continue
         if item.kind == "unused_value":
             assert after == before and task.user_turns[0].startswith(source.user_turns[0])
             continue
