@@ -373,6 +373,9 @@ class ExplorationRequest(Message):
     covered: Annotated[list[str], msgspec.Meta(max_length=200)] = msgspec.field(
         default_factory=list
     )
+    # vary the task with the synthesis machinery an aimed signal's turn gets (variants and
+    # composed turns, no LLM), aimed at nothing: the unguided control of guided synthesis
+    vary: bool = False
 
 
 class Exploration(Message):

@@ -54,8 +54,10 @@ def choose_tasks(
     return random.Random(seed).sample(train, count)
 
 
-async def publish_requests(bus: Bus, tasks: list[Task], rounds: int) -> list[ExplorationRequest]:
-    requests = [ExplorationRequest(task=task, rounds=rounds) for task in tasks]
+async def publish_requests(
+    bus: Bus, tasks: list[Task], rounds: int, vary: bool = False
+) -> list[ExplorationRequest]:
+    requests = [ExplorationRequest(task=task, rounds=rounds, vary=vary) for task in tasks]
     for request in requests:
         await bus.publish(EXPLORATION_REQUESTS, request)
     return requests

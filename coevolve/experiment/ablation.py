@@ -13,8 +13,10 @@ and a later resume on another machine need, small enough to commit:
 
 Arms: ``none`` runs without explorers (``--scale explorer=0``): GRPO on the seed pool
 only. ``coevolve`` runs the defaults (signal-guided synthesis). ``random`` turns the
-signal detectors off (``signal_monitor.detectors.kinds: []``) and sends seed-mode
-exploration requests paced by :class:`Pacer` to add as many tasks as the coevolve arm
+signal detectors off (``signal_monitor.detectors.kinds: []``) and sends exploration
+requests that vary pool tasks drawn at random with the same synthesis machinery
+(``ExplorationRequest.vary``: variants and composed turns, the same validation, fresh
+first in the job feed), paced by :class:`Pacer` to add as many tasks as the coevolve arm
 of the same seed did by the same minute. ``navigate``, ``attribute`` and ``both`` are
 ``coevolve`` with self-navigating (``distiller.enabled``), step credit
 (``rollout.step_credit.enabled``) or both turned on (docs/navigation.md,
@@ -25,8 +27,8 @@ taken ``steps`` steps (equal compute for the learner), whichever comes first; wi
 ``steps``, an arm that the minutes ended first is kept but not pooled (aggregate.py).
 
 The setting is the base configuration's: ``labels: none`` (with ``d0.file``) trains
-every arm on discovered tasks alone, and the random arm then explores from the
-environment's initial states, never a labelled turn. Each result records its
+every arm on discovered tasks alone, and the random arm then varies D0's tasks, never a
+labelled turn. Each result records its
 ``setting`` (``no_labels`` or ``labelled``), ``arm``, ``seed`` and ``ended_by``.
 """
 
@@ -53,7 +55,7 @@ import anyio
 import msgspec
 import yaml
 
-from coevolve.cli.explore_cmd import choose_tasks, publish_requests
+from coevolve.cli.explore_cmd import publish_requests
 from coevolve.experiment import ARMS
 from coevolve.experiment.machine import machine_facts
 from coevolve.processes import (
@@ -66,7 +68,9 @@ from coevolve.processes import (
 )
 from coevolve.report.run_data import load_run, policy_files
 from coevolve.report.run_report import summarize_run
-from coevolve.shared.messages import DecodeError, Exploration, TaskAdded, decode
+from coevolve.services.learner.warm_start import demonstration_origin
+from coevolve.shared.messages import DecodeError, Exploration, Task, TaskAdded, decode
+from coevolve.shared.pool_client import PoolClient
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.credentials import run_bus_settings
 from coevolve.shared.runtime.nats_server import free_port
@@ -477,8 +481,7 @@ async def control_arm(
     run's processes, (random arm) send the paced exploration requests, and every
     ``progress_every_minutes`` tell ``progress`` where the arm is."""
     live = ArmLive()
-    world = spec.world()  # read once: the pacer's loop sends requests every few seconds
-    labelled = spec.setting() == "labelled"  # no labels: explore from initial states alone
+    labelled = spec.setting() == "labelled"  # no labels: vary D0's tasks
     bus = await Bus.connect(run_bus_settings(run, url), name="experiment")
     rng = random.Random(seed)
     # policy v(N+1) is the one the learner publishes after its N-th step
@@ -532,10 +535,9 @@ async def control_arm(
                 if pacer is not None:
                     due = pacer.requests_due(now)
                     if due:
-                        draw = rng.randrange(1 << 30)
-                        tasks = choose_tasks(due, seed=draw, classes=world, labelled=labelled)
-                        await publish_requests(bus, tasks, rounds=1)
-                        live.requests_sent += due
+                        tasks = await unguided_parents(bus, due, rng.randrange(1 << 30), labelled)
+                        await publish_requests(bus, tasks, rounds=1, vary=True)
+                        live.requests_sent += len(tasks)
                 next_mark = min([*marks[:1], spec.minutes])
                 await anyio.sleep(min(TICK_S, max(0.5, (next_mark - minute()) * 60)))
             tg.cancel_scope.cancel()
@@ -543,6 +545,16 @@ async def control_arm(
         with anyio.move_on_after(5, shield=True):
             await bus.close(timeout=3.0)
     return live
+
+
+async def unguided_parents(bus: Bus, count: int, seed: int, labelled: bool) -> list[Task]:
+    """``count`` tasks with ground truth drawn from the run's pool at random (the labelled
+    turns, or with no labels D0's tasks): what the random arm varies with the synthesis
+    machinery the coevolve arm aims at failures."""
+    origin = demonstration_origin("bfcl" if labelled else "none")
+    with anyio.fail_after(30):
+        drawn = await PoolClient(bus).sample(count, mix={origin: 1.0}, seed=seed)
+    return [task for task in drawn if task.ground_truth][:count]
 
 
 def keep_current_policy(run: Path, marks_dir: Path, at_most: int | None = None) -> int:

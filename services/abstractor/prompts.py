@@ -339,11 +339,15 @@ def unit_task(
     exploration's start state.
 
     Ids derive from the exploration id and the unit's position, so abstracting a
-    redelivered exploration yields the same ids. Guided explorations make "synthesized"
-    tasks and unguided ones "explored" tasks unless ``origin`` says otherwise.
+    redelivered exploration yields the same ids. Guided explorations, and variants and
+    composed turns of any exploration (the synthesis machinery), make "synthesized"
+    tasks; the LLM's unguided explorations make "explored" tasks, unless ``origin`` says
+    otherwise.
     """
     source = exploration.task
     candidate_id = derived_id("candidate", exploration.id, index)
+    guided = exploration.mode == "guided"
+    made_by_code = bool(unit.replaced or unit.composed_from)
     lineage = Lineage(
         signal_id=exploration.signal_id,
         signal_kind=exploration.signal_kind,
@@ -369,7 +373,7 @@ def unit_task(
         initial_state=source.initial_state,
         ground_truth=[list(unit.calls)],
         env_config=source.env_config,
-        origin=origin or ("synthesized" if exploration.mode == "guided" else "explored"),
+        origin=origin or ("synthesized" if guided or made_by_code else "explored"),
         description=draft.description,
         source_entry=source.source_entry,
         lineage=lineage,

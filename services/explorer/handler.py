@@ -104,14 +104,15 @@ class Explored:
         return [e for e in (self.exploration, self.composed) if e is not None]
 
 
-async def composed_exploration(
-    signal: Signal, variants: list[ExplorationRound], failed: list[FailedCall], deps: ExplorerDeps
-) -> Exploration | None:
-    """Up to ``composition_rounds`` turns joining the signal's turn (or a variant of it
-    whose request code made) with the turn before it, or else with tasks of the pool that
-    start where it starts (``deps.atoms``); None when none replays."""
+async def composed_rounds_for(
+    task: Task, seed: str, variants: list[ExplorationRound], deps: ExplorerDeps
+) -> tuple[Task, list[ExplorationRound]] | None:
+    """(start, rounds): up to ``composition_rounds`` turns joining ``task``'s turn (or a
+    variant of it whose request code made) with the turn before it, or else with tasks of
+    the pool in its setting (``deps.atoms``), shuffled by ``seed``; None when none
+    replays."""
     limit = deps.config.composition_rounds
-    parent = atom_of(signal.task)
+    parent = atom_of(task)
     if limit <= 0 or parent is None:
         return None
     failed_atoms = [parent] + [
@@ -119,39 +120,73 @@ async def composed_exploration(
         for r in variants
         if r.request is not None
     ]
-    earlier = previous_turn(signal.task)
+    earlier = previous_turn(task)
     if earlier is not None:
         start, first = earlier
         pairs: Iterator[tuple[Atom, ...]] = iter([(first, atom) for atom in failed_atoms])
     elif deps.atoms is not None:
-        start = signal.task
-        found = await deps.atoms(signal.task)
+        start = task
+        found = await deps.atoms(task)
         others = [
             atom
-            for task in found
-            if task.id != signal.task.id
-            and task.lineage.parent_task_id != signal.task.id
-            and (atom := atom_of(task)) is not None
+            for other in found
+            if other.id != task.id
+            and other.lineage.parent_task_id != task.id
+            and (atom := atom_of(other)) is not None
         ]
-        random.Random(signal.id).shuffle(others)
+        random.Random(seed).shuffle(others)
         pairs = orders(failed_atoms, others)
     else:
         return None
-    environment = signal.task.environment
-    rounds = await anyio.to_thread.run_sync(
-        partial(composed_rounds, start, pairs, partial(make_environment, environment), limit)
-    )
-    if not rounds:
-        return None
-    return exploration_message(
-        derived_id("exploration", signal.id, "composed"),
-        "guided",
-        start,
-        rounds,
-        context=None,
-        signal=signal,
-        failed=failed,
-    )
+    make_env = partial(make_environment, task.environment)
+    rounds = await anyio.to_thread.run_sync(partial(composed_rounds, start, pairs, make_env, limit))
+    return (start, rounds) if rounds else None
+
+
+async def synthesized(
+    task: Task,
+    seed: str,
+    deps: ExplorerDeps,
+    *,
+    signal: Signal | None,
+    failed: list[FailedCall],
+) -> Explored:
+    """The synthesis machinery on ``task``: up to ``substitution_rounds`` variants and up
+    to ``composition_rounds`` composed turns, as guided explorations of ``signal`` (aimed
+    at ``failed``) or, without a signal, unguided ones (the control that the same
+    machinery aimed at nothing gives). No LLM is asked."""
+    config = deps.config
+    substituted: list[ExplorationRound] = []
+    if config.substitution_rounds > 0:
+        with deps.tracer.start_as_current_span("explorer substitute"):
+            substituted = await anyio.to_thread.run_sync(
+                partial(
+                    substitution_rounds,
+                    task,
+                    partial(make_environment, task.environment),
+                    config.substitution_rounds,
+                    seed=seed,
+                    known_values=deps.labelled,
+                )
+            )
+    with deps.tracer.start_as_current_span("explorer compose"):
+        composed = await composed_rounds_for(task, seed, substituted, deps)
+    mode: ExplorationMode = "guided" if signal is not None else "unguided"
+
+    def published(
+        suffix: tuple[str, ...], start: Task, rounds: list[ExplorationRound]
+    ) -> Exploration:
+        exploration_id = derived_id("exploration", seed, *suffix)
+        return exploration_message(
+            exploration_id, mode, start, rounds, context=None, signal=signal, failed=failed
+        )
+
+    substitution = published((), task, substituted) if substituted else None
+    composition = published(("composed",), *composed) if composed else None
+    made = [e for e in (substitution, composition) if e is not None]
+    stats = ExplorationStats(steps=sum(len(r.steps) for e in made for r in e.rounds))
+    outcome: ExploreOutcome = "explored" if made else "nothing_to_substitute"
+    return Explored(substitution, outcome, stats, composed=composition)
 
 
 async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
@@ -172,40 +207,11 @@ async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
         return Explored(None, "nothing_failed", ExplorationStats())
     exploration_id = derived_id("exploration", signal.id)
     if failed and (config.substitution_rounds > 0 or config.composition_rounds > 0):
-        substituted: list[ExplorationRound] = []
-        if config.substitution_rounds > 0:
-            with deps.tracer.start_as_current_span("explorer substitute"):
-                substituted = await anyio.to_thread.run_sync(
-                    partial(
-                        substitution_rounds,
-                        signal.task,
-                        partial(make_environment, signal.task.environment),
-                        config.substitution_rounds,
-                        seed=signal.id,
-                        known_values=deps.labelled,
-                    )
-                )
-        with deps.tracer.start_as_current_span("explorer compose"):
-            composed = await composed_exploration(signal, substituted, failed, deps)
-        if substituted or composed:
-            rounds = [*substituted, *(composed.rounds if composed else [])]
-            stats = ExplorationStats(steps=sum(len(r.steps) for r in rounds))
-            exploration = (
-                exploration_message(
-                    exploration_id,
-                    "guided",
-                    signal.task,
-                    substituted,
-                    context=None,
-                    signal=signal,
-                    failed=failed,
-                )
-                if substituted
-                else None
-            )
-            return Explored(exploration, "explored", stats, composed=composed)
+        made = await synthesized(signal.task, signal.id, deps, signal=signal, failed=failed)
+        if made.explorations:
+            return made
         if config.substitution_rounds > 0 and not config.explore_without_substitution:
-            return Explored(None, "nothing_to_substitute", ExplorationStats())
+            return made
     summary: ExplorationContext | Rejection | None = None
     if not failed or config.summarize_aimed:
         with deps.tracer.start_as_current_span(
@@ -254,7 +260,10 @@ def start_state(task: Task) -> dict[str, Any] | None:
 
 async def explore_request(request: ExplorationRequest, deps: ExplorerDeps) -> Explored:
     """Unguided rounds (``request.rounds``, capped at ``max_request_rounds``) from the
-    request's task. Raises only ``LLMUnavailable``."""
+    request's task; with ``request.vary``, the synthesis machinery on it instead, aimed at
+    nothing (``synthesized``). Raises only ``LLMUnavailable``."""
+    if request.vary:
+        return await synthesized(request.task, request.id, deps, signal=None, failed=[])
     return await explore_task(
         deps,
         exploration_id=derived_id("exploration", request.id),

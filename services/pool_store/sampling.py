@@ -168,7 +168,7 @@ class SamplingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, f
     how much a group on it can teach, an unseen task by ``unseen_weight``, and no task
     takes more than ``max_task_share`` of the last ``share_window`` jobs fed. ``dynamic``
     and ``uniform`` apply the origin mix first and pick within each origin. Whatever the
-    sampler, fresh children of signals take up to ``fresh_share`` of a job feed first.
+    sampler, fresh synthesized tasks take up to ``fresh_share`` of a job feed first.
     """
 
     # "learnability": weigh every task by 4 x the variance of its recent scores, pool-wide,
@@ -196,7 +196,7 @@ class SamplingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, f
     # fewer than about 1/max_task_share active tasks the cap relaxes to 1/tasks
     max_task_share: float = 0.05
     share_window: int = 200
-    # every sampler, jobs fed only: children of a signal never fed as a job (fresh) take
+    # every sampler, jobs fed only: synthesized tasks never fed as a job (fresh) take
     # up to this share of each feed's slots (at least one while any waits) before the
     # sampler draws, oldest first: a child exists to repair its signal's failure now. A
     # mix that gives synthesized tasks no weight leaves them out; 0 turns it off
@@ -447,10 +447,10 @@ class FreshTask:
 
 
 class FreshTasks:
-    """Children of a signal (synthesized, with a signal id) never fed as a rollout job,
-    by sample key: a task's key grows with the order it joined the pool, so the smallest
-    keys are the oldest. Kept in memory by the store and rebuilt when the file opens (the
-    active ones of them without recorded results)."""
+    """Synthesized tasks (children of signals, or of the same machinery unguided) never
+    fed as a rollout job, by sample key: a task's key grows with the order it joined the
+    pool, so the smallest keys are the oldest. Kept in memory by the store and rebuilt
+    when the file opens (the active ones of them without recorded results)."""
 
     def __init__(self) -> None:
         self._by_key: dict[int, FreshTask] = {}

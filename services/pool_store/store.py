@@ -74,7 +74,7 @@ _open_files_lock = threading.Lock()
 
 _TASK_SELECT: Final = ", ".join(TASK_COLUMNS)
 _RESULTS_HANDLER: Final = "rollout_results"
-# the origin of children of signals: the only tasks that are ever fresh
+# the origin of what the synthesis machinery makes: the only tasks that are ever fresh
 _FRESH_ORIGIN: Final = "synthesized"
 
 _json_encoder = msgspec.json.Encoder()
@@ -343,7 +343,6 @@ class PoolStore:
             f"""
             SELECT t.id, t.sample_key, t.environment FROM tasks AS t
             WHERE t.origin = ? AND t.status = 'active'
-              AND coalesce(json_extract_string(t.lineage, '$.signal_id'), '') <> ''
               AND NOT EXISTS (SELECT 1 FROM rollout_results AS r WHERE r.task_id = t.id)
               {id_filter}
             """,
@@ -641,7 +640,7 @@ class PoolStore:
         when there are fewer candidates than slots are some repeated. Returns [] when no
         task matches.
 
-        ``jobs``: the tasks become rollout jobs (the job feed). Fresh children of signals
+        ``jobs``: the tasks become rollout jobs (the job feed). Fresh synthesized tasks
         (never fed as a job) then come first, oldest first, in up to ``fresh_share`` of
         the slots, whatever the sampler, and are fresh no more; the sampler draws the rest.
         Under the learnability sampler a task then is not drawn while it holds its capped
@@ -1201,8 +1200,9 @@ class PoolStore:
 
 
 def _is_fresh_child(task: Task) -> bool:
-    """A child of a signal, active: fresh until it is first fed as a job."""
-    return task.origin == _FRESH_ORIGIN and bool(task.lineage.signal_id) and task.status == "active"
+    """A synthesized task (a child of a signal, or the same machinery's unguided child),
+    active: fresh until it is first fed as a job."""
+    return task.origin == _FRESH_ORIGIN and task.status == "active"
 
 
 def _stage(stage_id: str | None, **details: Any) -> dict[str, Any] | None:

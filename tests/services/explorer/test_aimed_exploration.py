@@ -13,13 +13,27 @@ from typing import Any
 import anyio
 import msgspec
 
+from coevolve.services.abstractor.call_units import call_units
+from coevolve.services.abstractor.prompts import RequestDraft, unit_task
 from coevolve.services.explorer.config import ExplorerConfig
-from coevolve.services.explorer.handler import Explored, ExplorerDeps, explore_signal
+from coevolve.services.explorer.handler import (
+    Explored,
+    ExplorerDeps,
+    explore_request,
+    explore_signal,
+)
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import load_turn_tasks, seed_pool
 from coevolve.shared.failures import failed_calls, failed_in_turn, policy_turns
 from coevolve.shared.llm import RoleClients, role_settings
-from coevolve.shared.messages import ChatMessage, Signal, Task, ToolCall, Trajectory
+from coevolve.shared.messages import (
+    ChatMessage,
+    ExplorationRequest,
+    Signal,
+    Task,
+    ToolCall,
+    Trajectory,
+)
 from coevolve.shared.structured import RejectionCounter
 from tests.support.fake_llm import FakeOpenAI, completion
 
@@ -243,3 +257,38 @@ def test_a_failed_later_turn_is_also_joined_with_the_turn_before_it(
     alone = explore(endpoint, signal, [], substitution_rounds=0, composition_rounds=1)
     assert alone.exploration is None and alone.composed is not None
     assert len(alone.composed.rounds) == 1
+
+
+def test_a_vary_request_runs_the_same_machinery_aimed_at_nothing(endpoint: FakeOpenAI) -> None:
+    task = next(t for t in load_turn_tasks() if t.id == "multi_turn_base_72#t3")
+    section = {"default": {"base_url": endpoint.base_url, "model": "m", "temperature": 0.7}}
+    clients = RoleClients(role_settings(section))
+    deps = ExplorerDeps(
+        summarizer=clients["summarizer"],
+        explorer=clients["explorer"],
+        config=ExplorerConfig(substitution_rounds=2, composition_rounds=1, record=None),
+        summaries=RejectionCounter(),
+        actions=RejectionCounter(),
+    )
+    request = ExplorationRequest(task=task, vary=True)
+
+    async def go() -> Explored:
+        try:
+            return await explore_request(request, deps)
+        finally:
+            await clients.aclose()
+
+    explored = anyio.run(go)
+    assert endpoint.requests == []  # no LLM: variants and composed turns by code
+    assert explored.exploration is not None and explored.composed is not None
+    for exploration in explored.explorations:
+        assert exploration.mode == "unguided" and exploration.signal_id is None
+        assert exploration.failed_calls == []
+    assert all(r.replaced for r in explored.exploration.rounds)
+    assert all(r.composed_from for r in explored.composed.rounds)
+    # what the abstractor makes of them is synthesized, like a signal's children
+    for exploration in explored.explorations:
+        unit = call_units(exploration, lambda: make_environment("bfcl"), 4)[0]
+        request_text = unit.request or task.user_turns[0]
+        child = unit_task(RequestDraft(request_text, request_text), unit, exploration, 0)
+        assert child.origin == "synthesized" and child.lineage.signal_id is None

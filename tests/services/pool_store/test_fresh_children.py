@@ -75,12 +75,14 @@ def test_the_next_job_feed_draws_a_fresh_child_first_and_only_once(
 
         config = PoolStoreConfig(sampling=store.sampling)
         jobs = rollout_jobs(store, 4, config, queue_seq=0, first_round=0)
-        assert jobs[0].task.id == child.id
+        # synthesized tasks, oldest first: the same machinery's unguided child, then the
+        # signal's child, in half the slots
+        assert [job.task.id for job in jobs[:2]] == [unguided.id, child.id]
         assert [job.task.id for job in jobs].count(child.id) == 1
         assert store.fresh_tasks() == []
-        # no signal, or not synthesized: never fresh
+        # a task fed once is fresh no more, and one not synthesized never is
         store.set_status([unguided.id, explored.id], "retired")
-        store.set_status([unguided.id, explored.id], "active")
+        store.set_status([explored.id], "active")
         assert store.fresh_tasks() == []
 
 
