@@ -61,6 +61,7 @@ class ExplorerActor(RoleActor):
         self.summaries = RejectionCounter()
         self.actions = RejectionCounter()
         self.outcomes: Counter[str] = Counter()
+        self.varied_at: dict[str, int] = {}  # parent_cooldown_versions
 
     def consumers(self) -> Sequence[Consumer[Any]]:
         return (
@@ -84,6 +85,7 @@ class ExplorerActor(RoleActor):
             tracer=self.tracer,
             labelled=self.settings.labels != "none",
             atoms=self._atoms_for,
+            varied_at=self.varied_at,
         )
 
     async def _atoms_for(self, task: Task) -> list[Task]:

@@ -16,7 +16,7 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # substitution (``substitution.py``): the parent turn's calls and its request with one
     # value the user gave swapped for another the state holds; no LLM explores them, and
     # no LLM writes a request the parent's request states. 0: none
-    substitution_rounds: int = 4
+    substitution_rounds: int = 2
     # a signal aimed at a failure also gives at most this many composed turns
     # (``composition.py``): its turn, or a variant of it, joined with the turn before it,
     # or with a task of the pool that starts on the same state. 0: none
@@ -40,6 +40,11 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # wrong (shared/failures.py); the exploration's first step of each round calls one of
     # those functions. false: every signal is explored, as the paper's loop does
     require_failure: bool = True
+    # a signal whose turn was varied for a signal of a policy at most this many versions
+    # older is not varied again (``recently_varied``): the children made then answer it.
+    # Without it 18 children came from 8 parents, up to 6 a signal, and waited a median
+    # of 5 versions for their first rollout (docs/main-job.md, run 32). 0: no cooldown
+    parent_cooldown_versions: int = 4
     # explore signals of tasks at most this many synthesis generations from a seed task
     # (a seed task is 0): 0 explores only seed tasks' signals, so children stay variants of
     # the labelled turns instead of drifting through children of children
@@ -51,6 +56,8 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.substitution_rounds < 0:
             raise ValueError(f"substitution_rounds must be >= 0, got {self.substitution_rounds}")
+        if self.parent_cooldown_versions < 0:
+            raise ValueError("parent_cooldown_versions must be >= 0")
         if self.composition_rounds < 0:
             raise ValueError(f"composition_rounds must be >= 0, got {self.composition_rounds}")
         if self.max_parent_depth < 0:

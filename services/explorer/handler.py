@@ -60,7 +60,8 @@ log = logging.getLogger(__name__)
 # trajectory got no ground-truth call wrong (``require_failure``); too_deep: the task is
 # more synthesis generations from a seed task than ``max_parent_depth``;
 # nothing_to_substitute: the parent turn gives no substitution and
-# ``explore_without_substitution`` is off
+# ``explore_without_substitution`` is off; recently_varied: the turn's children were made
+# for a signal at most ``parent_cooldown_versions`` policy versions older
 ExploreOutcome = Literal[
     "explored",
     "empty",
@@ -68,6 +69,7 @@ ExploreOutcome = Literal[
     "nothing_failed",
     "too_deep",
     "nothing_to_substitute",
+    "recently_varied",
 ]
 
 
@@ -84,9 +86,12 @@ class ExplorerDeps:
     # whether the run has labels (``settings.labels``): without, substitution takes no
     # value the environment knows only from them
     labelled: bool = True
-    # the pool's tasks that start where a task starts (``AtomsFor``), the atoms a
-    # composed turn may join; None: composition joins only the turn before
+    # the pool's tasks that may be joined with a task (``AtomsFor``), the atoms of a
+    # composed turn; None: composition joins only the turn before
     atoms: Callable[[Task], Awaitable[list[Task]]] | None = None
+    # task id -> the policy version of the last signal whose turn was varied, kept from
+    # one signal to the next (``parent_cooldown_versions``)
+    varied_at: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -189,6 +194,14 @@ async def synthesized(
     return Explored(substitution, outcome, stats, composed=composition)
 
 
+def recently_varied(signal: Signal, deps: ExplorerDeps) -> bool:
+    """Whether the signal's turn was varied for a signal of a policy at most
+    ``parent_cooldown_versions`` versions older."""
+    cooldown = deps.config.parent_cooldown_versions
+    last = deps.varied_at.get(signal.task.id)
+    return cooldown > 0 and last is not None and last <= signal.policy_version <= last + cooldown
+
+
 async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
     """The summarizer's context for ``signal`` (for an aimed signal only with
     ``summarize_aimed``), then ``rounds`` guided rounds from its task, aimed at what its
@@ -207,8 +220,11 @@ async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
         return Explored(None, "nothing_failed", ExplorationStats())
     exploration_id = derived_id("exploration", signal.id)
     if failed and (config.substitution_rounds > 0 or config.composition_rounds > 0):
+        if recently_varied(signal, deps):
+            return Explored(None, "recently_varied", ExplorationStats())
         made = await synthesized(signal.task, signal.id, deps, signal=signal, failed=failed)
         if made.explorations:
+            deps.varied_at[signal.task.id] = signal.policy_version
             return made
         if config.substitution_rounds > 0 and not config.explore_without_substitution:
             return made

@@ -115,6 +115,7 @@ def explore(
     substitution_rounds: int = 0,
     explore_without_substitution: bool = False,
     composition_rounds: int = 0,
+    varied_at: dict[str, int] | None = None,
 ) -> Explored:
     endpoint.reply(*(completion(json.dumps(reply)) for reply in replies))
     section = {"default": {"base_url": endpoint.base_url, "model": "m", "temperature": 0.7}}
@@ -133,6 +134,7 @@ def explore(
         ),
         summaries=RejectionCounter(),
         actions=RejectionCounter(),
+        varied_at={} if varied_at is None else varied_at,
     )
 
     async def go() -> Explored:
@@ -292,3 +294,19 @@ def test_a_vary_request_runs_the_same_machinery_aimed_at_nothing(endpoint: FakeO
         request_text = unit.request or task.user_turns[0]
         child = unit_task(RequestDraft(request_text, request_text), unit, exploration, 0)
         assert child.origin == "synthesized" and child.lineage.signal_id is None
+
+
+def test_a_turn_varied_for_a_recent_signal_is_not_varied_again(endpoint: FakeOpenAI) -> None:
+    task = next(t for t in load_turn_tasks() if t.id == "multi_turn_base_72#t3")
+    signal = signal_of(task, failed_trajectory(task, [call("get_user_id", user="David")]))
+    varied_at: dict[str, int] = {}
+    first = explore(endpoint, signal, [], substitution_rounds=2, varied_at=varied_at)
+    assert first.outcome == "explored" and varied_at == {task.id: signal.policy_version}
+    again = msgspec.structs.replace(signal, id="signal-2", policy_version=signal.policy_version + 4)
+    skipped = explore(endpoint, again, [], substitution_rounds=2, varied_at=varied_at)
+    assert skipped.outcome == "recently_varied" and skipped.explorations == []
+    later = msgspec.structs.replace(signal, id="signal-3", policy_version=signal.policy_version + 5)
+    assert explore(endpoint, later, [], substitution_rounds=2, varied_at=varied_at).outcome == (
+        "explored"
+    )
+    assert varied_at[task.id] == signal.policy_version + 5
