@@ -48,7 +48,7 @@ RUN_CONFIG = "coevolve.yaml"
 class Exposure:
     """The exposure figures of one run; a share is None without trained groups."""
 
-    learner_steps: int
+    learner_steps: int  # steps that updated the weights
     first_half: float | None
     second_half: float | None
     # accepted synthesized task -> versions to its first draw (None: never drawn, or no
@@ -100,7 +100,8 @@ def synthesized_tasks(data: RunData) -> list[TaskRow]:
 
 def exposure(data: RunData) -> Exposure:
     """The figures, from ``data``'s steps, tasks and groups."""
-    first, second = step_halves(data.steps)
+    trained = [step for step in data.steps if step.published]
+    first, second = step_halves(trained)
     drawn_at = first_draws(data)
     versions: dict[str, int | None] = {}
     for task in synthesized_tasks(data):
@@ -111,7 +112,7 @@ def exposure(data: RunData) -> Exposure:
             versions[task.task_id] = drawn - task.signal_version
     timed = [task for task in synthesized_tasks(data) if task.signal_version is not None]
     return Exposure(
-        learner_steps=len(data.steps),
+        learner_steps=len(trained),
         first_half=synthesized_share(first),
         second_half=synthesized_share(second),
         versions_to_first_draw=versions,

@@ -133,7 +133,7 @@ def exposure_run(tmp_path: Path) -> Path:
 
 def test_exposure_figures_equal_the_hand_computed_ones(exposure_run: Path) -> None:
     figures = exposure(load_run(exposure_run))
-    assert figures.learner_steps == 4
+    assert figures.learner_steps == 3  # step 3 updated nothing
     assert figures.first_half == pytest.approx(0.25)
     assert figures.second_half == pytest.approx(0.5)
     # task-10: 5 - 2; task-12: its oldest trajectory, 3 - 1; task-13 names no version
@@ -153,7 +153,7 @@ def test_the_report_writes_exposure_json_and_an_exposure_section(
     out = tmp_path / "report"
     report = render_run_report(exposure_run, out).read_text()
     assert report.index("## Exposure") < report.index("## Verdicts")
-    assert "25% in the first half of the 4 learner steps, 50% in the second" in report
+    assert "25% in the first half of the 3 learner steps, 50% in the second" in report
     assert "a median of 2.5 versions after their signal; 1 never" in report
 
     written = json.loads((out / EXPOSURE_FILE).read_text())
@@ -172,7 +172,7 @@ def test_the_report_writes_exposure_json_and_an_exposure_section(
     tasks = written.pop("tasks")
     assert written == {
         "setting": "labelled",  # no configuration file; the pool holds seed tasks
-        "learner_steps": 4,
+        "learner_steps": 3,
         "accepted": 4,
         "multi_call_share": 0.25,
         "distinct_parents": 2,
@@ -209,7 +209,7 @@ def test_status_reads_the_pool_only_when_no_pool_store_holds_it(exposure_run: Pa
     figures, unread = status_exposure(exposure_run)
     assert unread is None
     assert status_record(figures, unread) == {
-        "learner_steps": 4,
+        "learner_steps": 3,
         "exposure_first_half": 0.25,
         "exposure_second_half": 0.5,
         "median_versions_to_first_draw": 2.5,
