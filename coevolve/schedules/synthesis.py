@@ -165,14 +165,13 @@ class LockstepSynthesis:
             for signal in signals:
                 explored = await explore_signal(signal, self.explorer)
                 self.stats.explorations[explored.outcome] += 1
-                if explored.exploration is None:
-                    continue
-                abstraction = await abstract(explored.exploration, self.abstractor)
-                self.stats.dropped.update(reason for reason, _ in abstraction.dropped)
-                for candidate in abstraction.candidates:
-                    judged = await judge_candidate(candidate, self.judge)
-                    self.stats.verdicts[judged.outcome] += 1
-                    verdicts.append(judged.verdict)
+                for exploration in explored.explorations:  # variants, then composed turns
+                    abstraction = await abstract(exploration, self.abstractor)
+                    self.stats.dropped.update(reason for reason, _ in abstraction.dropped)
+                    for candidate in abstraction.candidates:
+                        judged = await judge_candidate(candidate, self.judge)
+                        self.stats.verdicts[judged.outcome] += 1
+                        verdicts.append(judged.verdict)
         except LLMUnavailable as exc:
             self.stats.skipped["llm_unavailable"] += 1
             log.error("synthesis stopped early, the LLM is unavailable: %s", exc)
