@@ -54,7 +54,13 @@ def atom_of(task: Task) -> Atom | None:
 
 
 def joined_request(atoms: Sequence[Atom]) -> str:
-    return " ".join(atom.request.strip() for atom in atoms)
+    """The atoms' requests in order, each closed as a sentence ("... the gallon amount"
+    would run into the next request)."""
+    return " ".join(_closed(atom.request.strip()) for atom in atoms)
+
+
+def _closed(sentence: str) -> str:
+    return sentence if sentence.endswith((".", "?", "!")) else f"{sentence}."
 
 
 def returned_values_stated(

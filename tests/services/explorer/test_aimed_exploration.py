@@ -253,7 +253,7 @@ def test_a_failed_later_turn_is_also_joined_with_the_turn_before_it(
     earlier = task.env_config["prior_turns"][-1]
     for joined in composed.rounds:
         assert joined.composed_from is not None and joined.request is not None
-        assert joined.request.startswith(earlier.strip())
+        assert joined.request.startswith(earlier.strip().rstrip("."))
         assert len(joined.steps) > len(task.ground_truth[0])
     # composition alone, without substitution, still gives the joined turns
     alone = explore(endpoint, signal, [], substitution_rounds=0, composition_rounds=1)

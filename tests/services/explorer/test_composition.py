@@ -13,6 +13,7 @@ from coevolve.services.explorer.composition import (
     atom_of,
     compose,
     composed_rounds,
+    joined_request,
     orders,
     previous_turn,
     returned_values_stated,
@@ -49,7 +50,10 @@ def test_the_turn_before_and_the_failed_turn_join_into_a_chain_that_replays() ->
     assert composed is not None and composed.chain
     calls = [step.action for step in composed.round.steps]
     assert calls == [*first.calls, *failed.calls]
-    assert composed.round.request == f"{first.request.strip()} {failed.request.strip()}"
+    assert composed.round.request == joined_request([first, failed])
+    assert joined_request(
+        [Atom("a", "Use 2 decimal digits", ()), Atom("b", "Estimate the distance.", ())]
+    ) == ("Use 2 decimal digits. Estimate the distance.")
     assert composed.round.composed_from == [first.task_id, parent.id]
     # the abstractor keeps the composed round as it is, and it replays from the start
     exploration = exploration_message(
