@@ -143,6 +143,13 @@ def _placeholders(count: int) -> str:
     return ", ".join("?" * count)
 
 
+def _ids_clause(column: str, task_ids: Sequence[str] | None) -> tuple[str, list[object]]:
+    """``AND column IN (...)`` and its parameters for ``task_ids``; none for all tasks."""
+    if task_ids is None:
+        return "", []
+    return f"AND {column} IN ({_placeholders(len(task_ids))})", list(task_ids)
+
+
 def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -281,14 +288,11 @@ class PoolStore:
         ``window`` trajectories, and the solved streak needs ``retire_after`` of them.
         """
         groups_kept = max(self.sampling.window, self.sampling.retire_after, 1)
-        id_filter = ""
-        params: list[object] = []
         if task_ids is not None:
             if not task_ids:
                 return
-            id_filter = f"AND r.task_id IN ({_placeholders(len(task_ids))})"
-            params.extend(task_ids)
             self._recent.drop(task_ids)
+        id_filter, params = _ids_clause("r.task_id", task_ids)
         rows = self._connection.execute(
             f"""
             SELECT r.task_id, t.origin, t.environment, t.sample_key,
@@ -329,16 +333,13 @@ class PoolStore:
         self._shares.record([int(key) for (key,) in rows])
 
     def _load_fresh(self, task_ids: Sequence[str] | None = None) -> None:
-        """Rebuild the fresh tasks (all, or those of ``task_ids``): active children of a
-        signal with no recorded results."""
-        id_filter = ""
-        params: list[object] = []
+        """Rebuild the fresh tasks (all, or those of ``task_ids``): active synthesized tasks
+        with no recorded results."""
         if task_ids is not None:
             if not task_ids:
                 return
-            id_filter = f"AND t.id IN ({_placeholders(len(task_ids))})"
-            params.extend(task_ids)
             self._fresh.drop_tasks(task_ids)
+        id_filter, params = _ids_clause("t.id", task_ids)
         rows = self._connection.execute(
             f"""
             SELECT t.id, t.sample_key, t.environment FROM tasks AS t

@@ -19,7 +19,6 @@ from coevolve.services.learner.handler import STEPS_FILE, trained_ids_file
 from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.services.rollout.actor import RolloutActor
 from coevolve.shared.config import Settings
-from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.messages import (
     GRPO_STEP_PHASE,
@@ -32,6 +31,7 @@ from coevolve.shared.pool_client import PoolClient
 from coevolve.shared.runtime.actor import ActorRunner
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import POLICY_UPDATES, ROLLOUT_GROUPS, heartbeat_subject
+from tests.support.rollout import sampled_group
 
 pytestmark = pytest.mark.anyio
 
@@ -78,31 +78,16 @@ async def test_learner_publishes_weights_that_rollout_loads_identically(
 ) -> None:
     learner_actor = LearnerActor(loop_settings)
     runner = ActorRunner(learner_actor)
-    rollout = RolloutActor(loop_settings)  # used for its engine and hot swap, not run
     bus = await Bus.connect(loop_settings.bus, "test")
     await bus.ensure_streams()
-    rollout._bus = bus
-    rollout.engine = await anyio.to_thread.run_sync(rollout._load_engine)
 
-    from coevolve.shared.episodes import run_group
     from coevolve.shared.policy import SamplingParams
     from coevolve.shared.policy_sync import fetch_policy
 
     task = seed_tasks()[0]
-    trajectories = await anyio.to_thread.run_sync(
-        lambda: run_group(
-            rollout.engine,
-            lambda: make_environment("bfcl"),
-            task,
-            2,
-            SamplingParams(max_new_tokens=16, seed=0),
-            max_steps=1,
-        )
-    )
-    trajectories[0].reward, trajectories[1].reward = 1.0, 0.0  # a group with signal
-    group = RolloutGroup(
-        task_id=task.id, origin="seed", policy_version=0, trajectories=trajectories
-    )
+    # a group with signal; the rollout actor is used for its engine and hot swap, not run
+    group, rollout = await sampled_group(loop_settings, bus, task)
+    trajectories = group.trajectories
     updates = await bus.nc.subscribe(POLICY_UPDATES)
     phases: list[str] = []
 

@@ -18,24 +18,18 @@ from nats.aio.msg import Msg
 from coevolve.services.learner.actor import LearnerActor
 from coevolve.services.learner.handler import PACING_FILE
 from coevolve.services.pool_store.actor import PoolStoreActor
-from coevolve.services.rollout.actor import RolloutActor
 from coevolve.shared.config import Settings
-from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
-from coevolve.shared.episodes import run_group
 from coevolve.shared.messages import (
     WAITING_FOR_DATA_PHASE,
     Heartbeat,
     Lineage,
     PolicyVersion,
-    RolloutGroup,
-    Task,
     Verdict,
     decode,
     new_id,
 )
 from coevolve.shared.pacing import PacingSettings
-from coevolve.shared.policy import SamplingParams
 from coevolve.shared.runtime.actor import ActorRunner
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import (
@@ -44,27 +38,9 @@ from coevolve.shared.runtime.subjects import (
     VERDICTS,
     heartbeat_subject,
 )
+from tests.support.rollout import sampled_group
 
 pytestmark = pytest.mark.anyio
-
-
-async def _real_group(settings: Settings, bus: Bus, task: Task) -> RolloutGroup:
-    """A group of two real trajectories of ``task`` (rewards set 1 and 0: a gradient)."""
-    rollout = RolloutActor(settings)  # used for its engine, not run
-    rollout._bus = bus
-    rollout.engine = await anyio.to_thread.run_sync(rollout._load_engine)
-    trajectories = await anyio.to_thread.run_sync(
-        lambda: run_group(
-            rollout.engine,
-            lambda: make_environment("bfcl"),
-            task,
-            2,
-            SamplingParams(max_new_tokens=16, seed=0),
-            max_steps=1,
-        )
-    )
-    trajectories[0].reward, trajectories[1].reward = 1.0, 0.0
-    return RolloutGroup(task_id=task.id, origin="seed", policy_version=0, trajectories=trajectories)
 
 
 async def test_learner_waits_for_the_data_loop_then_steps(loop_settings: Settings) -> None:
@@ -84,7 +60,7 @@ async def test_learner_waits_for_the_data_loop_then_steps(loop_settings: Setting
 
     await bus.nc.subscribe(heartbeat_subject("learner"), cb=beats)
     task = seed_tasks()[0]
-    group = await _real_group(loop_settings, bus, task)
+    group, _ = await sampled_group(loop_settings, bus, task)
     async with anyio.create_task_group() as tg:
         for runner in runners:
             tg.start_soon(partial(runner.run, handle_signals=False))

@@ -11,12 +11,16 @@ from pathlib import Path
 import anyio
 
 from coevolve.experiment.ablation import ArmLive, ExperimentSpec, Pacer, control_arm
-from coevolve.shared.config import BusSettings
+from coevolve.shared.config import BusSettings, Settings
 from coevolve.shared.messages import ExplorationRequest, TaskAdded, decode, encode
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.nats_server import NatsServer
 from coevolve.shared.runtime.subjects import EXPLORATION_REQUESTS, TASK_ADDED
+from coevolve.shared.task_sets import load_d0
+from tests.support.pool_store import pool_answering, pool_store_in_portal
 from tests.support.wait import wait_until
+
+D0_FILE = Path(__file__).parents[2] / "docs" / "results" / "d0-20261129.json"
 
 
 async def drive(
@@ -26,6 +30,7 @@ async def drive(
     result: list[ArmLive] = []
     bus = await Bus.connect(BusSettings(url=url), name="test")
     try:
+        await pool_answering(bus, seeded=True)  # the random arm varies the pool's tasks
         subscription = await bus.nc.subscribe(EXPLORATION_REQUESTS)
 
         async def collect() -> None:
@@ -51,7 +56,7 @@ async def drive(
 
 
 def test_controller_keeps_policies_counts_tasks_and_paces(
-    nats_server: NatsServer, tmp_path: Path
+    nats_server: NatsServer, settings: Settings, tmp_path: Path
 ) -> None:
     run = tmp_path / "run"
     (run / "policies").mkdir(parents=True)
@@ -60,7 +65,9 @@ def test_controller_keeps_policies_counts_tasks_and_paces(
     spec = ExperimentSpec(("random", "coevolve"), (3,), minutes=0.05)
     pacer = Pacer([0.0, 0.0, 0.0], lead_minutes=0.0, max_in_flight=2)
 
-    live, requests = anyio.run(drive, nats_server.url, run, spec, pacer)
+    settings.services = {"pool_store": {"feed_jobs": False}}
+    with pool_store_in_portal(settings):
+        live, requests = anyio.run(drive, nats_server.url, run, spec, pacer)
 
     assert live.mark_versions == {}  # 3 s: no 10-minute mark before the end
     assert (live.ended_by, live.end_version) == ("minutes", 2)
@@ -69,11 +76,13 @@ def test_controller_keeps_policies_counts_tasks_and_paces(
     assert len(live.added_minutes) == 1  # the seed task is not growth
     assert pacer.added == 1
     assert live.requests_sent == len(requests) == 2  # three due, at most two in flight
-    assert all(request.task.user_turns for request in requests)  # labelled train turns
+    for request in requests:  # labelled train turns of the pool, to vary
+        assert request.vary and request.task.origin == "seed"
+        assert request.task.user_turns and request.task.ground_truth
 
 
-def test_with_no_labels_the_random_arm_explores_initial_states(
-    nats_server: NatsServer, tmp_path: Path
+def test_with_no_labels_the_random_arm_varies_discovered_tasks(
+    nats_server: NatsServer, settings: Settings, tmp_path: Path
 ) -> None:
     run = tmp_path / "run"
     (run / "policies").mkdir(parents=True)
@@ -83,12 +92,16 @@ def test_with_no_labels_the_random_arm_explores_initial_states(
     spec = ExperimentSpec(("random",), (3,), minutes=0.05, base_config=str(config))
     pacer = Pacer([0.0, 0.0], lead_minutes=0.0, max_in_flight=2)
 
-    live, requests = anyio.run(drive, nats_server.url, run, spec, pacer)
+    settings.labels = "none"
+    settings.d0.file = str(D0_FILE)
+    settings.services = {"pool_store": {"feed_jobs": False}}
+    with pool_store_in_portal(settings):
+        live, requests = anyio.run(drive, nats_server.url, run, spec, pacer)
 
     assert spec.setting() == "no_labels" and live.requests_sent == len(requests) == 2
-    for request in requests:  # an initial state: no question, no answer
-        assert request.task.user_turns == [] and request.task.ground_truth == []
-        assert request.task.id.endswith("#state")
+    d0 = {task.id for task in load_d0(D0_FILE).tasks}
+    for request in requests:  # D0's discovered tasks, never a labelled turn
+        assert request.vary and request.task.id in d0 and request.task.origin == "explored"
 
 
 def test_an_arm_ends_after_its_learner_steps(nats_server: NatsServer, tmp_path: Path) -> None:

@@ -9,7 +9,10 @@ from nats.errors import TimeoutError as FetchTimeout
 
 from coevolve.services.rollout.actor import RolloutActor
 from coevolve.shared.config import Settings
-from coevolve.shared.messages import RolloutGroup, RolloutJob, decode
+from coevolve.shared.envs import make_environment
+from coevolve.shared.episodes import run_group
+from coevolve.shared.messages import RolloutGroup, RolloutJob, Task, decode
+from coevolve.shared.policy import SamplingParams
 from coevolve.shared.runtime.actor import ActorRunner
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import ROLLOUT_GROUPS, ROLLOUT_JOBS
@@ -57,3 +60,31 @@ async def published_group(
         return decode(msgs[0].data, RolloutGroup)
     finally:
         await bus.close()
+
+
+async def sampled_group(
+    settings: Settings, bus: Bus, task: Task, rewards: tuple[float, ...] = (1.0, 0.0)
+) -> tuple[RolloutGroup, RolloutActor]:
+    """A group of ``len(rewards)`` real trajectories of ``task`` from a rollout actor's
+    engine (loaded, not run), their rewards set to ``rewards`` (a gradient by default);
+    the actor too, for its engine and hot swap."""
+    rollout = RolloutActor(settings)
+    rollout._bus = bus
+    rollout.engine = await anyio.to_thread.run_sync(rollout._load_engine)
+    engine = rollout.engine
+    trajectories = await anyio.to_thread.run_sync(
+        lambda: run_group(
+            engine,
+            lambda: make_environment("bfcl"),
+            task,
+            len(rewards),
+            SamplingParams(max_new_tokens=16, seed=0),
+            max_steps=1,
+        )
+    )
+    for trajectory, reward in zip(trajectories, rewards, strict=True):
+        trajectory.reward = reward
+    group = RolloutGroup(
+        task_id=task.id, origin="seed", policy_version=0, trajectories=trajectories
+    )
+    return group, rollout
