@@ -75,7 +75,9 @@ async def test_a_failed_turn_becomes_variant_turns_with_no_llm_call(
         accepted = store.list_tasks(origin="synthesized")
     assert accepted, (judge.outcomes, abstractor.dropped)
     parent_request = task.user_turns[0]
-    for child in accepted:
+    variants = [child for child in accepted if not child.lineage.composed_from]
+    assert variants
+    for child in variants:
         calls = child.ground_truth[0]
         assert [c.name for c in calls] == ["get_stock_info", "add_to_watchlist"]
         symbol = calls[0].arguments["symbol"]
@@ -83,6 +85,13 @@ async def test_a_failed_turn_becomes_variant_turns_with_no_llm_call(
         assert child.user_turns == [parent_request.replace("SYNX", symbol)]
         assert child.lineage.parent_task_id == task.id
         assert "add_to_watchlist" in child.lineage.target_functions
+    # composed turns (a first turn, so joined with pool tasks of its setting): the failed
+    # turn's calls, or a variant's, are part of each
+    for child in accepted:
+        if child.lineage.composed_from:
+            names = [c.name for c in child.ground_truth[0]]
+            assert len(names) > 2 and "add_to_watchlist" in names
+            assert task.id in child.lineage.composed_from
 
 
 async def test_rollout_group_to_accepted_task_with_lineage_in_one_trace(
