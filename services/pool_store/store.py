@@ -689,8 +689,8 @@ class PoolStore:
         return self._fresh.oldest(fresh_slots(self.sampling.fresh_share, size), environment)
 
     def fresh_tasks(self) -> list[str]:
-        """Ids of the children of signals never fed as a job, oldest first: those the
-        next job feeds draw before the sampler does."""
+        """Ids of the synthesized tasks never fed as a job, oldest first: those the next
+        job feeds draw before the sampler does."""
         with self._lock:
             return self._fresh.task_ids()
 
