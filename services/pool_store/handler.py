@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
 from coevolve.services.pool_store.config import PoolStoreConfig
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.config import ConfigError
+from coevolve.shared.envs.bfcl.tasks import config_without_conversation
 from coevolve.shared.experience import rank_experiences
 from coevolve.shared.messages import (
     AddTasks,
@@ -79,13 +79,6 @@ def answer(store: PoolStore, request: Message, config: PoolStoreConfig) -> Messa
 
 # tasks scanned for atoms: the newest, enough for a run's pool
 ATOM_SCAN_LIMIT = 2000
-# configuration keys that carry a task's conversation so far (BFCL's per-turn tasks): an
-# atom has none, and the rest of its configuration is the task's
-CONVERSATION_KEYS = frozenset({"turn", "prior_turns", "prior_ground_truth"})
-
-
-def setting_of(task: Task) -> dict[str, Any]:
-    return {key: value for key, value in task.env_config.items() if key not in CONVERSATION_KEYS}
 
 
 def atoms_for(store: PoolStore, task_id: str, limit: int) -> list[Task]:
@@ -95,7 +88,7 @@ def atoms_for(store: PoolStore, task_id: str, limit: int) -> list[Task]:
     task = store.get_task(task_id)
     if task is None:
         return []
-    setting = setting_of(task)
+    setting = config_without_conversation(task.env_config)
     found = [
         other
         for other in store.list_tasks(limit=ATOM_SCAN_LIMIT, environment=task.environment)
@@ -103,7 +96,7 @@ def atoms_for(store: PoolStore, task_id: str, limit: int) -> list[Task]:
         and other.status == "active"
         and len(other.user_turns) == 1
         and not other.env_config.get("prior_turns")
-        and setting_of(other) == setting
+        and config_without_conversation(other.env_config) == setting
     ]
     return found[:limit]
 

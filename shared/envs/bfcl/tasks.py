@@ -193,6 +193,16 @@ def turn_tasks(task: Task) -> list[Task]:
     return tasks
 
 
+# the configuration keys of a per-turn task that carry its conversation so far
+CONVERSATION_KEYS = frozenset({"turn", "prior_turns", "prior_ground_truth"})
+
+
+def config_without_conversation(env_config: Mapping[str, Any]) -> dict[str, Any]:
+    """A task's configuration less its conversation so far: the setting (API classes,
+    category) that tasks which may be joined into one turn share."""
+    return {key: value for key, value in env_config.items() if key not in CONVERSATION_KEYS}
+
+
 def prior_ground_truth(env_config: Mapping[str, Any]) -> list[list[ToolCall]]:
     """The earlier turns' ground-truth calls of a per-turn task ([] for a whole entry)."""
     raw = env_config.get("prior_ground_truth") or []

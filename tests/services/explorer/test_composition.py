@@ -19,9 +19,12 @@ from coevolve.services.explorer.composition import (
     returned_values_stated,
 )
 from coevolve.services.explorer.handler import exploration_message
-from coevolve.services.pool_store.handler import setting_of
 from coevolve.shared.envs import Environment, make_environment
-from coevolve.shared.envs.bfcl.tasks import FOCUS_CLASSES, seed_pool
+from coevolve.shared.envs.bfcl.tasks import (
+    FOCUS_CLASSES,
+    config_without_conversation,
+    seed_pool,
+)
 from coevolve.shared.messages import Task, ToolCall
 from coevolve.shared.task_sets import load_d0
 
@@ -115,7 +118,9 @@ def test_discovered_lookups_become_first_links_with_no_labels() -> None:
     others = [
         atom
         for task in d0
-        if task.id != add.id and setting_of(task) == setting_of(add)
+        if task.id != add.id
+        and config_without_conversation(task.env_config)
+        == config_without_conversation(add.env_config)
         if (atom := atom_of(task)) is not None
     ]
     rounds = composed_rounds(add, orders([failed], others), _bfcl, limit=2)
