@@ -174,7 +174,7 @@ def test_a_deferred_import_closes_a_cycle(tmp_path: Path) -> None:
             "pkg/__init__.py": "",
             "pkg/a.py": "from top.pkg.b import g\n",
             "pkg/b.py": "def g():\n    from . import a\n",
-            "pkg/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import top.pkg.a\n",
+            "pkg/c.py": "import typing\nif typing.TYPE_CHECKING:\n    import top.pkg.a\n",
         },
     )
     graph = import_graph(project_modules(tmp_path, {"pkg": "top.pkg"}))

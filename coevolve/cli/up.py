@@ -43,11 +43,9 @@ from coevolve.shared.runtime.credentials import (
 )
 from coevolve.shared.runtime.nats_server import NatsCluster, NatsServer, NatsServerError
 from coevolve.shared.runtime.subjects import BACKGROUND_SERVICES, OPTIONAL_SERVICES, SERVICES
-from coevolve.shared.runtime.supervisor import ChildSpec, Supervisor, read_state
+from coevolve.shared.runtime.supervisor import ChildSpec, Supervisor
+from coevolve.up_state import SUPERVISOR_FILE, UP_FILE
 
-UP_FILE = "up.json"
-# the supervisor's view of every service (state, exits, held back and why): `status` reads it
-SUPERVISOR_FILE = "supervisor.json"
 # past a service's drain: its own limits after the drain, and a second for signals and exit
 STOP_MARGIN_S = STOP_AFTER_DRAIN_S + 1.0
 
@@ -342,20 +340,3 @@ def run_lockstep_schedule(
         synthesize_every=synthesize_every,
         max_signals=max_signals,
     )
-
-
-def recorded_nats_url(run_dir: Path) -> str | None:
-    """The NATS URL of a `coevolve up` running on ``run_dir``, if any."""
-    try:
-        url = json.loads((run_dir / UP_FILE).read_text())["nats_url"]
-    except (OSError, ValueError, KeyError):
-        return None
-    return str(url)
-
-
-def supervised_services(run_dir: Path) -> dict[str, dict[str, object]]:
-    """The supervisor's state of each service of a `coevolve up` on ``run_dir`` (empty
-    when none runs there)."""
-    state = read_state(run_dir / SUPERVISOR_FILE)
-    children = state.get("children") if state else None
-    return dict(children) if isinstance(children, dict) else {}
