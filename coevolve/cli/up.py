@@ -32,7 +32,8 @@ from coevolve.shared.config import (
     ConfigError,
     Settings,
 )
-from coevolve.shared.llm.server import LLMServerError, start_for_run
+from coevolve.shared.llm.run_server import start_for_run
+from coevolve.shared.llm.server import LLMServerError
 from coevolve.shared.runtime.actor import STOP_AFTER_DRAIN_S
 from coevolve.shared.runtime.bus import BusError, declare_streams
 from coevolve.shared.runtime.credentials import (
