@@ -19,15 +19,11 @@ publish, JetStream or not, without taking part in any consumer):
 A message re-published after a crash carries the same ``Nats-Msg-Id`` and is counted
 once (the duplicates are reported). Every 60 s one progress line is printed.
 
-At the end ``up`` gets SIGINT (it handles SIGINT and SIGTERM alike: stop every service,
-then NATS), is SIGKILLed with its process group if it has not exited 60 s later, and any
-process still carrying the run directory in its command line (a service or the NATS
-server orphaned by a killed ``up``) is SIGKILLed too. Then the run's pool
-(``RUN_DIR/pool.duckdb``, read-only) gives the outcome: tasks by origin (the pool starts
-empty and is seeded by pool-store, so every explored or synthesized task was added during
-the run: that is the pool growth), verdicts accepted and rejected, acceptance rate =
-accepted / verdicts, the top rejection reasons, and the policy versions the learner wrote
-to ``RUN_DIR/policies``.
+At the end the harness (``coevolve.harness``) stops ``up`` and whatever it left running.
+Then the run's pool (read-only) gives the outcome: tasks by origin (the pool starts with
+the seed tasks only, so every explored or synthesized task is pool growth), verdicts,
+acceptance rate = accepted / verdicts, the top rejection reasons, and the policy
+versions the learner wrote to ``RUN_DIR/policies``.
 
 ``COEVOLVE_BENCH_SEED_EXPLORATIONS=N`` also publishes N seed-mode exploration requests
 (train-split tasks, as ``coevolve explore -n N`` does) once the bus is up: a base policy
@@ -35,52 +31,31 @@ that never calls a tool raises no boundary or rare signal, so without them a sho
 on a CPU may show no data-loop activity at all.
 
 Writes ``result.json`` and ``up.log`` (``up``'s own output; each service logs under
-``run/logs``) to ``RUN_DIR/bench/dataloop-<stamp>``. The run directory reuses the
-de-quantized model cache of ``RUN_DIR/models`` when there is one (a symbolic link), so the
-run does not spend its first minute converting the GGUF file again.
+``run/logs``) to ``RUN_DIR/bench/dataloop-<stamp>``; the run links ``RUN_DIR/models``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
-import duckdb
 from anyio.abc import TaskStatus
 
 from coevolve.bench import tables
 from coevolve.cli.explore_cmd import choose_tasks, publish_requests
-from coevolve.processes import (
-    kill_leftovers,
-    share_model_cache,
-    spawn_up,
-    stop_process_group,
-    wait_for_nats_url,
-)
-from coevolve.shared.config import DEFAULT_RUN_DIR, BusSettings
-from coevolve.shared.messages import (
-    ORIGINS,
-    DecodeError,
-    Heartbeat,
-    PolicyVersion,
-    Verdict,
-    decode,
-)
-from coevolve.shared.runtime.bus import MSG_ID_HEADER, Bus, BusError
-from coevolve.shared.runtime.credentials import run_bus_settings
-from coevolve.shared.runtime.nats_server import free_port
+from coevolve.harness import EXTERNAL_ENDPOINTS, UpRun, output_dir, until_signalled, watch_bus
+from coevolve.run_figures import policy_versions, pool_summary
+from coevolve.shared.config import BusSettings
+from coevolve.shared.messages import DecodeError, Heartbeat, PolicyVersion, Verdict, decode
+from coevolve.shared.runtime.bus import MSG_ID_HEADER, BusError
 from coevolve.shared.runtime.subjects import (
     CANDIDATES,
     DEAD_LETTERS,
@@ -231,14 +206,13 @@ def progress_line(counter: LoopCounter) -> str:
     )
 
 
-async def watch_bus(
+async def watch_loop(
     settings: BusSettings,
     counter: LoopCounter,
     duration_s: float,
     *,
     should_stop: Callable[[], bool] = lambda: False,
     progress_every_s: float = PROGRESS_EVERY_S,
-    connect_timeout_s: float = CONNECT_TIMEOUT_S,
     seed_explorations: int = 0,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -246,135 +220,23 @@ async def watch_bus(
     or until ``should_stop()``; ``task_status`` is set once the subscription is live.
     With ``seed_explorations``, that many seed-mode exploration requests (train-split
     tasks, as ``coevolve explore`` sends them) are published once it is."""
-    bus = await Bus.connect(settings, name="bench-dataloop")
-    try:
-        with anyio.fail_after(connect_timeout_s):
-            subscription = await bus.nc.subscribe(f"{PREFIX}.>", pending_bytes_limit=PENDING_BYTES)
-            await bus.nc.flush()
+    async with anyio.create_task_group() as tg:
+        watch = functools.partial(watch_bus, name="bench-dataloop", pending_bytes=PENDING_BYTES)
+        bus = await tg.start(watch, settings, [f"{PREFIX}.>"], counter.observe)
         if seed_explorations:
             await bus.ensure_streams()
             await publish_requests(bus, choose_tasks(seed_explorations, seed=0), rounds=1)
         task_status.started()
-
-        async def read() -> None:
-            async for message in subscription.messages:
-                counter.observe(message.subject, message.data, message.headers)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(read)
-            next_progress = progress_every_s
-            while not should_stop():
-                remaining = duration_s - counter.elapsed_s()
-                if remaining <= 0:
-                    break
-                await anyio.sleep(min(1.0, remaining))
-                if counter.elapsed_s() >= next_progress:
-                    print(progress_line(counter), flush=True)
-                    next_progress += progress_every_s
-            tg.cancel_scope.cancel()
-    finally:
-        with anyio.move_on_after(5, shield=True):
-            await bus.close(timeout=3.0)
-
-
-async def until_signalled(
-    work: Callable[[], Awaitable[None]],
-    signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM),
-) -> signal.Signals | None:
-    """Run ``work``; on one of ``signals`` cancel it and return that signal (else None).
-
-    Ctrl-C then ends the watch early and the caller still stops ``up`` and reports what
-    was seen, instead of leaving ``up`` and its services running.
-    """
-    received: list[signal.Signals] = []
-    async with anyio.create_task_group() as tg:
-
-        async def watch_signals() -> None:
-            with anyio.open_signal_receiver(*signals) as incoming:
-                async for signum in incoming:
-                    print(f"[dataloop] {signal.Signals(signum).name}: stopping early", flush=True)
-                    received.append(signal.Signals(signum))
-                    tg.cancel_scope.cancel()
-                    return
-
-        tg.start_soon(watch_signals)
-        await work()
+        next_progress = progress_every_s
+        while not should_stop():
+            remaining = duration_s - counter.elapsed_s()
+            if remaining <= 0:
+                break
+            await anyio.sleep(min(1.0, remaining))
+            if counter.elapsed_s() >= next_progress:
+                print(progress_line(counter), flush=True)
+                next_progress += progress_every_s
         tg.cancel_scope.cancel()
-    return received[0] if received else None
-
-
-# ---------------------------------------------------------------------- the up process
-
-
-def start_up(run_dir: Path, nats_port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    """``coevolve up`` on embedded defaults and its own NATS."""
-    env = dict(os.environ)
-    for inherited in ("NATS_URL", "COEVOLVE_CONFIG", "COEVOLVE_RUN_DIR"):
-        env.pop(inherited, None)
-    return spawn_up(["--run-dir", str(run_dir), "--nats-port", str(nats_port)], env, log_path)
-
-
-# ---------------------------------------------------------------------- the outcome
-
-
-def pool_summary(db_path: Path, top_reasons: int = 5) -> dict[str, Any]:
-    """Tasks by origin, verdicts and the commonest rejection reasons, read-only."""
-    with contextlib.closing(duckdb.connect(str(db_path), read_only=True)) as db:
-        origins = dict.fromkeys(ORIGINS, 0)
-        origins.update(db.execute("SELECT origin, count(*) FROM tasks GROUP BY origin").fetchall())
-        accepted, rejected, added = db.execute(
-            "SELECT count(*) FILTER (WHERE accepted), count(*) FILTER (WHERE NOT accepted), "
-            "count(*) FILTER (WHERE added) FROM verdicts"
-        ).fetchone() or (0, 0, 0)
-        reasons = db.execute(
-            "SELECT reason, count(*) AS n FROM ("
-            "  SELECT unnest(CAST(reasons AS VARCHAR[])) AS reason FROM verdicts"
-            "  WHERE NOT accepted) GROUP BY reason ORDER BY n DESC, reason LIMIT ?",
-            [top_reasons],
-        ).fetchall()
-        uniform = db.execute(
-            "SELECT count(*), count(*) FILTER (WHERE lowest = highest) FROM ("
-            "  SELECT min(score) AS lowest, max(score) AS highest FROM rollout_results"
-            "  GROUP BY group_id)"
-        ).fetchone() or (0, 0)
-        by_kind = db.execute(
-            "SELECT coalesce(signal_kind, 'none'), count(*) FILTER (WHERE accepted), count(*) "
-            "FROM verdicts GROUP BY 1 ORDER BY 1"
-        ).fetchall()
-    verdicts = int(accepted) + int(rejected)
-    groups, uniform_groups = int(uniform[0]), int(uniform[1])
-    return {
-        "groups": groups,
-        "uniform_group_share": round(uniform_groups / groups, 3) if groups else None,
-        "tasks_by_origin": {k: int(v) for k, v in origins.items()},
-        "growth": sum(int(v) for k, v in origins.items() if k != "seed"),
-        "verdicts": {
-            "accepted": int(accepted),
-            "rejected": int(rejected),
-            "accepted_and_new": int(added),
-        },
-        "acceptance_rate": round(int(accepted) / verdicts, 3) if verdicts else None,
-        "top_rejection_reasons": [[str(reason), int(n)] for reason, n in reasons],
-        "verdicts_by_signal_kind": {
-            str(kind): {"accepted": int(ok), "verdicts": int(n)} for kind, ok, n in by_kind
-        },
-    }
-
-
-def policy_versions(run_dir: Path) -> list[int]:
-    """Versions the learner wrote as ``RUN_DIR/policies/v<N>.safetensors``."""
-    versions = []
-    for file in (run_dir / "policies").glob("v*.safetensors"):
-        number = file.stem.removeprefix("v")
-        if number.isdigit():
-            versions.append(int(number))
-    return sorted(versions)
-
-
-def bench_directory(base_run_dir: Path) -> Path:
-    path = base_run_dir / "bench" / f"dataloop-{time.strftime('%Y%m%d-%H%M%S')}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def summarize(
@@ -441,33 +303,27 @@ def run(
     if minutes <= 0:
         raise ValueError(f"--minutes must be positive, got {minutes}")
     seeds = int(os.environ.get(SEED_EXPLORATIONS_ENV) or 0)
-    base = base_run_dir or Path(os.environ.get("COEVOLVE_RUN_DIR") or DEFAULT_RUN_DIR)
-    out = bench_directory(base).resolve()
+    out = output_dir("dataloop", base_run_dir)
     run_dir = out / "run"
-    log_path = out / "up.log"
-    shared_models = share_model_cache(run_dir, base)
     print(f"[dataloop] coevolve up (async) for {minutes:g} min; run directory {run_dir}")
-    counter = LoopCounter()
-    process = start_up(run_dir, free_port(), log_path)
     error: str | None = None
     interrupted = False
-    try:
-        url = wait_for_nats_url(run_dir, process)
-        watch = functools.partial(
-            watch_bus,
-            run_bus_settings(run_dir, url),
-            counter,
-            minutes * 60,
-            should_stop=lambda: process.poll() is not None,
-            seed_explorations=seeds,
-        )
-        interrupted = anyio.run(until_signalled, watch) is not None
-    except (RuntimeError, TimeoutError, BusError) as exc:
-        error = str(exc)
-    finally:
-        exited_early = process.poll() is not None
-        shutdown = stop_process_group(process)
-        leftovers = kill_leftovers(str(run_dir))
+    # an LLM endpoint or credentials the caller's shell names are the run's too
+    with UpRun.start(run_dir, out / "up.log", keep_env=EXTERNAL_ENDPOINTS, base=base_run_dir) as up:
+        counter = LoopCounter(started_at=up.started)
+        try:
+            watch = functools.partial(
+                watch_loop,
+                up.bus_settings(),
+                counter,
+                minutes * 60,
+                should_stop=lambda: not up.running,
+                seed_explorations=seeds,
+            )
+            interrupted = anyio.run(until_signalled, watch) is not None
+        except (RuntimeError, TimeoutError, BusError) as exc:
+            error = str(exc)
+        stopped = up.stop()
     pool_file = run_dir / "pool.duckdb"
     pool = pool_summary(pool_file) if pool_file.is_file() else None
     result: dict[str, Any] = {
@@ -478,19 +334,19 @@ def run(
         "observed_s": round(counter.elapsed_s(), 1),
         "cpu_count": os.cpu_count(),
         "omp_num_threads": 1,
-        "shared_model_cache": shared_models,
+        "shared_model_cache": up.shared_models,
         "seed_explorations": seeds,
         **summarize(counter, pool, policy_versions(run_dir), minutes),
         "interrupted": interrupted,
         "up": {
-            "exited_early": exited_early,
+            "exited_early": stopped.exited_early,
             "error": error,
-            "graceful_stop": shutdown.graceful,
-            "returncode": shutdown.returncode,
-            "stop_s": shutdown.seconds,
-            "leftover_pids_killed": leftovers,
+            "graceful_stop": stopped.graceful,
+            "returncode": stopped.returncode,
+            "stop_s": stopped.stop_s,
+            "leftover_pids_killed": stopped.killed,
         },
-        "log": str(log_path),
+        "log": str(up.log_path),
         "service_logs": str(run_dir / "logs"),
         "run_dir": str(run_dir),
         "bench_dir": str(out),
@@ -557,7 +413,3 @@ def print_table(result: dict[str, Any]) -> None:
         [(reason[:100], n) for reason, n in verdicts["top_rejection_reasons"]],
         note="\n".join(lines),
     )
-
-
-if __name__ == "__main__":
-    print(json.dumps(run(quick="--quick" in sys.argv), indent=2))
