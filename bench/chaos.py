@@ -31,7 +31,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -39,13 +38,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import duckdb
 
 from coevolve.bench import tables
 from coevolve.bench.flood import reason_of
 from coevolve.cli.up import supervised_services
+from coevolve.harness import EXTERNAL_ENDPOINTS, UpRun, output_dir, watch_bus
 from coevolve.processes import descendant_commands
-from coevolve.shared.config import DEFAULT_RUN_DIR, BusSettings
+from coevolve.run_figures import pool_duplicates, service_states
+from coevolve.shared.config import BusSettings
 from coevolve.shared.messages import (
     GRPO_STEP_PHASE,
     DeadLetter,
@@ -117,22 +117,11 @@ class BusView:
             pass
 
 
-async def watch(url: str, view: BusView) -> None:
-    bus = await Bus.connect(BusSettings(url=url, connect_timeout_s=30.0), "chaos-bench")
-    try:
-        subjects = (f"{HEARTBEATS}.>", ROLLOUT_GROUPS, metrics_subject("learner"))
-
-        async def pump(subject: str) -> None:
-            subscription = await bus.nc.subscribe(subject)
-            async for msg in subscription.messages:
-                view.on_message(msg.subject, msg.data, dict(msg.headers or {}))
-
-        async with anyio.create_task_group() as tg:
-            for subject in subjects:
-                tg.start_soon(pump, subject)
-    finally:
-        with anyio.move_on_after(2, shield=True):
-            await bus.close(timeout=1.0)
+async def watch(url: str, view: BusView, name: str = "chaos-bench") -> None:
+    """Follow heartbeats, rollout groups and the learner's metrics until cancelled."""
+    subjects = (f"{HEARTBEATS}.>", ROLLOUT_GROUPS, metrics_subject("learner"))
+    settings = BusSettings(url=url, connect_timeout_s=30.0)
+    await watch_bus(settings, subjects, view.on_message, name=name, connect_timeout_s=30.0)
 
 
 # --------------------------------------------------------------------------- faults
@@ -153,7 +142,7 @@ async def inject(
     fault: Fault,
     started: float,
     run_dir: Path,
-    up: subprocess.Popen[bytes],
+    up: UpRun,
     view: BusView,
     server: NatsServer,
 ) -> None:
@@ -175,7 +164,9 @@ async def inject(
         await anyio.to_thread.run_sync(server.start)
         fault.outcome = f"stopped {NATS_DOWN_S:.0f} s, restarted on the same store"
     else:
-        servers = [pid for pid, cmd in descendant_commands(up.pid) if "llama_cpp.server" in cmd]
+        servers = [
+            pid for pid, cmd in descendant_commands(up.process.pid) if "llama_cpp.server" in cmd
+        ]
         for pid in servers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -231,26 +222,6 @@ async def audit_bus(url: str, view: BusView) -> dict[str, Any]:
     }
 
 
-def audit_pool(db_path: Path) -> dict[str, int]:
-    if not db_path.exists():
-        return {"duplicate_tasks": 0, "duplicate_verdicts": 0, "duplicate_results": 0}
-    with contextlib.closing(duckdb.connect(str(db_path), read_only=True)) as db:
-
-        def count(sql: str) -> int:
-            row = db.execute(sql).fetchone()
-            return int(row[0]) if row and row[0] is not None else 0
-
-        return {
-            "duplicate_tasks": count("SELECT count(*) - count(DISTINCT content_hash) FROM tasks"),
-            "duplicate_verdicts": count(
-                "SELECT count(*) - count(DISTINCT candidate_id) FROM verdicts"
-            ),
-            "duplicate_results": count(
-                "SELECT count(*) - count(DISTINCT (group_id, sample_index)) FROM rollout_results"
-            ),
-        }
-
-
 def trained_groups(run_dir: Path) -> set[str]:
     with contextlib.suppress(OSError, ValueError):
         return set(json.loads((run_dir / LEARNER_CHECKPOINT_GROUPS).read_text()))
@@ -272,47 +243,39 @@ def learner_resumes(run_dir: Path) -> list[str]:
 # --------------------------------------------------------------------------- the bench
 
 
-def start_up(run_dir: Path, nats_url: str, log_path: Path) -> subprocess.Popen[bytes]:
-    from coevolve.processes import spawn_up
-
-    env = {**os.environ, "NATS_URL": nats_url}
-    env.pop("COEVOLVE_RUN_DIR", None)  # COEVOLVE_CONFIG, when set, is the run's config
-    return spawn_up(["--run-dir", str(run_dir)], env, log_path)
+def start_up(run_dir: Path, nats_url: str, log_path: Path) -> UpRun:
+    """``coevolve up`` on the bench's own NATS; ``COEVOLVE_CONFIG``, when set, is its config."""
+    keep = ("COEVOLVE_CONFIG", *EXTERNAL_ENDPOINTS)
+    return UpRun.start(run_dir, log_path, nats_url=nats_url, keep_env=keep)
 
 
 async def chaos(run_dir: Path, out_dir: Path, minutes: float, seed: int) -> dict[str, Any]:
-    # imported here: dataloop imports the CLI, which lists the benchmarks
-    from coevolve.processes import stop_process_group
-
-    # outside the run directory: kill_leftovers(run_dir) must not take it down before the audit
+    # outside the run directory: the stop's clean-up must not take it down before the audit
     server = NatsServer(out_dir / "nats", log_file=out_dir / "nats.log").start()
-    up = start_up(run_dir, server.url, out_dir / "up.log")
-    started = time.monotonic()
     view = BusView()
     faults = fault_schedule(minutes, seed)
     alive_at_end: dict[str, str] = {}
     try:
-        busy_deadline = started + BUSY_UNTIL * minutes * 60
+        with start_up(run_dir, server.url, out_dir / "up.log") as up:
+            busy_deadline = up.started + BUSY_UNTIL * minutes * 60
 
-        async def fire(fault: Fault) -> None:
-            await anyio.sleep(max(0.0, started + fault.at_s - time.monotonic()))
-            if up.poll() is not None:
-                raise RuntimeError(f"coevolve up exited with {up.returncode}")
-            await inject(busy_deadline, fault, started, run_dir, up, view, server)
+            async def fire(fault: Fault) -> None:
+                await anyio.sleep(max(0.0, up.started + fault.at_s - time.monotonic()))
+                if not up.running:
+                    raise RuntimeError(f"coevolve up exited with {up.process.returncode}")
+                await inject(busy_deadline, fault, up.started, run_dir, up, view, server)
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch, server.url, view)
-            # each fault waits for its own moment and target, so one wait delays no other
-            async with anyio.create_task_group() as faulting:
-                for fault in faults:
-                    faulting.start_soon(fire, fault)
-            await anyio.sleep(max(0.0, started + minutes * 60 - time.monotonic()))
-            alive_at_end = service_states(run_dir)
-            tg.cancel_scope.cancel()
-        shutdown, bus_audit = await stop_and_audit(up, run_dir, server.url, view)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch, server.url, view)
+                # each fault waits for its own moment and target, so one wait delays no other
+                async with anyio.create_task_group() as faulting:
+                    for fault in faults:
+                        faulting.start_soon(fire, fault)
+                await anyio.sleep(max(0.0, up.started + minutes * 60 - time.monotonic()))
+                alive_at_end = service_states(run_dir)
+                tg.cancel_scope.cancel()
+            bus_audit = await stop_and_audit(up, server.url, view)
     finally:
-        if up.poll() is None:
-            stop_process_group(up)
         server.stop()
     return {
         "benchmark": "chaos",
@@ -323,24 +286,14 @@ async def chaos(run_dir: Path, out_dir: Path, minutes: float, seed: int) -> dict
         "learner_resumed_from_checkpoint": bool(learner_resumes(run_dir)),
         "learner_resumed_in": learner_resumes(run_dir),
         "services_alive_at_end": alive_at_end,
-        "shutdown": asdict(shutdown),
+        "shutdown": up.stop_report(),
     }
 
 
-def service_states(run_dir: Path) -> dict[str, str]:
-    """Each supervised service's state (``running``, ``backing_off``...) right now."""
-    return {name: str(child.get("state")) for name, child in supervised_services(run_dir).items()}
-
-
-async def stop_and_audit(
-    up: subprocess.Popen[bytes], run_dir: Path, url: str, view: BusView
-) -> tuple[Any, dict[str, Any]]:
-    """Stop ``up`` (and whatever it left), then audit the bus: (shutdown, bus audit)."""
-    from coevolve.processes import kill_leftovers, stop_process_group
-
-    shutdown = await anyio.to_thread.run_sync(stop_process_group, up)
-    kill_leftovers(str(run_dir))
-    return shutdown, await audit_bus(url, view)
+async def stop_and_audit(up: UpRun, url: str, view: BusView) -> dict[str, Any]:
+    """Stop ``up`` (and whatever it left), then audit the bus."""
+    await anyio.to_thread.run_sync(up.stop)
+    return await audit_bus(url, view)
 
 
 def run_audit(run_dir: Path, view: BusView, bus_audit: dict[str, Any]) -> dict[str, Any]:
@@ -355,7 +308,7 @@ def run_audit(run_dir: Path, view: BusView, bus_audit: dict[str, Any]) -> dict[s
         "groups_dropped_stale": int(sum(view.dropped_stale.values())),
         "groups_requeued": len(requeued),
         "groups_lost": len(unaccounted - requeued),
-        **audit_pool(run_dir / "pool.duckdb"),
+        **pool_duplicates(run_dir / "pool.duckdb"),
         "versions_non_monotonic": bus_audit["versions_non_monotonic"],
         "policy_versions": bus_audit["policy_versions"],
         "dead_letters_by_reason": bus_audit["dead_letters_by_reason"],
@@ -374,17 +327,9 @@ def run(quick: bool = False, minutes: float | None = None, seed: int = 13) -> di
 
 
 def bench_run_dirs(name: str) -> tuple[Path, Path]:
-    """``RUN_DIR/bench/<name>-<stamp>`` and the run directory of the ``up`` under it, which
-    shares the base run's converted models."""
-    # imported here: dataloop imports the CLI, which lists the benchmarks
-    from coevolve.processes import share_model_cache
-
-    base = Path(os.environ.get("COEVOLVE_RUN_DIR", DEFAULT_RUN_DIR))
-    out_dir = base / "bench" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = out_dir / "run"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    share_model_cache(run_dir, base)
-    return out_dir, run_dir
+    """``RUN_DIR/bench/<name>-<stamp>`` and the run directory of the ``up`` under it."""
+    out_dir = output_dir(name)
+    return out_dir, out_dir / "run"
 
 
 def _print(result: dict[str, Any], out_dir: Path) -> None:

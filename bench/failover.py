@@ -24,7 +24,7 @@ import contextlib
 import json
 import os
 import signal
-import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -36,10 +36,12 @@ from coevolve.bench.chaos import (
     BusView,
     bench_run_dirs,
     run_audit,
-    service_states,
+    start_up,
     stop_and_audit,
     watch,
 )
+from coevolve.harness import wait_for
+from coevolve.run_figures import logs_mentioning, service_states
 from coevolve.shared.config import REPLICAS_ENV, BusSettings
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.nats_server import NatsCluster, NatsServer
@@ -84,78 +86,64 @@ def kill_node(node: NatsServer) -> None:
 
 async def until_groups_grow(view: BusView, timeout_s: float) -> float | None:
     """Seconds until a group not seen before is published (None: not within the time)."""
-    seen, started = len(view.groups), time.monotonic()
-    with anyio.move_on_after(timeout_s):
-        while len(view.groups) <= seen:
-            await anyio.sleep(0.5)
-        return round(time.monotonic() - started, 1)
-    return None
+    seen = len(view.groups)
+    return await wait_for(lambda: len(view.groups) > seen, timeout_s)
 
 
-def quorum_reports(run_dir: Path) -> list[str]:
-    """The services whose log says the cluster has lost quorum."""
-    reported = []
-    for log in sorted((run_dir / "logs").glob("*.log")):
-        with contextlib.suppress(OSError):
-            if QUORUM_TEXT in log.read_text(errors="replace"):
-                reported.append(log.stem)
-    return reported
+async def lose_leader(cluster: NatsCluster, view: BusView, at: Callable[[], float]) -> NodeFault:
+    """Kill the rollout-groups stream's leader; restart it ``RESTART_AFTER_S`` later."""
+    leader = cluster.node(await stream_leader(cluster.url))
+    assert leader.cluster is not None
+    fault = NodeFault("leader killed", [leader.cluster.node], at())
+    kill_node(leader)
+    fault.groups_flowing_again_s = await until_groups_grow(view, 300)
+    await anyio.sleep(max(0.0, fault.at_s + RESTART_AFTER_S - at()))
+    await anyio.to_thread.run_sync(leader.start)
+    fault.restarted_at_s = at()
+    return fault
+
+
+async def lose_quorum(cluster: NatsCluster, view: BusView, at: Callable[[], float]) -> NodeFault:
+    """Kill the leader and a second node together, restart both ``QUORUM_DOWN_S`` later."""
+    first = cluster.node(await stream_leader(cluster.url))
+    second = next(n for n in cluster.nodes if n is not first)
+    names = [n.cluster.node for n in (first, second) if n.cluster is not None]
+    fault = NodeFault("quorum lost", names, at())
+    kill_node(first)
+    kill_node(second)
+    await anyio.sleep(QUORUM_DOWN_S)
+    for node in (first, second):
+        await anyio.to_thread.run_sync(node.start)
+    fault.restarted_at_s = at()
+    fault.groups_flowing_again_s = await until_groups_grow(view, 300)
+    return fault
 
 
 async def failover(run_dir: Path, out_dir: Path, minutes: float) -> dict[str, Any]:
-    from coevolve.bench.chaos import start_up
-    from coevolve.processes import stop_process_group
-
     cluster = NatsCluster(out_dir / "nats", NODES, log_dir=out_dir / "nats-logs")
     await anyio.to_thread.run_sync(cluster.start)
-    os.environ[REPLICAS_ENV] = str(NODES)  # up and its services keep 3 copies
-    up = start_up(run_dir, cluster.url, out_dir / "up.log")
-    started = time.monotonic()
     view = BusView()
     faults: list[NodeFault] = []
     alive_at_end: dict[str, str] = {}
-
-    def at() -> float:
-        return round(time.monotonic() - started, 1)
-
+    os.environ[REPLICAS_ENV] = str(NODES)  # up and its services keep 3 copies
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch, cluster.url, view)
-            with anyio.move_on_after(GROUPS_WAIT_S):
-                while not view.groups:
-                    await anyio.sleep(1.0)
-            if view.groups:
-                leader = cluster.node(await stream_leader(cluster.url))
-                assert leader.cluster is not None
-                fault = NodeFault("leader killed", [leader.cluster.node], at())
-                kill_node(leader)
-                faults.append(fault)
-                fault.groups_flowing_again_s = await until_groups_grow(view, 300)
-                await anyio.sleep(max(0.0, fault.at_s + RESTART_AFTER_S - at()))
-                await anyio.to_thread.run_sync(leader.start)
-                fault.restarted_at_s = at()
+        with start_up(run_dir, cluster.url, out_dir / "up.log") as up:
 
-                await anyio.sleep(max(0.0, QUORUM_AT * minutes * 60 - at()))
-                first = cluster.node(await stream_leader(cluster.url))
-                second = next(n for n in cluster.nodes if n is not first)
-                names = [n.cluster.node for n in (first, second) if n.cluster is not None]
-                quorum = NodeFault("quorum lost", names, at())
-                kill_node(first)
-                kill_node(second)
-                faults.append(quorum)
-                await anyio.sleep(QUORUM_DOWN_S)
-                for node in (first, second):
-                    await anyio.to_thread.run_sync(node.start)
-                quorum.restarted_at_s = at()
-                quorum.groups_flowing_again_s = await until_groups_grow(view, 300)
-            await anyio.sleep(max(0.0, minutes * 60 - at()))
-            alive_at_end = service_states(run_dir)
-            tg.cancel_scope.cancel()
-        shutdown, bus_audit = await stop_and_audit(up, run_dir, cluster.url, view)
+            def at() -> float:
+                return round(up.elapsed_s(), 1)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch, cluster.url, view, "failover-bench")
+                if await wait_for(lambda: bool(view.groups), GROUPS_WAIT_S, 1.0) is not None:
+                    faults.append(await lose_leader(cluster, view, at))
+                    await anyio.sleep(max(0.0, QUORUM_AT * minutes * 60 - at()))
+                    faults.append(await lose_quorum(cluster, view, at))
+                await anyio.sleep(max(0.0, minutes * 60 - at()))
+                alive_at_end = service_states(run_dir)
+                tg.cancel_scope.cancel()
+            bus_audit = await stop_and_audit(up, cluster.url, view)
     finally:
         os.environ.pop(REPLICAS_ENV, None)
-        if up.poll() is None:
-            stop_process_group(up)
         cluster.stop()
     first_fault = faults[0] if faults else None
     return {
@@ -164,11 +152,11 @@ async def failover(run_dir: Path, out_dir: Path, minutes: float) -> dict[str, An
         "nodes": NODES,
         "faults": [asdict(f) for f in faults],
         "failover_s": first_fault.groups_flowing_again_s if first_fault else None,
-        "quorum_loss_reported_by": quorum_reports(run_dir),
+        "quorum_loss_reported_by": logs_mentioning(run_dir, QUORUM_TEXT),
         "recovered_s": faults[1].groups_flowing_again_s if len(faults) > 1 else None,
         **run_audit(run_dir, view, bus_audit),
         "services_alive_at_end": alive_at_end,
-        "shutdown": asdict(shutdown),
+        "shutdown": up.stop_report(),
     }
 
 
