@@ -25,7 +25,6 @@ means (``seed_t_ci95``, wide with three seeds) and a pooled exact sign test.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,13 +33,13 @@ from typing import Any
 import torch
 
 from coevolve.bench import tables
+from coevolve.bench.lockstep_runs import drive, open_loop
 from coevolve.bench.short_tasks import OFFERED, train_and_heldout
-from coevolve.schedules.lockstep import LockstepConfig, LockstepLoop, TaskCycle, success_rate
+from coevolve.harness import output_dir
+from coevolve.schedules.lockstep import LockstepConfig, LockstepLoop, success_rate
 from coevolve.services.learner.config import LearnerConfig
 from coevolve.services.learner.sft import warm_start
-from coevolve.shared.config import DEFAULT_RUN_DIR
-from coevolve.shared.messages import Trajectory
-from coevolve.shared.policy import load_policy
+from coevolve.shared.messages import Task, Trajectory
 from coevolve.shared.toolcalls import CLOSE_TAG
 
 
@@ -92,13 +91,6 @@ MAX_STEPS = 2  # the call, then the closing reply that ends the turn
 STOP = (CLOSE_TAG,)  # rollout.stop: one call a message
 
 
-def run_directory() -> Path:
-    base = Path(os.environ.get("COEVOLVE_RUN_DIR") or DEFAULT_RUN_DIR)
-    path = base / "bench" / f"learning-{time.strftime('%Y%m%d-%H%M%S')}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def run(
     quick: bool,
     run_dir: Path | None = None,
@@ -111,7 +103,7 @@ def run(
     """
     setup = setup or (QUICK if quick else FULL)
     count = seeds if seeds is not None else setup.seeds
-    out = run_dir or run_directory()
+    out = run_dir or output_dir("learning")
     results = []
     for seed in range(setup.seed, setup.seed + count):
         file = out / f"seed-{seed}.json"
@@ -191,29 +183,22 @@ def success(episode: dict[str, Any]) -> float:
 def run_seed(quick: bool, out: Path, setup: Setup, seed: int) -> dict[str, Any]:
     """One training seed: base, warm start to its plateau, then GRPO on a fresh adapter."""
     out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(1)  # shared cores: more threads were several times slower
-    torch.manual_seed(seed)
     started = time.perf_counter()
     # the tasks stay the same for every seed: the comparison is paired
     train, heldout = train_and_heldout(setup.train_tasks, setup.heldout_tasks, setup.seed)
-    policy = load_policy(run_dir=Path(os.environ.get("COEVOLVE_RUN_DIR") or DEFAULT_RUN_DIR))
-    loop = LockstepLoop(
-        policy,
-        TaskCycle(train, seed=seed),
-        LockstepConfig(
-            tasks_per_step=setup.tasks_per_step,
-            group_size=setup.group_size,
-            max_new_tokens=setup.max_new_tokens,
-            max_steps=MAX_STEPS,
-            seed=seed,
-            stop=STOP,
-            refill_rounds=setup.refill_rounds,
-        ),
-        LearnerConfig(lr=setup.grpo_lr),
-        log_dir=out / "tensorboard",
+    config = LockstepConfig(
+        tasks_per_step=setup.tasks_per_step,
+        group_size=setup.group_size,
+        max_new_tokens=setup.max_new_tokens,
+        max_steps=MAX_STEPS,
+        seed=seed,
+        stop=STOP,
+        refill_rounds=setup.refill_rounds,
     )
+    # one thread: on shared cores more were several times slower
+    loop = open_loop(train, config, LearnerConfig(lr=setup.grpo_lr), out, threads=1)
+    policy = loop.policy
     phases: dict[str, float] = {"load_s": time.perf_counter() - started}
-
     episodes_by_label: dict[str, list[dict[str, Any]]] = {}
 
     def evaluate(label: str) -> float:
@@ -226,62 +211,45 @@ def run_seed(quick: bool, out: Path, setup: Setup, seed: int) -> dict[str, Any]:
 
     base = evaluate("base")
     begun = time.perf_counter()
-    sft_losses: list[float] = []
-    train_curve: list[float] = []
-    best, since_best, epochs = -1.0, 0, 0
-    for epoch in range(setup.sft_epochs):
-        sft = warm_start(
-            policy,
-            train,
-            epochs=1,
-            batch_size=setup.sft_batch_size,
-            lr=setup.sft_lr,
-            seed=seed * 1000 + epoch,
-        )
-        sft_losses.extend(sft.losses)
-        epochs = epoch + 1
-        rate, _ = success_rate(loop.engine, train, setup.max_new_tokens, MAX_STEPS, STOP)
-        train_curve.append(rate)
-        print(f"  warm start epoch {epochs}: train success {rate:.3f}", flush=True)
-        if rate > best:
-            best, since_best = rate, 0
-        else:
-            since_best += 1
-        if since_best > setup.sft_patience:
-            break
+    sft = warm_start_to_plateau(loop, train, setup, seed)
     loop.learner.freeze_reference()  # GRPO trains a fresh adapter; KL pulls to this policy
     phases["warm_start_s"] = time.perf_counter() - begun
     warm = evaluate("warm_start")
-
     curve: list[tuple[int, float]] = [(0, warm)]
-    steps: list[dict[str, Any]] = []
-    grpo_s = 0.0
-    for step in range(1, setup.grpo_steps + 1):
+    grpo_s: list[float] = []
+
+    def grpo_step(step: int) -> dict[str, Any]:
         report = loop.iteration()
-        grpo_s += report.wall_s
+        grpo_s.append(report.wall_s)
         m = report.metrics
-        steps.append(
-            {
-                "step": step,
-                "reward_mean": round(report.reward_mean, 3),
-                "trained": m.trained,
-                "uniform_groups": m.uniform_groups,
-                "groups_sampled": report.groups_sampled,
-                "kl": round(m.kl, 5),
-                "clip_fraction": round(m.clip_fraction, 4),
-                "rollout_s": round(report.rollout_s, 1),
-                "learn_s": round(report.learn_s, 1),
-            }
+        return {
+            "step": step,
+            "reward_mean": round(report.reward_mean, 3),
+            "trained": m.trained,
+            "uniform_groups": m.uniform_groups,
+            "groups_sampled": report.groups_sampled,
+            "kl": round(m.kl, 5),
+            "clip_fraction": round(m.clip_fraction, 4),
+            "rollout_s": round(report.rollout_s, 1),
+            "learn_s": round(report.learn_s, 1),
+        }
+
+    def describe(r: dict[str, Any]) -> str:
+        return (
+            f"  grpo step {r['step']}: train reward {r['reward_mean']:.2f} "
+            f"trained={r['trained']} rollout {r['rollout_s']:.1f} s learn {r['learn_s']:.1f} s"
         )
-        print(
-            f"  grpo step {step}: train reward {report.reward_mean:.2f} trained={m.trained} "
-            f"rollout {report.rollout_s:.1f} s learn {report.learn_s:.1f} s",
-            flush=True,
-        )
+
+    def evaluate_when_due(steps: list[dict[str, Any]]) -> None:
+        step = steps[-1]["step"]
         if step % setup.eval_every == 0 or step == setup.grpo_steps:
             curve.append((step, evaluate(f"grpo_{step}")))
-    phases["grpo_s"] = grpo_s
-    loop.close()
+
+    try:
+        steps = drive(setup.grpo_steps, grpo_step, describe, after=evaluate_when_due)
+    finally:
+        loop.close()
+    phases["grpo_s"] = sum(grpo_s)
 
     final = curve[-1][1]
     best_grpo = max(rate for _, rate in curve[1:]) if len(curve) > 1 else warm
@@ -301,14 +269,7 @@ def run_seed(quick: bool, out: Path, setup: Setup, seed: int) -> dict[str, Any]:
         "grpo_raised_above_warm_start": final > warm,
         "curve": curve,
         "final_label": f"grpo_{setup.grpo_steps}" if setup.grpo_steps else "warm_start",
-        "warm_start": {
-            "epochs": epochs,
-            "train_success_by_epoch": train_curve,
-            "examples": sft.examples,
-            "steps": len(sft_losses),
-            "first_loss": round(sft_losses[0], 4) if sft_losses else 0.0,
-            "final_loss": round(sft.final_loss, 4),
-        },
+        "warm_start": sft,
         "grpo_steps": steps,
         "heldout_episodes": episodes_by_label,
         "phases_s": {k: round(v, 1) for k, v in phases.items()},
@@ -317,6 +278,40 @@ def run_seed(quick: bool, out: Path, setup: Setup, seed: int) -> dict[str, Any]:
     }
     print_table(result)
     return result
+
+
+def warm_start_to_plateau(
+    loop: LockstepLoop, train: list[Task], setup: Setup, seed: int
+) -> dict[str, Any]:
+    """The warm start epoch by epoch, until train success stops rising for
+    ``sft_patience`` epochs (at most ``sft_epochs``); what it did."""
+    losses: list[float] = []
+    curve: list[float] = []
+    best, since_best = -1.0, 0
+    for epoch in range(setup.sft_epochs):
+        sft = warm_start(
+            loop.policy,
+            train,
+            epochs=1,
+            batch_size=setup.sft_batch_size,
+            lr=setup.sft_lr,
+            seed=seed * 1000 + epoch,
+        )
+        losses.extend(sft.losses)
+        rate, _ = success_rate(loop.engine, train, setup.max_new_tokens, MAX_STEPS, STOP)
+        curve.append(rate)
+        print(f"  warm start epoch {epoch + 1}: train success {rate:.3f}", flush=True)
+        best, since_best = (rate, 0) if rate > best else (best, since_best + 1)
+        if since_best > setup.sft_patience:
+            break
+    return {
+        "epochs": len(curve),
+        "train_success_by_epoch": curve,
+        "examples": sft.examples,
+        "steps": len(losses),
+        "first_loss": round(losses[0], 4) if losses else 0.0,
+        "final_loss": round(sft.final_loss, 4),
+    }
 
 
 def episode_summary(trajectory: Trajectory) -> dict[str, Any]:
@@ -392,9 +387,3 @@ def print_summary(summary: dict[str, Any]) -> None:
         f"tasks gained {summary['tasks_gained']}, lost {summary['tasks_lost']} "
         f"(exact sign test p = {summary['sign_test_p']}); plot: {summary['plot']}",
     )
-
-
-if __name__ == "__main__":
-    import sys
-
-    print(json.dumps(run(quick="--quick" in sys.argv), indent=2))
