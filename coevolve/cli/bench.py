@@ -40,6 +40,12 @@ BENCHMARKS = {
 }
 
 
+# benchmarks that share a module: name -> "module:function" (the others: module NAME, run)
+RUNNERS = {
+    "engine": "engines:run_engine",
+    "kv_layout": "engines:run_kv_layout",
+    "llama_base": "engines:run_llama_base",
+}
 # the module attribute that lists an option's accepted values, where one does
 CHOICES = {"compare": "COMPARISONS", "models": "MODEL_CHOICES"}
 
@@ -102,8 +108,9 @@ def bench(
     if name not in BENCHMARKS:
         listing = "\n".join(f"  {k:<10}{v}" for k, v in BENCHMARKS.items())
         raise typer.BadParameter(f"unknown benchmark {name!r}; available:\n{listing}")
+    module_name, _, function = RUNNERS.get(name, f"{name}:run").partition(":")
     try:
-        module = importlib.import_module(f"coevolve.bench.{name}")
+        module = importlib.import_module(f"coevolve.bench.{module_name}")
     except ModuleNotFoundError as exc:
         typer.echo(f"error: benchmark {name!r} is not available in this build: {exc}", err=True)
         raise typer.Exit(1) from exc
@@ -119,13 +126,13 @@ def bench(
     for option, parameter, value in given:
         if value is None:
             continue
-        if parameter not in inspect.signature(module.run).parameters:
+        if parameter not in inspect.signature(getattr(module, function)).parameters:
             raise typer.BadParameter(f"benchmark {name!r} does not take --{option}")
         choices = getattr(module, CHOICES.get(option, ""), {})
         values = value if isinstance(value, list) else [value]
         if choices and any(v not in choices for v in values):
             raise typer.BadParameter(f"--{option} takes: {', '.join(choices)}")
         options[parameter] = value
-    result: dict[str, Any] = module.run(**options)
+    result: dict[str, Any] = getattr(module, function)(**options)
     if json_output:
         typer.echo(json.dumps(result))
