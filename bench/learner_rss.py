@@ -32,6 +32,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from coevolve.bench import tables
@@ -59,6 +60,26 @@ FULL = [
 ]
 
 
+def memory_mb() -> dict[str, float]:
+    """This process's resident set and its peak (VmHWM), from /proc/self/status."""
+    sizes = {"VmRSS": 0.0, "VmHWM": 0.0}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name in sizes:
+                sizes[name] = round(int(value.split()[0]) / 1024, 1)
+    return {"rss_mb": sizes["VmRSS"], "peak_mb": sizes["VmHWM"]}
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); False where not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
 def measure(
     mode: str, tokens: int, dropout: float, attention: str, heap: str = "mapped"
 ) -> dict[str, Any]:
@@ -67,7 +88,6 @@ def measure(
 
     import torch
 
-    from coevolve.bench.sft import memory_mb, reset_peak_rss
     from coevolve.services.learner.memory import (
         activation_checkpointing,
         map_large_blocks,

@@ -13,15 +13,10 @@ import typer
 from coevolve.cli.options import JsonOption
 
 BENCHMARKS = {
-    "bus": "JetStream vs core NATS: throughput and p50/p99 latency of ~50 KB rollout groups",
-    "pool": "pool-store: p50/p99 of sampling 64 tasks from 1,000,000",
-    "rollout": "rollout path tokens/s vs raw batched generate, same model and batch",
     "engine": "llama.cpp vs transformers engine: group s, tokens/s, eval s/task, log-prob gap",
     "kv_layout": "llama.cpp KV layout x flash attention: CPU ms/token of groups and eval",
     "llama_base": "llama.cpp base f16/bf16/f32/q8_0: CPU ms/token, log-prob gap to the learner",
     "learning": "held-out success: base, after warm start, after N GRPO steps",
-    "schedule": "learner steps per hour, async vs lockstep",
-    "memory": "one SFT step on a BFCL example: activations stored vs checkpointed",
     "learner_rss": "a learner pass by tokens, dropout, attention: peak and held RSS",
     "dataloop": "coevolve up for N minutes: signals, explorations, verdicts, pool growth",
     "sampling": "share of uniform groups, uniform vs dynamic sampler, synthetic policy",
@@ -30,7 +25,6 @@ BENCHMARKS = {
     "chaos": "coevolve up under kill -9 of every service, a NATS and an LLM restart: audit",
     "services": "coevolve up vs up --schedule lockstep, or (--compare data-loop) vs up "
     "--scale explorer=0: learner steps and accepted tasks per hour, CPU per part",
-    "sft": "SFT warm start, ours vs TRL SFTTrainer: s/step, peak RSS, loss tokens, losses",
     "judge": "judge stages on BFCL train turns and corrupted copies: accept/reject rates, s/cand",
     "synthesis": "recorded explorations through abstractor and judge per role model: accepted",
     "ddp": "2 learner ranks (gloo) vs 1 on the same batches: weight difference, step s",
