@@ -13,8 +13,9 @@ their runs on; the figures a stopped run leaves are read by ``coevolve.run_figur
 - :meth:`UpRun.stop`: SIGINT to the group, SIGKILL after a grace period, then every
   process it had started and any process that carries the run directory in its command
   line (``with UpRun.start(...) as run:`` stops it on the way out too);
-- :func:`watch_bus`, :func:`wait_for`, :func:`until_signalled`: the asynchronous side, for
-  a caller that follows the bus while the run goes on.
+- :func:`tally_bus` (into a :class:`~coevolve.bus_tally.BusTally`), :func:`watch_bus`,
+  :func:`wait_for`, :func:`until_signalled`: the asynchronous side, for a caller that
+  follows the bus while the run goes on.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import anyio
 from anyio.abc import TaskStatus
 from nats.aio.subscription import DEFAULT_SUB_PENDING_BYTES_LIMIT, Subscription
 
+from coevolve.bus_tally import BusTally
 from coevolve.processes import (
     STOP_GRACE_S,
     UP_START_TIMEOUT_S,
@@ -51,6 +53,7 @@ from coevolve.shared.llm.server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.credentials import CREDENTIALS_DIR_ENV
 from coevolve.shared.runtime.nats_server import free_port
+from coevolve.shared.runtime.subjects import PREFIX
 
 # settings a caller's shell may hold that would point a run at someone else's
 INHERITED = (
@@ -66,6 +69,8 @@ INHERITED = (
 # what a caller's shell may name for a run on purpose: an LLM endpoint and credentials
 EXTERNAL_ENDPOINTS = (CREDENTIALS_DIR_ENV, BASE_URL_ENV, API_KEY_ENV, MODEL_ENV)
 CPU_SAMPLE_EVERY_S = 5.0
+# rollout groups are ~50 KB each: a subscription to everything has room for a burst
+TALLY_PENDING_BYTES = 512 * 1024 * 1024
 # more than any run reaches: time ends a lockstep run started here, not its iterations
 LOCKSTEP_ITERATIONS = 1_000_000
 
@@ -380,6 +385,26 @@ async def watch_bus(
     finally:
         with anyio.move_on_after(5, shield=True):
             await bus.close(timeout=3.0)
+
+
+async def tally_bus(
+    settings: BusSettings,
+    tally: BusTally,
+    *,
+    name: str = "harness",
+    connect_timeout_s: float = 10.0,
+    task_status: TaskStatus[Bus] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Every ``coevolve.>`` message into ``tally`` until cancelled (see :func:`watch_bus`)."""
+    await watch_bus(
+        settings,
+        [f"{PREFIX}.>"],
+        tally.observe,
+        name=name,
+        pending_bytes=TALLY_PENDING_BYTES,
+        connect_timeout_s=connect_timeout_s,
+        task_status=task_status,
+    )
 
 
 async def until_signalled(
