@@ -33,7 +33,7 @@ import random
 import signal
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,30 +41,26 @@ import anyio
 
 from coevolve.bench import tables
 from coevolve.bench.flood import reason_of
+from coevolve.bus_tally import BusTally
 from coevolve.cli.up import supervised_services
-from coevolve.harness import EXTERNAL_ENDPOINTS, UpRun, output_dir, watch_bus
+from coevolve.harness import EXTERNAL_ENDPOINTS, UpRun, output_dir, tally_bus
 from coevolve.processes import descendant_commands
 from coevolve.run_figures import pool_duplicates, service_states
 from coevolve.shared.config import BusSettings
 from coevolve.shared.messages import (
     GRPO_STEP_PHASE,
     DeadLetter,
-    DecodeError,
     Heartbeat,
-    Metric,
     PolicyVersion,
     RolloutGroup,
     RolloutJob,
     decode,
     derived_id,
 )
-from coevolve.shared.runtime.bus import MSG_ID_HEADER, Bus
+from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.nats_server import NatsServer
 from coevolve.shared.runtime.subjects import (
     DEFAULT_SERVICES,
-    HEARTBEATS,
-    ROLLOUT_GROUPS,
-    metrics_subject,
 )
 
 BUSY_UNTIL = 0.9  # a fault waits for its target to be busy until this share of the run
@@ -94,34 +90,9 @@ def fault_schedule(minutes: float, seed: int) -> list[Fault]:
     return sorted(faults, key=lambda f: f.at_s)
 
 
-@dataclass
-class BusView:
-    """What a core-NATS listener saw: heartbeats, groups published, learner drops."""
-
-    beats: dict[str, Heartbeat] = field(default_factory=dict)
-    groups: set[str] = field(default_factory=set)
-    dropped_stale: dict[int, float] = field(default_factory=dict)
-
-    def on_message(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
-        try:
-            if subject.startswith(f"{HEARTBEATS}."):
-                beat = decode(data, Heartbeat)
-                self.beats[beat.service] = beat
-            elif subject == ROLLOUT_GROUPS:
-                self.groups.add(headers.get(MSG_ID_HEADER) or decode(data, RolloutGroup).id)
-            elif subject == metrics_subject("learner"):
-                metric = decode(data, Metric)
-                if metric.name == "dropped_stale":
-                    self.dropped_stale[metric.step] = metric.value
-        except DecodeError:
-            pass
-
-
-async def watch(url: str, view: BusView, name: str = "chaos-bench") -> None:
-    """Follow heartbeats, rollout groups and the learner's metrics until cancelled."""
-    subjects = (f"{HEARTBEATS}.>", ROLLOUT_GROUPS, metrics_subject("learner"))
-    settings = BusSettings(url=url, connect_timeout_s=30.0)
-    await watch_bus(settings, subjects, view.on_message, name=name, connect_timeout_s=30.0)
+async def watch(url: str, view: BusTally, name: str = "chaos-bench") -> None:
+    """Tally the run's bus (heartbeats, groups, the learner's drops) until cancelled."""
+    await tally_bus(BusSettings(url=url, connect_timeout_s=30.0), view, name=name)
 
 
 # --------------------------------------------------------------------------- faults
@@ -143,7 +114,7 @@ async def inject(
     started: float,
     run_dir: Path,
     up: UpRun,
-    view: BusView,
+    view: BusTally,
     server: NatsServer,
 ) -> None:
     if fault.kind == "kill":
@@ -188,7 +159,7 @@ async def stream_messages(bus: Bus, stream: str) -> list[tuple[str, bytes]]:
     return messages
 
 
-async def audit_bus(url: str, view: BusView) -> dict[str, Any]:
+async def audit_bus(url: str, view: BusTally) -> dict[str, Any]:
     bus = await Bus.connect(BusSettings(url=url, connect_timeout_s=30.0), "chaos-audit")
     try:
         waiting = {
@@ -252,7 +223,7 @@ def start_up(run_dir: Path, nats_url: str, log_path: Path) -> UpRun:
 async def chaos(run_dir: Path, out_dir: Path, minutes: float, seed: int) -> dict[str, Any]:
     # outside the run directory: the stop's clean-up must not take it down before the audit
     server = NatsServer(out_dir / "nats", log_file=out_dir / "nats.log").start()
-    view = BusView()
+    view = BusTally()
     faults = fault_schedule(minutes, seed)
     alive_at_end: dict[str, str] = {}
     try:
@@ -290,13 +261,13 @@ async def chaos(run_dir: Path, out_dir: Path, minutes: float, seed: int) -> dict
     }
 
 
-async def stop_and_audit(up: UpRun, url: str, view: BusView) -> dict[str, Any]:
+async def stop_and_audit(up: UpRun, url: str, view: BusTally) -> dict[str, Any]:
     """Stop ``up`` (and whatever it left), then audit the bus."""
     await anyio.to_thread.run_sync(up.stop)
     return await audit_bus(url, view)
 
 
-def run_audit(run_dir: Path, view: BusView, bus_audit: dict[str, Any]) -> dict[str, Any]:
+def run_audit(run_dir: Path, view: BusTally, bus_audit: dict[str, Any]) -> dict[str, Any]:
     """What became of every group published, and the duplicates and version order."""
     trained = trained_groups(run_dir)
     # the learner records every group a step consumed, stale ones (dropped) included

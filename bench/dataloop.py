@@ -39,10 +39,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-import time
-from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,55 +47,19 @@ import anyio
 from anyio.abc import TaskStatus
 
 from coevolve.bench import tables
+from coevolve.bus_tally import BusTally
 from coevolve.cli.explore_cmd import choose_tasks, publish_requests
-from coevolve.harness import EXTERNAL_ENDPOINTS, UpRun, output_dir, until_signalled, watch_bus
+from coevolve.harness import EXTERNAL_ENDPOINTS, UpRun, output_dir, tally_bus, until_signalled
 from coevolve.run_figures import policy_versions, pool_summary
 from coevolve.shared.config import BusSettings
-from coevolve.shared.messages import DecodeError, Heartbeat, PolicyVersion, Verdict, decode
-from coevolve.shared.runtime.bus import MSG_ID_HEADER, BusError
-from coevolve.shared.runtime.subjects import (
-    CANDIDATES,
-    DEAD_LETTERS,
-    EXPLORATION_REQUESTS,
-    EXPLORATIONS,
-    HEARTBEATS,
-    METRICS,
-    POLICY_UPDATES,
-    PREFIX,
-    ROLLOUT_GROUPS,
-    ROLLOUT_JOBS,
-    ROLLOUT_RESULTS,
-    SIGNALS,
-    TASK_ADDED,
-    VERDICTS,
-)
+from coevolve.shared.runtime.bus import BusError
 
 FULL_MINUTES = 20.0
 QUICK_MINUTES = 3.0
 MINUTES_ENV = "COEVOLVE_BENCH_MINUTES"
 SEED_EXPLORATIONS_ENV = "COEVOLVE_BENCH_SEED_EXPLORATIONS"
 PROGRESS_EVERY_S = 60.0
-CONNECT_TIMEOUT_S = 10.0
-# rollout groups are ~50 KB each; leave the subscription room for a burst
-PENDING_BYTES = 512 * 1024 * 1024
 
-EXACT_FAMILIES: dict[str, str] = {
-    ROLLOUT_JOBS: "rollout_jobs",
-    ROLLOUT_GROUPS: "rollout_groups",
-    ROLLOUT_RESULTS: "rollout_results",
-    POLICY_UPDATES: "policy_updates",
-    EXPLORATION_REQUESTS: "exploration_requests",
-    EXPLORATIONS: "explorations",
-    CANDIDATES: "candidates",
-    VERDICTS: "verdicts",
-    TASK_ADDED: "tasks_added",
-}
-PREFIX_FAMILIES: dict[str, str] = {
-    f"{SIGNALS}.": "signals",
-    f"{DEAD_LETTERS}.": "dead_letters",
-    f"{HEARTBEATS}.": "heartbeats",
-    f"{METRICS}.": "metrics",
-}
 # the data loop in its order, as the table shows it
 REPORTED_FAMILIES = (
     "rollout_groups",
@@ -123,77 +84,7 @@ def bench_minutes(quick: bool, env: Mapping[str, str] = os.environ) -> float:
     return QUICK_MINUTES if quick else FULL_MINUTES
 
 
-def family_of(subject: str) -> str:
-    if subject in EXACT_FAMILIES:
-        return EXACT_FAMILIES[subject]
-    for prefix, family in PREFIX_FAMILIES.items():
-        if subject.startswith(prefix):
-            return family
-    return "other"
-
-
-@dataclass
-class LoopCounter:
-    """What the bus carried, by subject family, with the time of each family's first message."""
-
-    started_at: float = field(default_factory=time.monotonic)
-    counts: Counter[str] = field(default_factory=Counter)
-    signals_by_kind: Counter[str] = field(default_factory=Counter)
-    first_seen_s: dict[str, float] = field(default_factory=dict)
-    verdicts: Counter[str] = field(default_factory=Counter)
-    duplicates: int = 0
-    undecodable: int = 0
-    policy_version: int = 0
-    services_running_s: dict[str, float] = field(default_factory=dict)
-    _seen_ids: set[str] = field(default_factory=set, repr=False)
-
-    def observe(
-        self,
-        subject: str,
-        data: bytes,
-        headers: Mapping[str, str] | None = None,
-        at: float | None = None,
-    ) -> None:
-        elapsed = round((time.monotonic() if at is None else at) - self.started_at, 1)
-        message_id = (headers or {}).get(MSG_ID_HEADER)
-        if message_id is not None:
-            if message_id in self._seen_ids:
-                self.duplicates += 1
-                return
-            self._seen_ids.add(message_id)
-        family = family_of(subject)
-        self.counts[family] += 1
-        self.first_seen_s.setdefault(family, elapsed)
-        try:
-            self._look_inside(family, subject, data, elapsed)
-        except DecodeError:
-            self.undecodable += 1
-
-    def _look_inside(self, family: str, subject: str, data: bytes, elapsed: float) -> None:
-        if family == "signals":
-            kind = subject.removeprefix(f"{SIGNALS}.")
-            self.signals_by_kind[kind] += 1
-            self.first_seen_s.setdefault(f"signals.{kind}", elapsed)
-        elif family == "verdicts":
-            accepted = decode(data, Verdict).accepted
-            self.verdicts["accepted" if accepted else "rejected"] += 1
-            if accepted:
-                self.first_seen_s.setdefault("accepted_verdict", elapsed)
-        elif family == "policy_updates":
-            version = decode(data, PolicyVersion).version
-            self.policy_version = max(self.policy_version, version)
-            # v1 is the warm start; a GRPO step makes v2 and later
-            self.first_seen_s.setdefault("warm_start" if version <= 1 else "grpo_update", elapsed)
-        elif family == "heartbeats":
-            beat = decode(data, Heartbeat)
-            if beat.phase == "running":
-                self.services_running_s.setdefault(beat.service, elapsed)
-
-    def elapsed_s(self) -> float:
-        return time.monotonic() - self.started_at
-
-
-def progress_line(counter: LoopCounter) -> str:
+def progress_line(counter: BusTally) -> str:
     counts = counter.counts
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(counter.signals_by_kind.items()))
     return (
@@ -208,7 +99,7 @@ def progress_line(counter: LoopCounter) -> str:
 
 async def watch_loop(
     settings: BusSettings,
-    counter: LoopCounter,
+    counter: BusTally,
     duration_s: float,
     *,
     should_stop: Callable[[], bool] = lambda: False,
@@ -221,8 +112,7 @@ async def watch_loop(
     With ``seed_explorations``, that many seed-mode exploration requests (train-split
     tasks, as ``coevolve explore`` sends them) are published once it is."""
     async with anyio.create_task_group() as tg:
-        watch = functools.partial(watch_bus, name="bench-dataloop", pending_bytes=PENDING_BYTES)
-        bus = await tg.start(watch, settings, [f"{PREFIX}.>"], counter.observe)
+        bus = await tg.start(functools.partial(tally_bus, name="bench-dataloop"), settings, counter)
         if seed_explorations:
             await bus.ensure_streams()
             await publish_requests(bus, choose_tasks(seed_explorations, seed=0), rounds=1)
@@ -240,7 +130,7 @@ async def watch_loop(
 
 
 def summarize(
-    counter: LoopCounter,
+    counter: BusTally,
     pool: dict[str, Any] | None,
     versions: list[int],
     minutes: float,
@@ -310,7 +200,7 @@ def run(
     interrupted = False
     # an LLM endpoint or credentials the caller's shell names are the run's too
     with UpRun.start(run_dir, out / "up.log", keep_env=EXTERNAL_ENDPOINTS, base=base_run_dir) as up:
-        counter = LoopCounter(started_at=up.started)
+        counter = BusTally(started_at=up.started)
         try:
             watch = functools.partial(
                 watch_loop,

@@ -33,13 +33,13 @@ import anyio
 
 from coevolve.bench import tables
 from coevolve.bench.chaos import (
-    BusView,
     bench_run_dirs,
     run_audit,
     start_up,
     stop_and_audit,
     watch,
 )
+from coevolve.bus_tally import BusTally
 from coevolve.harness import wait_for
 from coevolve.run_figures import logs_mentioning, service_states
 from coevolve.shared.config import REPLICAS_ENV, BusSettings
@@ -84,13 +84,13 @@ def kill_node(node: NatsServer) -> None:
         node.process.wait(5)
 
 
-async def until_groups_grow(view: BusView, timeout_s: float) -> float | None:
+async def until_groups_grow(view: BusTally, timeout_s: float) -> float | None:
     """Seconds until a group not seen before is published (None: not within the time)."""
     seen = len(view.groups)
     return await wait_for(lambda: len(view.groups) > seen, timeout_s)
 
 
-async def lose_leader(cluster: NatsCluster, view: BusView, at: Callable[[], float]) -> NodeFault:
+async def lose_leader(cluster: NatsCluster, view: BusTally, at: Callable[[], float]) -> NodeFault:
     """Kill the rollout-groups stream's leader; restart it ``RESTART_AFTER_S`` later."""
     leader = cluster.node(await stream_leader(cluster.url))
     assert leader.cluster is not None
@@ -103,7 +103,7 @@ async def lose_leader(cluster: NatsCluster, view: BusView, at: Callable[[], floa
     return fault
 
 
-async def lose_quorum(cluster: NatsCluster, view: BusView, at: Callable[[], float]) -> NodeFault:
+async def lose_quorum(cluster: NatsCluster, view: BusTally, at: Callable[[], float]) -> NodeFault:
     """Kill the leader and a second node together, restart both ``QUORUM_DOWN_S`` later."""
     first = cluster.node(await stream_leader(cluster.url))
     second = next(n for n in cluster.nodes if n is not first)
@@ -122,7 +122,7 @@ async def lose_quorum(cluster: NatsCluster, view: BusView, at: Callable[[], floa
 async def failover(run_dir: Path, out_dir: Path, minutes: float) -> dict[str, Any]:
     cluster = NatsCluster(out_dir / "nats", NODES, log_dir=out_dir / "nats-logs")
     await anyio.to_thread.run_sync(cluster.start)
-    view = BusView()
+    view = BusTally()
     faults: list[NodeFault] = []
     alive_at_end: dict[str, str] = {}
     os.environ[REPLICAS_ENV] = str(NODES)  # up and its services keep 3 copies

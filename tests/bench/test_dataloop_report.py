@@ -11,11 +11,11 @@ import anyio
 import pytest
 
 from coevolve.bench.dataloop import (
-    LoopCounter,
     bench_minutes,
     summarize,
     watch_loop,
 )
+from coevolve.bus_tally import BusTally
 from coevolve.run_figures import pool_summary
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.config import BusSettings
@@ -118,7 +118,7 @@ async def publish_data_loop(url: str) -> None:
 async def test_counts_families_signal_kinds_and_verdicts_on_a_real_bus(
     nats_server: NatsServer,
 ) -> None:
-    counter = LoopCounter()
+    counter = BusTally()
     async with anyio.create_task_group() as tg:
         await tg.start(watch_loop, BusSettings(url=nats_server.url), counter, 60.0)
         await publish_data_loop(nats_server.url)
@@ -148,14 +148,14 @@ async def test_counts_families_signal_kinds_and_verdicts_on_a_real_bus(
 
 
 def test_watch_loop_stops_at_its_duration(nats_server: NatsServer) -> None:
-    counter = LoopCounter()
+    counter = BusTally()
     started = time.monotonic()
     anyio.run(watch_loop, BusSettings(url=nats_server.url), counter, 1.0)
     assert time.monotonic() - started >= 0.9  # it watched for its duration, then returned
 
 
 def test_seed_explorations_are_published_and_counted(nats_server: NatsServer) -> None:
-    counter = LoopCounter()
+    counter = BusTally()
     anyio.run(
         functools.partial(
             watch_loop, BusSettings(url=nats_server.url), counter, 1.5, seed_explorations=2
@@ -192,7 +192,7 @@ def test_pool_summary_reads_origins_verdicts_and_reasons(tmp_path: Path) -> None
         "boundary": {"accepted": 1, "verdicts": 2},
         "rare": {"accepted": 1, "verdicts": 3},
     }
-    result = summarize(LoopCounter(), summary, [1, 2], minutes=3.0)
+    result = summarize(BusTally(), summary, [1, 2], minutes=3.0)
     assert result["pool"] == {"seed": 4, "explored": 0, "synthesized": 2, "growth": 2}
     assert result["acceptance_rate"] == 0.4
     assert result["policy"]["files"] == 2

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 from coevolve.bench.chaos import (
-    BusView,
     fault_schedule,
     is_busy,
     learner_resumes,
     run_audit,
 )
+from coevolve.bus_tally import BusTally
 from coevolve.shared.messages import GRPO_STEP_PHASE
 from coevolve.shared.runtime.subjects import DEFAULT_SERVICES
 from tests.support.messages import heartbeat
@@ -54,7 +54,7 @@ def test_a_learner_resume_is_found_in_either_phase(tmp_path: Path) -> None:
 def test_a_group_its_queued_job_will_make_again_is_not_lost(tmp_path: Path) -> None:
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "learner.groups.json").write_text(json.dumps(["trained"]))
-    view = BusView(groups={"trained", "waiting", "refused-then-requeued", "gone"})
+    view = BusTally(groups={"trained", "waiting", "refused-then-requeued", "gone"})
     bus_audit = {
         "waiting_groups": {"waiting"},
         "requeued_groups": {"refused-then-requeued", "not-published-yet"},
