@@ -39,6 +39,8 @@ RUNNERS = {
     "engine": "engines:run_engine",
     "kv_layout": "engines:run_kv_layout",
     "llama_base": "engines:run_llama_base",
+    "chaos": "faults:run_chaos",
+    "failover": "faults:run_failover",
 }
 # the module attribute that lists an option's accepted values, where one does
 CHOICES = {"compare": "COMPARISONS", "models": "MODEL_CHOICES"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from coevolve.bench.chaos import (
+from coevolve.bench.faults import (
     fault_schedule,
     is_busy,
     learner_resumes,
