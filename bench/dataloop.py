@@ -1,37 +1,20 @@
 """Data-loop benchmark: what ``coevolve up`` (async schedule) does in a fixed wall time.
 
-Starts ``coevolve up`` exactly as a user would (``python -m coevolve up``, embedded default
-configuration, a fresh run directory, a NATS server of its own on a free port, one torch
-thread per service) and lets it run for 20 minutes (3 with ``--quick``; the environment
-variable ``COEVOLVE_BENCH_MINUTES`` overrides both, a float, e.g. ``0.5``). The clock
-starts when ``up`` is spawned, so model loading and seeding the pool count against the
-run, as they would for a user.
-
-Measured, live, from a plain core-NATS subscription to ``coevolve.>`` (it sees every
-publish, JetStream or not, without taking part in any consumer):
-
-- messages per subject family (rollout groups, policy updates, signals by kind,
-  explorations, candidates, verdicts, tasks added, dead letters) and the time of each
-  family's first message, in seconds since ``up`` was spawned;
-- verdicts decoded with the message catalogue: accepted and rejected as they happen;
-- when each service first reported ``running`` in its heartbeat.
-
-A message re-published after a crash carries the same ``Nats-Msg-Id`` and is counted
-once (the duplicates are reported). Every 60 s one progress line is printed.
-
-At the end the harness (``coevolve.harness``) stops ``up`` and whatever it left running.
-Then the run's pool (read-only) gives the outcome: tasks by origin (the pool starts with
-the seed tasks only, so every explored or synthesized task is pool growth), verdicts,
-acceptance rate = accepted / verdicts, the top rejection reasons, and the policy
-versions the learner wrote to ``RUN_DIR/policies``.
+``coevolve up`` runs on the harness (``coevolve.harness``) as a user starts it: embedded
+defaults, a fresh run directory, a NATS server of its own, one torch thread per service,
+for 20 minutes (3 with ``--quick``; ``--minutes`` or ``COEVOLVE_BENCH_MINUTES`` override),
+counted from its spawn, so model loading and seeding count as they would for a user.
+Measured live from a core-NATS subscription to ``coevolve.>`` (a ``BusTally``): messages
+per subject family and each family's first time, signals by kind, verdicts accepted and
+rejected, when each service first reported ``running``; a progress line every 60 s. Once
+``up`` is stopped, its pool (read-only) gives the outcome: tasks by origin (the growth),
+verdicts, acceptance rate, the top rejection reasons, and the policy versions written.
 
 ``COEVOLVE_BENCH_SEED_EXPLORATIONS=N`` also publishes N seed-mode exploration requests
 (train-split tasks, as ``coevolve explore -n N`` does) once the bus is up: a base policy
-that never calls a tool raises no boundary or rare signal, so without them a short run
-on a CPU may show no data-loop activity at all.
-
-Writes ``result.json`` and ``up.log`` (``up``'s own output; each service logs under
-``run/logs``) to ``RUN_DIR/bench/dataloop-<stamp>``; the run links ``RUN_DIR/models``.
+that never calls a tool raises no signal, so a short run on a CPU may otherwise show no
+data-loop activity. Writes ``result.json`` and ``up.log`` to
+``RUN_DIR/bench/dataloop-<stamp>`` (each service logs under ``run/logs``).
 """
 
 from __future__ import annotations

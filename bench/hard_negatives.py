@@ -1,23 +1,16 @@
 """Hard negatives: do the co-evolving failure agent's failures come closer to success than
 the target's own failures on the same tasks?
 
-From the objectives experiment's committed warm start, on BFCL's per-turn train tasks
-(shuffled rounds over all of them), with the services' default sampling, episode length
-and group size: each round draws ``tasks_per_round`` tasks and samples one group of each
-with the target and one with the failure agent, both on the rollout's llama.cpp engine
-with the agent's adapter hot-swapped in; each failure of the failure agent (reward below 1)
-is set against the target's mean failure on the same task in the same round. The first
-``train_rounds`` rounds end with the failure agent's DPO step of ``coevolving_dpo``
-(``failure_agent_step``: both agents' failures of a task paired by partial credit, at
-most ``failure_pairs_per_group`` a group). The target stays the warm start, and later
-rounds only sample: an ETO step on 16 pairs of these turns took 7 minutes in the
-objectives experiment (one learner thread beside rollout), so the target's expert pairs
-(up to 16 a task) and a step every round would take hours.
-Pairs sampled before the failure agent's first update (both agents are the warm start)
-are the control; the later ones are the measurement, until ``min_pairs`` of them. In a
-``coevolve up`` run the failure agent gets ``pool_store.failure_agent_share`` of a few
-dozen groups in 30 minutes, too few to count on. Writes ``result.json`` under
-``RUN_DIR/bench/hard-negatives-*`` after every round.
+From the objectives experiment's committed warm start, on BFCL's per-turn train tasks, with
+the services' default sampling, episode length and group size, each round samples a group
+of ``tasks_per_round`` tasks with the target and one with the failure agent (the rollout's
+llama.cpp engine, the agent's adapter swapped in) and sets each failure of the failure
+agent (reward below 1) against the target's mean failure on the same task. The first
+``train_rounds`` rounds (and any while it has had no update) end with the failure agent's
+DPO step of ``coevolving_dpo``; the target stays the warm start (an ETO step on these
+turns takes minutes). Pairs from before the failure agent's first update are the
+control, the later ones the measurement, until ``min_pairs``. Writes ``result.json``
+under ``RUN_DIR/bench/hard-negatives-*`` after every round (docs/benchmarks.md).
 """
 
 from __future__ import annotations

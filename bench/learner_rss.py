@@ -2,27 +2,15 @@
 
 Each setting runs in a fresh subprocess (peak RSS is per process): the default policy
 (LoRA on the 7 projections, the learner's dtype, 1 thread) does one forward and backward
-pass over one sequence of N tokens, scoring its last 128 (as the learner scores a
-completion), in training mode (the warm start: LoRA dropout active) or eval mode (GRPO).
-Reported: the resident size after loading, the peak, the peak over the loaded model per
-token, the resident size once the step's tensors are freed, and after
-``release_freed_memory`` (glibc ``malloc_trim``), which the learner calls after each step.
-
-``pair`` settings run one warm-start micro-batch of two sequences (N and N/2 tokens, no
-shared prompt, all scored in their last 128) through the SFT's gradient pass: under the
-learner's activation budget (``pair``: the batch is counted padded, 2 x N tokens, so one
-over the budget runs checkpointed) and with no budget (``pair-stored``: what a count of
-the real lengths, N + N/2, let through as one stored batch).
-
-``train-checkpointed`` is the ``train`` pass with activation checkpointing, as the learner
-runs a sequence over its activation budget: what a checkpointed step holds per token.
-
-``heap`` ``mapped`` is the learner's allocator setting (``memory.map_large_blocks``: large
-blocks mapped and unmapped one by one); ``glibc`` leaves glibc's default, which moves them
-to the heap once one has been freed.
-
-``warm_start`` runs the default warm start itself (N per-turn seed tasks of the default
-world drawn with seed 0, 2 epochs, batch 4) and reports its peak.
+pass over N tokens, scoring the last 128, in training mode (the warm start: LoRA dropout
+active) or eval mode (GRPO). Reported: the resident size after loading, the peak, the peak
+over the loaded model per token, and the resident size once the step's tensors are freed
+and after ``release_freed_memory`` (glibc ``malloc_trim``). Modes besides ``train`` and
+``eval``: ``train-checkpointed`` (with activation checkpointing, as a sequence over the
+activation budget runs); ``pair`` / ``pair-stored`` (a warm-start micro-batch of N and N/2
+tokens under the learner's activation budget, or with none); ``warm_start`` (the default
+warm start itself on N seed tasks). ``heap``: ``mapped`` is the learner's allocator setting
+(``memory.map_large_blocks``), ``glibc`` glibc's default. Results: docs/engine.md.
 """
 
 from __future__ import annotations

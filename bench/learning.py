@@ -1,25 +1,17 @@
 """Learning benchmark: held-out success before warm start, after it, and along GRPO steps.
 
-Everything is real: the default policy (SmolLM2-135M-Instruct, LoRA), the BFCL environment
-with BFCL's checker, ``warm_start`` (SFT on the train tasks' ground truth) and
-``GrpoLearner.step`` on groups of K sampled episodes of train tasks (lockstep: rollout, then
-learn). The tasks are short single-turn MathAPI tasks (``short_tasks``), split into train
-and held-out sets with different numbers, so a step costs seconds on a CPU instead of a
-minute. Held-out success is one greedy episode per task (reward 1.0 = BFCL's checker
-accepts it). Writes ``result.json`` and ``learning.png`` under ``RUN_DIR/bench/learning-*``.
-
-The question it answers: does GRPO raise held-out success above the policy it starts
-from? The warm start runs epoch by epoch (``sft_epochs``), stopping early once success on
-the train tasks stops rising for ``sft_patience`` epochs; that policy is frozen as the KL
-reference and GRPO trains a fresh adapter on top. ``FULL`` stops the warm start after two
-epochs, where it solves some train tasks but not all, so GRPO's groups have mixed rewards
-and held-out success has room to rise either way (run to its plateau, the warm start left
-GRPO nothing to learn from). Each training seed (same tasks, other shuffles, samples and
-adapter initialisation) writes ``seed-<n>.json`` (a finished seed is not run again, so an
-interrupted benchmark resumes), and the paired per-task differences GRPO - warm start
-are aggregated with the two-level bootstrap the ablation uses (seeds, then tasks within
-them: run-to-run and task-sampling variation both), a 95% t-interval over the seeds'
-means (``seed_t_ci95``, wide with three seeds) and a pooled exact sign test.
+Everything is real: the default policy (SmolLM2-135M-Instruct, LoRA), BFCL's environment
+and checker, ``warm_start`` (SFT on the train tasks' ground truth) and ``GrpoLearner.step``
+on groups of K episodes, driven in lockstep (``bench/lockstep_runs.py``). The tasks are
+short single-turn MathAPI tasks (``short_tasks``: train and held-out sets with different
+numbers), so a step costs seconds on a CPU. Held-out success is one greedy episode per
+task. The warm start runs epoch by epoch until train success stops rising for
+``sft_patience`` epochs (``FULL``: two, which leaves GRPO mixed-reward groups); that
+policy is the KL reference and GRPO trains a fresh adapter on top. Each training seed
+writes ``seed-<n>.json`` (a finished seed is read back: an interrupted run resumes); the
+paired per-task differences GRPO - warm start get the ablation's two-level bootstrap
+(seeds, then tasks), a t-interval over the seeds' means (``seed_t_ci95``) and a pooled
+sign test. Writes ``result.json`` and ``learning.png`` under ``RUN_DIR/bench/learning-*``.
 """
 
 from __future__ import annotations
@@ -326,27 +318,26 @@ def episode_summary(trajectory: Trajectory) -> dict[str, Any]:
 
 
 def plot_seeds(results: list[dict[str, Any]], path: Path) -> Path:
-    import matplotlib
+    from coevolve.report import plots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for result in results:
-        steps = [s for s, _ in result["curve"]]
-        rates = [r for _, r in result["curve"]]
-        axis.plot(steps, rates, marker="o", label=f"seed {result['seed']}")
+    figure, (axis,) = plots.panels(1)
+    curves = {
+        f"seed {r['seed']}": ([s for s, _ in r["curve"]], [rate for _, rate in r["curve"]])
+        for r in results
+    }
+    plots.lines(
+        axis,
+        curves,
+        title="SmolLM2-135M: short BFCL MathAPI tasks",
+        xlabel="GRPO steps after the warm start's plateau (step 0)",
+        ylabel="held-out success (greedy)",
+        marker="o",
+    )
     base = results[0]["heldout_success_base"] if results else 0.0
     axis.axhline(base, color="grey", ls="--", label="base model")
-    axis.set_xlabel("GRPO steps after the warm start's plateau (step 0)")
-    axis.set_ylabel("held-out success (greedy)")
     axis.set_ylim(-0.02, 1.02)
-    axis.set_title("SmolLM2-135M: short BFCL MathAPI tasks")
-    axis.legend(loc="lower right")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    axis.legend(loc="lower right", fontsize=8)
+    return plots.save(figure, path)
 
 
 def print_table(result: dict[str, Any]) -> None:
