@@ -20,7 +20,6 @@ BENCHMARKS = {
     "learner_rss": "a learner pass by tokens, dropout, attention: peak and held RSS",
     "dataloop": "coevolve up for N minutes: signals, explorations, verdicts, pool growth",
     "sampling": "share of uniform groups, uniform vs dynamic sampler, synthetic policy",
-    "prompts": "first-prompt tokens of BFCL entries and turns, full vs compact tool rendering",
     "flood": "10,000 bad messages on every subject: good msgs/s with and without, dead letters",
     "chaos": "coevolve up under kill -9 of every service, a NATS and an LLM restart: audit",
     "services": "coevolve up vs up --schedule lockstep, or (--compare data-loop) vs up "
