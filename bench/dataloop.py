@@ -43,6 +43,15 @@ MINUTES_ENV = "COEVOLVE_BENCH_MINUTES"
 SEED_EXPLORATIONS_ENV = "COEVOLVE_BENCH_SEED_EXPLORATIONS"
 PROGRESS_EVERY_S = 60.0
 
+# the data loop's milestones: label, result key, the tally's first-seen name
+MILESTONES = (
+    ("warm start done (v1)", "first_warm_start_s", "warm_start"),
+    ("first GRPO update", "first_policy_update_s", "grpo_update"),
+    ("first signal", "first_signal_s", "signals"),
+    ("first exploration", "first_exploration_s", "explorations"),
+    ("first candidate", "first_candidate_s", "candidates"),
+    ("first accepted task", "first_accepted_s", "accepted_verdict"),
+)
 # the data loop in its order, as the table shows it
 REPORTED_FAMILIES = (
     "rollout_groups",
@@ -129,12 +138,7 @@ def summarize(
     first = counter.first_seen_s
     return {
         "minutes": minutes,
-        "first_warm_start_s": first.get("warm_start"),
-        "first_policy_update_s": first.get("grpo_update"),
-        "first_signal_s": first.get("signals"),
-        "first_exploration_s": first.get("explorations"),
-        "first_candidate_s": first.get("candidates"),
-        "first_accepted_s": first.get("accepted_verdict"),
+        **{key: first.get(seen) for _, key, seen in MILESTONES},
         "uniform_group_share": pool.get("uniform_group_share"),
         "counts": {family: counter.counts[family] for family in REPORTED_FAMILIES},
         "other_counts": {
@@ -252,16 +256,7 @@ def print_table(result: dict[str, Any]) -> None:
     tables.print_table(
         None,
         ("milestone", "at (s)"),
-        [
-            (label, seconds(result[key]))
-            for label, key in (
-                ("warm start done (v1)", "first_warm_start_s"),
-                ("first GRPO update", "first_policy_update_s"),
-                ("first signal", "first_signal_s"),
-                ("first candidate", "first_candidate_s"),
-                ("first accepted task", "first_accepted_s"),
-            )
-        ],
+        [(label, seconds(result[key])) for label, key, _ in MILESTONES],
         note=f"uniform groups (equal rewards): {'n/a' if share is None else f'{share:.3f}'}",
     )
     verdicts = result["verdicts"]

@@ -28,7 +28,6 @@ import math
 import os
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -188,13 +187,6 @@ def play(
     return measured
 
 
-def progress_to_stderr(prefix: str) -> Callable[[str], None]:
-    def write(line: str) -> None:
-        print(f"[{prefix}] {line}", file=sys.stderr, flush=True)
-
-    return write
-
-
 def random_adapter(policy: LoadedPolicy, seed: int = 0, scale: float = 0.01) -> None:
     """Non-zero LoRA B matrices: the adapter changes the logits on every engine."""
     generator = torch.Generator().manual_seed(seed)
@@ -230,13 +222,28 @@ def behaviour_agreement(
     return statistics.fmean(gaps), over / len(gaps), len(gaps)
 
 
-def loaded(run_dir: Path | None) -> tuple[LoadedPolicy, Path, int]:
-    """The default policy with a fixed random adapter, its run directory and threads."""
-    run_dir = run_dir or base_run_dir()
-    policy = load_policy(run_dir=run_dir)
-    random_adapter(policy)
-    policy.model.eval()
-    return policy, run_dir, torch.get_num_threads()
+@dataclass
+class Loaded:
+    """The default policy with a fixed random adapter, where its models are cached, and
+    the threads every engine gets."""
+
+    policy: LoadedPolicy
+    run_dir: Path
+    threads: int
+
+    @classmethod
+    def load(cls, run_dir: Path | None) -> Loaded:
+        run_dir = run_dir or base_run_dir()
+        policy = load_policy(run_dir=run_dir)
+        random_adapter(policy)
+        policy.model.eval()
+        return cls(policy, run_dir, torch.get_num_threads())
+
+    def engine(self, kind: EngineKind = "llama_cpp", **options: Any) -> Any:
+        """An engine of ``kind`` on the policy; ``options``: llama.cpp's layout and base."""
+        return engine_for_policy(
+            kind, self.policy, run_dir=self.run_dir, threads=self.threads, **options
+        )
 
 
 def gaps_to_learner(policy: LoadedPolicy, measured: CpuPerToken) -> dict[str, Any]:
@@ -265,15 +272,12 @@ def closed(engines: Mapping[str, Any]) -> None:
 
 def run_engine(quick: bool, run_dir: Path | None = None) -> dict[str, Any]:
     sizes = ENGINE_QUICK if quick else ENGINE_FULL
-    policy, run_dir, threads = loaded(run_dir)
-
-    def engine(kind: EngineKind, **layout: Any) -> Any:
-        return engine_for_policy(kind, policy, run_dir=run_dir, threads=threads, **layout)
-
-    engines: dict[str, Any] = {kind: engine(kind) for kind in ENGINES}
+    loaded = Loaded.load(run_dir)
+    policy, threads = loaded.policy, loaded.threads
+    engines: dict[str, Any] = {kind: loaded.engine(kind) for kind in ENGINES}
     # eval's llama.cpp engine has its own KV layout, as in `coevolve eval`
-    eval_engines = {**engines, "llama_cpp": engine("llama_cpp", kv_layout=EVAL_KV_LAYOUT)}
-    measured = play(engines, eval_engines, sizes, progress_to_stderr("engine"), EVAL_BATCH_SIZE)
+    eval_engines = {**engines, "llama_cpp": loaded.engine(kv_layout=EVAL_KV_LAYOUT)}
+    measured = play(engines, eval_engines, sizes, tables.progress("engine"), EVAL_BATCH_SIZE)
     closed({"group": engines["llama_cpp"], "eval": eval_engines["llama_cpp"]})
     wall = {kind: sum(measured.wall_s["group"][kind]) for kind in ENGINES}
     tokens = measured.tokens["group"]
@@ -333,19 +337,12 @@ def setting_name(layout: str, flash: bool) -> str:
 
 def run_kv_layout(quick: bool, run_dir: Path | None = None) -> dict[str, Any]:
     sizes = QUICK if quick else FULL
-    policy, run_dir, threads = loaded(run_dir)
+    loaded = Loaded.load(run_dir)
     engines = {
-        setting_name(layout, flash): engine_for_policy(
-            "llama_cpp",
-            policy,
-            run_dir=run_dir,
-            threads=threads,
-            kv_layout=layout,
-            flash_attention=flash,
-        )
+        setting_name(layout, flash): loaded.engine(kv_layout=layout, flash_attention=flash)
         for layout, flash in KV_SETTINGS
     }
-    measured = play(engines, engines, sizes, progress_to_stderr("kv_layout"))
+    measured = play(engines, engines, sizes, tables.progress("kv_layout"))
     closed(engines)
     ms_per_token = measured.ms_per_token()
 
@@ -356,16 +353,16 @@ def run_kv_layout(quick: bool, run_dir: Path | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "kv_layout",
         "quick": quick,
-        "model": policy.name,
-        "threads": threads,
+        "model": loaded.policy.name,
+        "threads": loaded.threads,
         **measured.facts(sizes),
         "defaults": {"group": ROLLOUT_DEFAULT, "eval": EVAL_DEFAULT},
         "best_over_default": best,
     }
     tables.print_table(
         f"llama.cpp KV layout x flash attention: {sizes.groups} groups of {sizes.group_size}, "
-        f"{sizes.eval_tasks} eval turns in batches of {EVAL_BATCH}, {policy.name}, "
-        f"{threads} threads",
+        f"{sizes.eval_tasks} eval turns in batches of {EVAL_BATCH}, {loaded.policy.name}, "
+        f"{loaded.threads} threads",
         ("setting", "group CPU ms/token", "eval CPU ms/token"),
         [
             (name, f"{ms_per_token['group'][name]:.1f}", f"{ms_per_token['eval'][name]:.1f}")
@@ -379,19 +376,14 @@ def run_kv_layout(quick: bool, run_dir: Path | None = None) -> dict[str, Any]:
 
 def run_llama_base(quick: bool, run_dir: Path | None = None) -> dict[str, Any]:
     sizes = QUICK if quick else FULL
-    policy, run_dir, threads = loaded(run_dir)
+    loaded = Loaded.load(run_dir)
+    policy, threads = loaded.policy, loaded.threads
     default = learner_base_type()
-
-    def engine(base: Any, **layout: Any) -> Any:
-        return engine_for_policy(
-            "llama_cpp", policy, run_dir=run_dir, threads=threads, base_type=base, **layout
-        )
-
-    group_engines: dict[str, Any] = {base: engine(base) for base in BASE_TYPES}
+    group_engines: dict[str, Any] = {b: loaded.engine(base_type=b) for b in BASE_TYPES}
     eval_engines: dict[str, Any] = {
-        base: engine(base, kv_layout=EVAL_KV_LAYOUT) for base in BASE_TYPES
+        b: loaded.engine(base_type=b, kv_layout=EVAL_KV_LAYOUT) for b in BASE_TYPES
     }
-    measured = play(group_engines, eval_engines, sizes, progress_to_stderr("llama_base"))
+    measured = play(group_engines, eval_engines, sizes, tables.progress("llama_base"))
     closed(group_engines)
     closed(eval_engines)
     ms_per_token = measured.ms_per_token()

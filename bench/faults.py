@@ -47,7 +47,14 @@ from coevolve.bench import tables
 from coevolve.bench.flood import reason_of
 from coevolve.bus_tally import BusTally
 from coevolve.cli.up import supervised_services
-from coevolve.harness import EXTERNAL_ENDPOINTS, UpRun, output_dir, tally_bus, wait_for
+from coevolve.harness import (
+    EXTERNAL_ENDPOINTS,
+    UpRun,
+    output_dir,
+    stream_messages,
+    tally_bus,
+    wait_for,
+)
 from coevolve.processes import descendant_commands
 from coevolve.run_figures import logs_mentioning, pool_duplicates, service_states
 from coevolve.shared.config import REPLICAS_ENV, BusSettings
@@ -108,6 +115,31 @@ async def under_faults(
         "services_alive_at_end": alive_at_end,
         "shutdown": up.stop_report(),
     }
+
+
+AUDIT_KEYS = (
+    "groups_published",
+    "groups_trained",
+    "groups_dropped_stale",
+    "groups_requeued",
+    "groups_lost",
+    "duplicate_tasks",
+    "duplicate_verdicts",
+    "duplicate_results",
+    "versions_non_monotonic",
+)
+
+
+def print_audit(result: dict[str, Any], first: tuple[str, ...]) -> None:
+    """The audit's table, after the benchmark's own ``first`` figures."""
+    tables.print_table(
+        None,
+        ("audit", "value"),
+        [(key, result[key]) for key in (*first, *AUDIT_KEYS)],
+        note=f"services at the end: {result['services_alive_at_end']}\n"
+        f"dead letters by reason: {result['dead_letters_by_reason']}",
+        left=(0, 1),
+    )
 
 
 def finished(quick: bool, out_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
@@ -247,26 +279,7 @@ def print_chaos(result: dict[str, Any], out_dir: Path) -> None:
         ],
         left=(1, 2, 3),
     )
-    keys = (
-        "groups_published",
-        "groups_trained",
-        "groups_dropped_stale",
-        "groups_requeued",
-        "groups_lost",
-        "duplicate_tasks",
-        "duplicate_verdicts",
-        "duplicate_results",
-        "versions_non_monotonic",
-        "learner_resumed_from_checkpoint",
-    )
-    tables.print_table(
-        None,
-        ("audit", "value"),
-        [(key, result[key]) for key in keys],
-        note=f"services at the end: {result['services_alive_at_end']}\n"
-        f"dead letters by reason: {result['dead_letters_by_reason']}",
-        left=(0, 1),
-    )
+    print_audit(result, ("learner_resumed_from_checkpoint",))
 
 
 # --------------------------------------------------------------------------- failover
@@ -392,33 +405,10 @@ def print_failover(result: dict[str, Any]) -> None:
         ],
         left=(1,),
     )
-    keys = (
-        "failover_s",
-        "recovered_s",
-        "quorum_loss_reported_by",
-        "groups_published",
-        "groups_trained",
-        "groups_requeued",
-        "groups_lost",
-        "duplicate_tasks",
-        "duplicate_verdicts",
-        "versions_non_monotonic",
-        "services_alive_at_end",
-    )
-    tables.print_table(None, ("audit", "value"), [(key, result[key]) for key in keys], left=(0, 1))
+    print_audit(result, ("failover_s", "recovered_s", "quorum_loss_reported_by"))
 
 
 # --------------------------------------------------------------------------- audit
-
-
-async def stream_messages(bus: Bus, stream: str) -> list[tuple[str, bytes]]:
-    info = await bus.js.stream_info(stream)
-    messages = []
-    for seq in range(int(info.state.first_seq), int(info.state.last_seq) + 1):
-        with contextlib.suppress(Exception):  # deleted (acked) messages leave gaps
-            raw = await bus.js.get_msg(stream, seq)
-            messages.append((raw.subject or "", raw.data or b""))
-    return messages
 
 
 async def audit_bus(url: str, view: BusTally) -> dict[str, Any]:

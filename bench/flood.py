@@ -15,7 +15,6 @@ that reached the bus must be dead-lettered exactly once, and no service may have
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import random
@@ -36,7 +35,7 @@ import nats.errors
 import yaml
 
 from coevolve.bench import tables
-from coevolve.harness import spawn_group, wait_for
+from coevolve.harness import spawn_group, stream_messages, wait_for
 from coevolve.processes import stop_process_group
 from coevolve.services.signal_monitor.state import StateStore
 from coevolve.shared.config import BusSettings, Settings, load_settings
@@ -469,16 +468,12 @@ async def read_dead_letters(bus: Bus, expected: int, timeout_s: float) -> list[D
         info = await bus.js.stream_info("COEVOLVE_DEAD_LETTERS")
         return int(info.state.messages) >= expected
 
-    with contextlib.suppress(TimeoutError):  # the audit reports what is missing
-        await _until(enough, timeout_s, f"{expected} dead letters")
+    # the audit reports what is missing
+    await wait_for(enough, timeout_s, poll_s=0.05)
     await asyncio.sleep(1.0)  # a late duplicate would show up now
-    info = await bus.js.stream_info("COEVOLVE_DEAD_LETTERS")
-    letters: list[DeadLetter] = []
-    for seq in range(int(info.state.first_seq), int(info.state.last_seq) + 1):
-        raw = await bus.js.get_msg("COEVOLVE_DEAD_LETTERS", seq)
-        if raw.data and (raw.subject or "").startswith(f"{DEAD_LETTERS}."):
-            letters.append(decode(raw.data, DeadLetter))
-    return letters
+    stored = await stream_messages(bus, "COEVOLVE_DEAD_LETTERS")
+    prefix = f"{DEAD_LETTERS}."
+    return [decode(d, DeadLetter) for subject, d in stored if d and subject.startswith(prefix)]
 
 
 def reason_of(letter: DeadLetter) -> str:

@@ -30,7 +30,7 @@ from coevolve.harness import output_dir
 from coevolve.report.hard_negatives import SOLVED, compare_failures
 from coevolve.report.stats import paired_p_value
 from coevolve.schedules.lockstep import LockstepConfig
-from coevolve.services.learner.config import LearnerServiceConfig
+from coevolve.services.learner.config import LearnerConfig, LearnerServiceConfig
 from coevolve.services.learner.preference import failure_agent_step
 from coevolve.services.learner.warm_start import adopt_warm_start
 from coevolve.services.rollout.config import RolloutConfig
@@ -104,12 +104,9 @@ def summary(pairs: Sequence[Pair]) -> dict[str, Any] | None:
     }
 
 
-def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dict[str, Any]:
-    """Rounds until ``min_pairs`` measured pairs (or ``max_rounds``); the summary, also
-    written to ``out/result.json`` (default ``RUN_DIR/bench/hard-negatives-<time>``)."""
-    setup = setup or (QUICK if quick else FULL)
-    if not WARM_START.is_file():
-        raise FileNotFoundError(f"the committed warm start is missing: {WARM_START}")
+def configured(setup: Setup) -> tuple[LearnerServiceConfig, LearnerConfig, LockstepConfig]:
+    """The learner service's section, its GRPO settings with co-evolving DPO's failure
+    agent, and the lockstep loop's sampling: the services' defaults, sized by ``setup``."""
     settings = load_settings()
     service = settings.section("learner", LearnerServiceConfig)
     preference = msgspec.structs.replace(
@@ -117,7 +114,7 @@ def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dic
         failure_agent=True,
         failure_pairs_per_group=setup.failure_pairs_per_group,
     )
-    learner_config = msgspec.structs.replace(
+    learner = msgspec.structs.replace(
         service.grpo, objective="coevolving_dpo", preference=preference
     )
     lockstep = LockstepConfig.from_settings(settings, seed=setup.seed)
@@ -129,6 +126,16 @@ def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dic
         # a per-turn task has one user turn: the rollout's budget for it
         max_steps=rollout.max_steps or rollout.max_steps_per_turn,
     )
+    return service, learner, config
+
+
+def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dict[str, Any]:
+    """Rounds until ``min_pairs`` measured pairs (or ``max_rounds``); the summary, also
+    written to ``out/result.json`` (default ``RUN_DIR/bench/hard-negatives-<time>``)."""
+    setup = setup or (QUICK if quick else FULL)
+    if not WARM_START.is_file():
+        raise FileNotFoundError(f"the committed warm start is missing: {WARM_START}")
+    service, learner_config, config = configured(setup)
     out = out or output_dir("hard-negatives")
     out.mkdir(parents=True, exist_ok=True)
     train, _ = split_tasks(load_turn_tasks())

@@ -59,20 +59,21 @@ from coevolve.shared.envs import Environment, make_environment, state_of
 from coevolve.shared.messages import Task, ToolCall
 from coevolve.shared.value_roles import mention, shape, writes, written_values
 
-CORRUPTIONS: tuple[str, ...] = (
-    "wrong_function",
-    "wrong_argument",
-    "dropped_call",
-    "other_description",
-    "written_as_call",
-    "opposite_function",
-    "unused_value",
-    "about_the_call",
-    "template_request",
-    "role_swap",
-)
+# each corruption and its column in the tables
+CORRUPTIONS: dict[str, str] = {
+    "wrong_function": "wrong fn",
+    "wrong_argument": "wrong arg",
+    "dropped_call": "dropped",
+    "other_description": "other desc",
+    "written_as_call": "as code",
+    "opposite_function": "opposite",
+    "unused_value": "unused val",
+    "about_the_call": "about call",
+    "template_request": "template",
+    "role_swap": "role swap",
+}
 # reported on its own, not in the overall reject rate
-EXTRA_CORRUPTIONS: tuple[str, ...] = ("redundant_call",)
+EXTRA_CORRUPTIONS: dict[str, str] = {"redundant_call": "(doubled)"}
 ALL_CORRUPTIONS = (*CORRUPTIONS, *EXTRA_CORRUPTIONS)
 SEED = 11
 QUICK_POSITIVES = 10
@@ -843,20 +844,7 @@ def print_table(report: dict[str, Any]) -> None:
     def pct(value: float | None) -> str:
         return "-" if value is None else f"{value:.0%}"
 
-    short = {
-        "wrong_function": "wrong fn",
-        "wrong_argument": "wrong arg",
-        "dropped_call": "dropped",
-        "other_description": "other desc",
-        "redundant_call": "(doubled)",
-        "written_as_call": "as code",
-        "opposite_function": "opposite",
-        "unused_value": "unused val",
-        "about_the_call": "about call",
-        "template_request": "template",
-        "role_swap": "role swap",
-    }
-    kinds = tuple(short.get(k, k.replace("_", " ")) for k in ALL_CORRUPTIONS)
+    kinds = tuple({**CORRUPTIONS, **EXTRA_CORRUPTIONS}.values())
     for key, title in (
         ("stages", "all candidates"),
         ("stages_on_llm_sample", f"LLM sample ({report['llm_sample_candidates']} candidates)"),

@@ -190,38 +190,27 @@ def run(quick: bool) -> dict[str, Any]:
     return {"benchmark": "learner_rss", "quick": quick, "cpu_count": os.cpu_count(), "rows": rows}
 
 
+# the table's columns: heading, row key
+COLUMNS = (
+    ("mode", "mode"),
+    ("tokens", "tokens"),
+    ("dropout", "lora_dropout"),
+    ("attention", "attention"),
+    ("heap", "heap"),
+    ("loaded MB", "loaded_mb"),
+    ("peak MB", "peak_mb"),
+    ("MB/token", "mb_per_token"),
+    ("held MB", "held_after_step_mb"),
+    ("after release MB", "held_after_release_mb"),
+    ("s", "step_s"),
+)
+
+
 def print_rows(rows: list[dict[str, Any]]) -> None:
     tables.print_table(
         None,
-        (
-            "mode",
-            "tokens",
-            "dropout",
-            "attention",
-            "heap",
-            "loaded MB",
-            "peak MB",
-            "MB/token",
-            "held MB",
-            "after release MB",
-            "s",
-        ),
-        [
-            (
-                row["mode"],
-                row["tokens"],
-                row["lora_dropout"],
-                row["attention"],
-                row["heap"],
-                row["loaded_mb"],
-                row["peak_mb"],
-                "-" if row["mb_per_token"] is None else f"{row['mb_per_token']:.2f}",
-                row["held_after_step_mb"],
-                row["held_after_release_mb"],
-                row["step_s"],
-            )
-            for row in rows
-        ],
+        [heading for heading, _ in COLUMNS],
+        [[row[key] for _, key in COLUMNS] for row in rows],
         left=(0, 3, 4),
     )
 

@@ -2,34 +2,23 @@
 
 ``--compare schedule`` (the default): ``coevolve up`` (async) against ``coevolve up
 --schedule lockstep``. ``--compare data-loop``: ``coevolve up`` (``full``) against ``up
---scale explorer=0`` (``no_data_loop``: nothing explored, abstracted or judged;
-signal-monitor and the idle LLM server still run): what the data loop costs the learner.
-
-Each phase is a run on the harness (``coevolve.harness``: spawned as a user starts it,
-a NATS server of its own, stopped whole at the end) on the embedded defaults, in a fresh
-run directory (``RUN_DIR/bench/services-<stamp>/<phase>``, sharing ``RUN_DIR/models``),
+--scale explorer=0`` (``no_data_loop``: nothing explored, abstracted or judged): what the
+data loop costs the learner. Each phase is a run on the harness (``coevolve.harness``) on
+the embedded defaults in a fresh run directory (``RUN_DIR/bench/services-<stamp>/<phase>``)
 for the same wall time (schedule: 15 minutes each, data-loop: 30; 3 with ``--quick``;
-``--minutes`` overrides) on the whole machine. The clock starts at the spawn, so model
-loading, seeding and the SFT warm start count against both (the learner service's warm
-start, or ``warm_start_once`` in the lockstep process, with the same section). Async
-services get one torch thread each; the lockstep process one per core, with its data
-loop after every learner step on a local LLM server of its own.
+``--minutes`` overrides) on the whole machine, counted from the spawn, so loading, seeding
+and the warm start count against both. Async services get one torch thread each, the
+lockstep process one per core (its data loop after every step, on an LLM server of its own).
 
-Counted within the phase's wall time (``coevolve.run_figures``): learner steps (the
-``learner/trained`` TensorBoard events, one per ``GrpoLearner.step`` in both schedules,
-that trained; the async policy files are a cross-check), rollout groups (distinct groups
-in the pool's ``rollout_results``), groups trained on (``learner/steps.jsonl``), accepted
-tasks (``verdicts`` rows with ``accepted``; ``added``: new to the pool), and CPU seconds
-per part (each service, ``llm``, ``nats``, ``up``) from the sampled process tree, with
-the LLM server's share of them and of wall time x cores and its CPU seconds per accepted
-task. Per phase: these per hour and per hour and core, and the seconds from spawn to the
-warm start's end, the first learner step and the first accepted task. Then
-``learner_steps_per_hour_ratio`` (first / second phase, from spawn) and
-``..._from_first_step`` (without the warm start); below 1 in the data-loop comparison,
-the data loop slows the learner by that factor. The CPU model, avx512_bf16 and the load
-average at each phase's start are recorded: other work slows the phases unequally.
-
-Writes ``result.json`` and each phase's log to ``RUN_DIR/bench/services-<stamp>``.
+Counted within each phase (``coevolve.run_figures``): learner steps that trained (the
+``learner/trained`` TensorBoard events of ``GrpoLearner.step``), rollout groups, groups
+trained on, accepted tasks (and those new to the pool), CPU seconds per part of the run
+and the LLM server's share of them and of wall time x cores; per hour and per hour and
+core, with the seconds to the warm start's end, the first step and the first accepted
+task. ``learner_steps_per_hour_ratio``: first phase / second, from the spawn
+(``..._from_first_step``: without the warm start); below 1 in the data-loop comparison,
+the data loop slows the learner. The CPU model and each phase's starting load average are
+recorded. Writes ``result.json`` and each phase's log to ``RUN_DIR/bench/services-<stamp>``.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -76,8 +75,7 @@ class Setup:
     judge: JudgeConfig = field(default_factory=lambda: JudgeConfig(round_trip=True))
 
 
-def progress(line: str) -> None:
-    print(f"[synthesis] {line}", file=sys.stderr, flush=True)
+progress = tables.progress("synthesis")
 
 
 def load_explorations(path: Path, limit: int | None = None) -> list[Exploration]:

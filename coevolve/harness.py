@@ -20,6 +20,7 @@ their runs on; the figures a stopped run leaves are read by ``coevolve.run_figur
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import signal
@@ -385,6 +386,17 @@ async def watch_bus(
     finally:
         with anyio.move_on_after(5, shield=True):
             await bus.close(timeout=3.0)
+
+
+async def stream_messages(bus: Bus, stream: str) -> list[tuple[str, bytes]]:
+    """(subject, data) of every message a JetStream stream holds now, in order."""
+    info = await bus.js.stream_info(stream)
+    messages = []
+    for seq in range(int(info.state.first_seq), int(info.state.last_seq) + 1):
+        with contextlib.suppress(Exception):  # deleted (acked) messages leave gaps
+            raw = await bus.js.get_msg(stream, seq)
+            messages.append((raw.subject or "", raw.data or b""))
+    return messages
 
 
 async def tally_bus(
