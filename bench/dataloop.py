@@ -197,7 +197,8 @@ def run(
                 should_stop=lambda: not up.running,
                 seed_explorations=seeds,
             )
-            interrupted = anyio.run(until_signalled, watch) is not None
+            received = anyio.run(functools.partial(until_signalled, watch, prefix="dataloop"))
+            interrupted = received is not None
         except (RuntimeError, TimeoutError, BusError) as exc:
             error = str(exc)
         stopped = up.stop()
