@@ -15,10 +15,10 @@ that reached the bus must be dead-lettered exactly once, and no service may have
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +35,8 @@ import nats.errors
 import yaml
 
 from coevolve.bench import tables
+from coevolve.harness import spawn_group, stream_messages, wait_for
+from coevolve.processes import stop_process_group
 from coevolve.services.signal_monitor.state import StateStore
 from coevolve.shared.config import BusSettings, Settings, load_settings
 from coevolve.shared.messages import (
@@ -336,15 +338,12 @@ class Services:
         config = write_bare_pool_config(run_dir / "flood.yaml")
         env = {**os.environ, "NATS_URL": nats_url, "HF_HUB_OFFLINE": "1"}
         env.setdefault("OMP_NUM_THREADS", "1")
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        processes = {}
-        for name in SERVICES_UNDER_TEST:
-            argv = [sys.executable, "-m", "coevolve", "serve", name]
-            argv += ["--run-dir", str(run_dir), "--config", str(config)]
-            with (run_dir / "logs" / f"{name}.log").open("ab") as log_file:
-                processes[name] = subprocess.Popen(
-                    argv, env=env, stdout=log_file, stderr=subprocess.STDOUT
-                )
+        serve = [sys.executable, "-m", "coevolve", "serve"]
+        options = ["--run-dir", str(run_dir), "--config", str(config)]
+        processes = {
+            name: spawn_group([*serve, name, *options], env, run_dir / "logs" / f"{name}.log")
+            for name in SERVICES_UNDER_TEST
+        }
         return cls(run_dir, nats_url, processes)
 
     def alive(self) -> dict[str, bool]:
@@ -352,23 +351,13 @@ class Services:
 
     def stop(self) -> None:
         for process in self.processes.values():
-            if process.poll() is None:
-                process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process_group(process, grace_s=15, sig=signal.SIGTERM)
 
 
 async def _until(condition: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> float:
     """Poll ``condition`` until true; the monotonic time it became true."""
-    deadline = time.monotonic() + timeout_s
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"flood bench: timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.05)
+    if await wait_for(condition, timeout_s, poll_s=0.05) is None:
+        raise TimeoutError(f"flood bench: timed out after {timeout_s} s waiting for {what}")
     return time.monotonic()
 
 
@@ -479,16 +468,12 @@ async def read_dead_letters(bus: Bus, expected: int, timeout_s: float) -> list[D
         info = await bus.js.stream_info("COEVOLVE_DEAD_LETTERS")
         return int(info.state.messages) >= expected
 
-    with contextlib.suppress(TimeoutError):  # the audit reports what is missing
-        await _until(enough, timeout_s, f"{expected} dead letters")
+    # the audit reports what is missing
+    await wait_for(enough, timeout_s, poll_s=0.05)
     await asyncio.sleep(1.0)  # a late duplicate would show up now
-    info = await bus.js.stream_info("COEVOLVE_DEAD_LETTERS")
-    letters: list[DeadLetter] = []
-    for seq in range(int(info.state.first_seq), int(info.state.last_seq) + 1):
-        raw = await bus.js.get_msg("COEVOLVE_DEAD_LETTERS", seq)
-        if raw.data and (raw.subject or "").startswith(f"{DEAD_LETTERS}."):
-            letters.append(decode(raw.data, DeadLetter))
-    return letters
+    stored = await stream_messages(bus, "COEVOLVE_DEAD_LETTERS")
+    prefix = f"{DEAD_LETTERS}."
+    return [decode(d, DeadLetter) for subject, d in stored if d and subject.startswith(prefix)]
 
 
 def reason_of(letter: DeadLetter) -> str:

@@ -1,29 +1,21 @@
 """Hard negatives: do the co-evolving failure agent's failures come closer to success than
 the target's own failures on the same tasks?
 
-From the objectives experiment's committed warm start, on BFCL's per-turn train tasks
-(shuffled rounds over all of them), with the services' default sampling, episode length
-and group size: each round draws ``tasks_per_round`` tasks and samples one group of each
-with the target and one with the failure agent, both on the rollout's llama.cpp engine
-with the agent's adapter hot-swapped in; each failure of the failure agent (reward below 1)
-is set against the target's mean failure on the same task in the same round. The first
-``train_rounds`` rounds end with the failure agent's DPO step of ``coevolving_dpo``
-(``failure_agent_step``: both agents' failures of a task paired by partial credit, at
-most ``failure_pairs_per_group`` a group). The target stays the warm start, and later
-rounds only sample: an ETO step on 16 pairs of these turns took 7 minutes in the
-objectives experiment (one learner thread beside rollout), so the target's expert pairs
-(up to 16 a task) and a step every round would take hours.
-Pairs sampled before the failure agent's first update (both agents are the warm start)
-are the control; the later ones are the measurement, until ``min_pairs`` of them. In a
-``coevolve up`` run the failure agent gets ``pool_store.failure_agent_share`` of a few
-dozen groups in 30 minutes, too few to count on. Writes ``result.json`` under
-``RUN_DIR/bench/hard-negatives-*`` after every round.
+From the objectives experiment's committed warm start, on BFCL's per-turn train tasks, with
+the services' default sampling, episode length and group size, each round samples a group
+of ``tasks_per_round`` tasks with the target and one with the failure agent (the rollout's
+llama.cpp engine, the agent's adapter swapped in) and sets each failure of the failure
+agent (reward below 1) against the target's mean failure on the same task. The first
+``train_rounds`` rounds (and any while it has had no update) end with the failure agent's
+DPO step of ``coevolving_dpo``; the target stays the warm start (an ETO step on these
+turns takes minutes). Pairs from before the failure agent's first update are the
+control, the later ones the measurement, until ``min_pairs``. Writes ``result.json``
+under ``RUN_DIR/bench/hard-negatives-*`` after every round (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -31,22 +23,20 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import torch
 
 from coevolve.bench import tables
+from coevolve.bench.lockstep_runs import drive, open_loop
+from coevolve.harness import output_dir
 from coevolve.report.hard_negatives import SOLVED, compare_failures
 from coevolve.report.stats import paired_p_value
-from coevolve.schedules.lockstep import LockstepConfig, TaskCycle, collect_groups
-from coevolve.services.learner.config import LearnerServiceConfig
+from coevolve.schedules.lockstep import LockstepConfig
+from coevolve.services.learner.config import LearnerConfig, LearnerServiceConfig
 from coevolve.services.learner.preference import failure_agent_step
-from coevolve.services.learner.trainer import GrpoLearner
 from coevolve.services.learner.warm_start import adopt_warm_start
 from coevolve.services.rollout.config import RolloutConfig
-from coevolve.shared.config import DEFAULT_RUN_DIR, load_settings
+from coevolve.shared.config import load_settings
 from coevolve.shared.envs.bfcl.tasks import load_turn_tasks, split_tasks
-from coevolve.shared.messages import RolloutGroup, Task
-from coevolve.shared.policy import SamplingParams, load_policy
-from coevolve.shared.policy.factory import engine_for_policy
+from coevolve.shared.messages import RolloutGroup
 
 # the warm start every arm of the objectives experiment started from
 WARM_START = Path(__file__).resolve().parents[1] / "docs/results/objectives/warm-start.safetensors"
@@ -114,14 +104,9 @@ def summary(pairs: Sequence[Pair]) -> dict[str, Any] | None:
     }
 
 
-def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dict[str, Any]:
-    """Rounds until ``min_pairs`` measured pairs (or ``max_rounds``); the summary, also
-    written to ``out/result.json`` (default ``RUN_DIR/bench/hard-negatives-<time>``)."""
-    setup = setup or (QUICK if quick else FULL)
-    if not WARM_START.is_file():
-        raise FileNotFoundError(f"the committed warm start is missing: {WARM_START}")
-    torch.manual_seed(setup.seed)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+def configured(setup: Setup) -> tuple[LearnerServiceConfig, LearnerConfig, LockstepConfig]:
+    """The learner service's section, its GRPO settings with co-evolving DPO's failure
+    agent, and the lockstep loop's sampling: the services' defaults, sized by ``setup``."""
     settings = load_settings()
     service = settings.section("learner", LearnerServiceConfig)
     preference = msgspec.structs.replace(
@@ -129,42 +114,55 @@ def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dic
         failure_agent=True,
         failure_pairs_per_group=setup.failure_pairs_per_group,
     )
-    learner_config = msgspec.structs.replace(
+    learner = msgspec.structs.replace(
         service.grpo, objective="coevolving_dpo", preference=preference
     )
     lockstep = LockstepConfig.from_settings(settings, seed=setup.seed)
     rollout = settings.section("rollout", RolloutConfig)
-    # a per-turn task has one user turn: the rollout's budget for it
-    max_steps = rollout.max_steps or rollout.max_steps_per_turn
-    group_size = setup.group_size or lockstep.group_size
-    params = SamplingParams(
+    config = replace(
+        lockstep,
+        group_size=setup.group_size or lockstep.group_size,
         max_new_tokens=setup.max_new_tokens or lockstep.max_new_tokens,
-        temperature=lockstep.temperature,
-        top_p=lockstep.top_p,
-        stop=lockstep.stop,
+        # a per-turn task has one user turn: the rollout's budget for it
+        max_steps=rollout.max_steps or rollout.max_steps_per_turn,
     )
-    if out is None:
-        out = Path(os.environ.get("COEVOLVE_RUN_DIR") or DEFAULT_RUN_DIR) / "bench"
-        out = out / f"hard-negatives-{time.strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True, exist_ok=True)
+    return service, learner, config
 
-    policy = load_policy(service.model, run_dir=settings.run_dir, device=service.device)
-    learner = GrpoLearner(policy, learner_config, log_dir=out / "tensorboard")
-    digest = adopt_warm_start(learner, WARM_START)
-    engine = engine_for_policy("llama_cpp", policy, run_dir=settings.run_dir, sequences=group_size)
+
+def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dict[str, Any]:
+    """Rounds until ``min_pairs`` measured pairs (or ``max_rounds``); the summary, also
+    written to ``out/result.json`` (default ``RUN_DIR/bench/hard-negatives-<time>``)."""
+    setup = setup or (QUICK if quick else FULL)
+    if not WARM_START.is_file():
+        raise FileNotFoundError(f"the committed warm start is missing: {WARM_START}")
+    service, learner_config, config = configured(setup)
+    out = out or output_dir("hard-negatives")
+    out.mkdir(parents=True, exist_ok=True)
     train, _ = split_tasks(load_turn_tasks())
-    cycle = TaskCycle(train, seed=setup.seed)
+    loop = open_loop(
+        train,
+        config,
+        learner_config,
+        out,
+        engine="llama_cpp",
+        model=service.model,
+        device=service.device,
+    )
+    digest = adopt_warm_start(loop.learner, WARM_START)
+    # the target stays the warm start: its adapter is exported once
+    target_weights = (loop.learner.export_weights(), loop.learner.version)
     control: list[Pair] = []
     measured: list[Pair] = []
-    rounds: list[dict[str, Any]] = []
-    # the target stays the warm start: its adapter is exported once
-    target_weights = learner.export_weights()
     started = time.perf_counter()
 
-    def record() -> dict[str, Any]:
+    def record(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         """The result so far, written after every round: a stopped run keeps its pairs."""
         result = {
-            "setup": {**setup.__dict__, "group_size": group_size, "warm_start_sha256": digest},
+            "setup": {
+                **setup.__dict__,
+                "group_size": config.group_size,
+                "warm_start_sha256": digest,
+            },
             "measured": summary(measured),
             "control": summary(control),
             "rounds": rounds,
@@ -175,65 +173,55 @@ def run(quick: bool, setup: Setup | None = None, out: Path | None = None) -> dic
         (out / "result.json").write_text(json.dumps(result, indent=1))
         return result
 
-    def sample(blob: bytes, version: int, seed: int, tasks: list[Task]) -> list[RolloutGroup]:
-        """A group of each task, one task at a time as the rollout service samples: a
-        group fills the engine's sequences, so each step prefills only what is new."""
-        engine.load_weights(blob, version)
-        groups: list[RolloutGroup] = []
-        for offset, task in enumerate(tasks):
-            engine.clear_cache()
-            seeded = replace(params, seed=seed + 1_000 * offset)  # rounds step by 2
-            groups += collect_groups(
-                engine, [task], group_size, seeded, max_steps, lockstep.partial_credit
-            )
-        return groups
+    def play(index: int) -> dict[str, Any]:
+        learner, agent = loop.learner, loop.learner.failure_agent
+        assert agent is not None
+        tasks = loop.source(setup.tasks_per_round)
+        # the failure agent's own draws: with one seed, round 1's identical agents would
+        # sample identical groups and the control would be 0 by construction
+        seed = setup.seed * 1_000_003 + 2 * index
+        target = loop.sample(tasks, seed, target_weights)
+        failure = [
+            msgspec.structs.replace(g, agent="failure")
+            for g in loop.sample(tasks, seed + 1, (agent.export(learner), agent.version))
+        ]
+        trained = agent.step_count > 0
+        found = pairs_of(index, target, failure)
+        (measured if trained else control).extend(found)
+        # no measurement before the failure agent's first update, however long it takes
+        trains = index <= setup.train_rounds or not trained
+        step = failure_agent_step(learner, agent, [*target, *failure]) if trains else None
+        return {
+            "round": index,
+            "failure_agent_step": trains,
+            "failure_agent_trained": trained,
+            "pairs": len(found),
+            "target_solved": _solved_share(target),
+            "failure_agent_solved": _solved_share(failure),
+            "target_version": learner.version,
+            "failure_agent_version": agent.version,
+            "failure_agent_pairs": step["failure_agent_pairs"] if step else None,
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+
+    def describe(r: dict[str, Any]) -> str:
+        kind = "measured" if r["failure_agent_trained"] else "control"
+        return (
+            f"round {r['round']}: {r['pairs']} pairs ({kind}), {len(measured)} measured in "
+            f"all; failure agent v{r['failure_agent_version']}; {r['seconds']:.0f} s"
+        )
 
     try:
-        for index in range(1, setup.max_rounds + 1):
-            agent = learner.failure_agent
-            assert agent is not None
-            tasks = cycle(setup.tasks_per_round)
-            # the failure agent's own draws: with one seed, round 1's identical agents would
-            # sample identical groups and the control would be 0 by construction
-            seed = setup.seed * 1_000_003 + 2 * index
-            target = sample(target_weights, learner.version, seed, tasks)
-            failure = [
-                msgspec.structs.replace(g, agent="failure")
-                for g in sample(agent.export(learner), agent.version, seed + 1, tasks)
-            ]
-            trained = agent.step_count > 0
-            found = pairs_of(index, target, failure)
-            (measured if trained else control).extend(found)
-            # no measurement before the failure agent's first update, however long it takes
-            trains = index <= setup.train_rounds or not trained
-            step = failure_agent_step(learner, agent, [*target, *failure]) if trains else None
-            rounds.append(
-                {
-                    "round": index,
-                    "failure_agent_step": trains,
-                    "failure_agent_trained": trained,
-                    "pairs": len(found),
-                    "target_solved": _solved_share(target),
-                    "failure_agent_solved": _solved_share(failure),
-                    "target_version": learner.version,
-                    "failure_agent_version": agent.version,
-                    "failure_agent_pairs": step["failure_agent_pairs"] if step else None,
-                    "seconds": round(time.perf_counter() - started, 1),
-                }
-            )
-            print(
-                f"round {index}: {len(found)} pairs ({'measured' if trained else 'control'}), "
-                f"{len(measured)} measured in all; failure agent v{agent.version}; "
-                f"{time.perf_counter() - started:.0f} s",
-                flush=True,
-            )
-            record()
-            if len(measured) >= setup.min_pairs:
-                break
+        rounds = drive(
+            setup.max_rounds,
+            play,
+            describe,
+            after=record,
+            until=lambda _: len(measured) >= setup.min_pairs,
+        )
     finally:
-        learner.close()
-        engine.close()
-    result = record()
+        loop.close()
+    result = record(rounds)
     _print(result, out)
     return result
 

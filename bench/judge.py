@@ -1,40 +1,23 @@
 """Judge benchmark: how well each stage of the judge tells sound tasks from broken ones.
 
-A labelled set from BFCL's train-split per-turn tasks (``bfcl-turns-base``):
-
-- positives: a turn's user message and its ground-truth calls, as they are;
-- negatives: the same turn with one corruption each, where it applies:
-  ``wrong_function`` (one call swapped for another function of its class, with arguments
-  that function takes elsewhere in BFCL), ``wrong_argument`` (one literal argument
-  replaced by another value that parameter takes elsewhere, or a changed number),
-  ``dropped_call`` (one state-changing call left out) and ``other_description`` (the
-  user message of another turn whose calls share no function with this one's).
-  Four more are the errors synthesis made in default runs: ``written_as_call`` (the
-  request replaced by a call and its result, or a function name and a "Details:" clause),
-  ``opposite_function`` (one call swapped for the function of the opposite action in its
-  class: remove for add, unfollow for follow), ``unused_value`` (the request also names a
-  value no call uses), ``about_the_call`` (the request replaced by a question about its
-  call, or told as what the assistant must do), ``template_request`` (the request replaced
-  by a template made from its own calls: each function's name in words, a colon and its
-  description, then a "Details:" list of its argument values as the abstractor wrote it,
-  or without that list), ``role_swap`` (a substitution child whose new value took another
-  party's place: the calls pass a new value where they passed one the request writes, and
-  the request writes it in place of another value written alike, as "I (user id USR004)"
-  for a message to USR004 that went to USR002 from USR001; its lineage holds the parent's
-  request and the swap). One more kind is reported on its own, outside the overall reject
-  rate: ``redundant_call`` (a state-changing call made twice in a row), what minimality is
-  for.
+A labelled set from BFCL's per-turn tasks (``bfcl-turns-base``, train split): positives are
+the turns as they are (a user message and its ground-truth calls); negatives are the same
+turns with one corruption each, where it applies, made by the function of its name:
+``wrong_function``, ``wrong_argument``, ``dropped_call`` and ``other_description``, and the
+errors synthesis made in default runs: ``written_as_call``, ``opposite_function``,
+``unused_value``, ``about_the_call``, ``template_request`` and ``role_swap``.
+``redundant_call`` (a state-changing call made twice in a row, what minimality is for) is
+reported on its own, outside the overall reject rate.
 
 Each candidate goes through the judge's stages in its order: replay, minimality,
-relevance (plain request, no template, real values, same action, roles kept, arguments
-named, description covered, intent), round trip (an LLM solver must reach the same
-state), the LLM judge. A row per stage reports the accept rate of positives, the reject
-rate of negatives (overall and per corruption) and the seconds per candidate, each stage
+relevance (``RELEVANCE_CHECKS``), round trip (an LLM solver must reach the same state), the
+LLM judge. A row per stage reports the accept rate of positives, the reject rate of
+negatives (overall and per corruption) and the seconds per candidate, each stage
 including the ones before it. The deterministic stages run on every candidate; the LLM
-stages on a fixed sample of the positives and their negatives (``llm_positives``), on the
-local llama.cpp server (Qwen2.5-Coder-0.5B, 1 thread) started here and stopped at the end.
-``--quick``: 10 positives and their negatives, the LLM stages on 3 of those positives and
-their negatives.
+stages on a fixed sample of the positives and their negatives, on a local llama.cpp
+server (the default role model, 1 thread) started here. The intent threshold is fitted on
+the train split and checked on the eval split's turns (``heldout``). ``--quick``: 10
+positives and their negatives, the LLM stages on 3 of them.
 """
 
 from __future__ import annotations
@@ -76,20 +59,21 @@ from coevolve.shared.envs import Environment, make_environment, state_of
 from coevolve.shared.messages import Task, ToolCall
 from coevolve.shared.value_roles import mention, shape, writes, written_values
 
-CORRUPTIONS: tuple[str, ...] = (
-    "wrong_function",
-    "wrong_argument",
-    "dropped_call",
-    "other_description",
-    "written_as_call",
-    "opposite_function",
-    "unused_value",
-    "about_the_call",
-    "template_request",
-    "role_swap",
-)
+# each corruption and its column in the tables
+CORRUPTIONS: dict[str, str] = {
+    "wrong_function": "wrong fn",
+    "wrong_argument": "wrong arg",
+    "dropped_call": "dropped",
+    "other_description": "other desc",
+    "written_as_call": "as code",
+    "opposite_function": "opposite",
+    "unused_value": "unused val",
+    "about_the_call": "about call",
+    "template_request": "template",
+    "role_swap": "role swap",
+}
 # reported on its own, not in the overall reject rate
-EXTRA_CORRUPTIONS: tuple[str, ...] = ("redundant_call",)
+EXTRA_CORRUPTIONS: dict[str, str] = {"redundant_call": "(doubled)"}
 ALL_CORRUPTIONS = (*CORRUPTIONS, *EXTRA_CORRUPTIONS)
 SEED = 11
 QUICK_POSITIVES = 10
@@ -99,14 +83,17 @@ ROLE_SWAP_TRIES = 5
 # trip of ~55 s, a judgment of ~25 s, Qwen2.5-Coder-0.5B on 1 thread): a small sample.
 QUICK_LLM_POSITIVES = 3
 FULL_LLM_POSITIVES = 10
-STAGES: tuple[str, ...] = (
-    "replay",
-    "+minimality",
-    "+relevance",
-    "+round_trip",
-    "+llm_judge",
-    "+round_trip+llm_judge",
-)
+DETERMINISTIC = ("replay", "minimality", "relevance")
+# each stage of the table: the checks of its pipeline, in their order
+PIPELINES: dict[str, tuple[str, ...]] = {
+    "replay": DETERMINISTIC[:1],
+    "+minimality": DETERMINISTIC[:2],
+    "+relevance": DETERMINISTIC,
+    "+round_trip": (*DETERMINISTIC, "round_trip"),
+    "+llm_judge": (*DETERMINISTIC, "llm_judge"),
+    "+round_trip+llm_judge": (*DETERMINISTIC, "round_trip", "llm_judge"),
+}
+STAGES = tuple(PIPELINES)
 
 
 @dataclass(frozen=True)
@@ -652,7 +639,7 @@ def fit_intent_threshold(outcomes: Sequence[Outcome], min_accept: float = FIT_MI
 
 
 def deterministic_pass(outcome: Outcome) -> bool:
-    return all(outcome.passed.get(s) for s in ("replay", "minimality", "relevance"))
+    return all(outcome.passed.get(s) for s in DETERMINISTIC)
 
 
 async def llm_stages(outcomes: Sequence[Outcome], llm: Any, max_tokens: int) -> None:
@@ -684,18 +671,9 @@ async def llm_stages(outcomes: Sequence[Outcome], llm: Any, max_tokens: int) -> 
 
 def stage_accepts(outcome: Outcome, stage: str) -> bool | None:
     """Whether the pipeline up to ``stage`` accepts; None when it was not measured."""
-    det = ("replay", "minimality", "relevance")
-    if stage not in ("replay", "+minimality", "+relevance") and not outcome.llm_sampled:
+    if stage not in STAGES[:3] and not outcome.llm_sampled:
         return None
-    plan = {
-        "replay": det[:1],
-        "+minimality": det[:2],
-        "+relevance": det,
-        "+round_trip": (*det, "round_trip"),
-        "+llm_judge": (*det, "llm_judge"),
-        "+round_trip+llm_judge": (*det, "round_trip", "llm_judge"),
-    }[stage]
-    for name in plan:
+    for name in PIPELINES[stage]:
         value = outcome.passed.get(name)
         if value is False:
             return False
@@ -705,17 +683,9 @@ def stage_accepts(outcome: Outcome, stage: str) -> bool | None:
 
 
 def stage_seconds(outcome: Outcome, stage: str) -> float:
-    names = {
-        "replay": ("replay",),
-        "+minimality": ("replay", "minimality"),
-        "+relevance": ("replay", "minimality", "relevance"),
-        "+round_trip": ("replay", "minimality", "relevance", "round_trip"),
-        "+llm_judge": ("replay", "minimality", "relevance", "llm_judge"),
-        "+round_trip+llm_judge": ("replay", "minimality", "relevance", "round_trip", "llm_judge"),
-    }[stage]
     # a pipeline stops at the first failed stage: later ones cost nothing
     total = 0.0
-    for name in names:
+    for name in PIPELINES[stage]:
         total += outcome.seconds.get(name, 0.0)
         if outcome.passed.get(name) is False:
             break
@@ -874,20 +844,7 @@ def print_table(report: dict[str, Any]) -> None:
     def pct(value: float | None) -> str:
         return "-" if value is None else f"{value:.0%}"
 
-    short = {
-        "wrong_function": "wrong fn",
-        "wrong_argument": "wrong arg",
-        "dropped_call": "dropped",
-        "other_description": "other desc",
-        "redundant_call": "(doubled)",
-        "written_as_call": "as code",
-        "opposite_function": "opposite",
-        "unused_value": "unused val",
-        "about_the_call": "about call",
-        "template_request": "template",
-        "role_swap": "role swap",
-    }
-    kinds = tuple(short.get(k, k.replace("_", " ")) for k in ALL_CORRUPTIONS)
+    kinds = tuple({**CORRUPTIONS, **EXTRA_CORRUPTIONS}.values())
     for key, title in (
         ("stages", "all candidates"),
         ("stages_on_llm_sample", f"LLM sample ({report['llm_sample_candidates']} candidates)"),

@@ -2,27 +2,15 @@
 
 Each setting runs in a fresh subprocess (peak RSS is per process): the default policy
 (LoRA on the 7 projections, the learner's dtype, 1 thread) does one forward and backward
-pass over one sequence of N tokens, scoring its last 128 (as the learner scores a
-completion), in training mode (the warm start: LoRA dropout active) or eval mode (GRPO).
-Reported: the resident size after loading, the peak, the peak over the loaded model per
-token, the resident size once the step's tensors are freed, and after
-``release_freed_memory`` (glibc ``malloc_trim``), which the learner calls after each step.
-
-``pair`` settings run one warm-start micro-batch of two sequences (N and N/2 tokens, no
-shared prompt, all scored in their last 128) through the SFT's gradient pass: under the
-learner's activation budget (``pair``: the batch is counted padded, 2 x N tokens, so one
-over the budget runs checkpointed) and with no budget (``pair-stored``: what a count of
-the real lengths, N + N/2, let through as one stored batch).
-
-``train-checkpointed`` is the ``train`` pass with activation checkpointing, as the learner
-runs a sequence over its activation budget: what a checkpointed step holds per token.
-
-``heap`` ``mapped`` is the learner's allocator setting (``memory.map_large_blocks``: large
-blocks mapped and unmapped one by one); ``glibc`` leaves glibc's default, which moves them
-to the heap once one has been freed.
-
-``warm_start`` runs the default warm start itself (N per-turn seed tasks of the default
-world drawn with seed 0, 2 epochs, batch 4) and reports its peak.
+pass over N tokens, scoring the last 128, in training mode (the warm start: LoRA dropout
+active) or eval mode (GRPO). Reported: the resident size after loading, the peak, the peak
+over the loaded model per token, and the resident size once the step's tensors are freed
+and after ``release_freed_memory`` (glibc ``malloc_trim``). Modes besides ``train`` and
+``eval``: ``train-checkpointed`` (with activation checkpointing, as a sequence over the
+activation budget runs); ``pair`` / ``pair-stored`` (a warm-start micro-batch of N and N/2
+tokens under the learner's activation budget, or with none); ``warm_start`` (the default
+warm start itself on N seed tasks). ``heap``: ``mapped`` is the learner's allocator setting
+(``memory.map_large_blocks``), ``glibc`` glibc's default. Results: docs/engine.md.
 """
 
 from __future__ import annotations
@@ -32,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from coevolve.bench import tables
@@ -59,6 +48,26 @@ FULL = [
 ]
 
 
+def memory_mb() -> dict[str, float]:
+    """This process's resident set and its peak (VmHWM), from /proc/self/status."""
+    sizes = {"VmRSS": 0.0, "VmHWM": 0.0}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name in sizes:
+                sizes[name] = round(int(value.split()[0]) / 1024, 1)
+    return {"rss_mb": sizes["VmRSS"], "peak_mb": sizes["VmHWM"]}
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); False where not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
 def measure(
     mode: str, tokens: int, dropout: float, attention: str, heap: str = "mapped"
 ) -> dict[str, Any]:
@@ -67,7 +76,6 @@ def measure(
 
     import torch
 
-    from coevolve.bench.sft import memory_mb, reset_peak_rss
     from coevolve.services.learner.memory import (
         activation_checkpointing,
         map_large_blocks,
@@ -182,38 +190,27 @@ def run(quick: bool) -> dict[str, Any]:
     return {"benchmark": "learner_rss", "quick": quick, "cpu_count": os.cpu_count(), "rows": rows}
 
 
+# the table's columns: heading, row key
+COLUMNS = (
+    ("mode", "mode"),
+    ("tokens", "tokens"),
+    ("dropout", "lora_dropout"),
+    ("attention", "attention"),
+    ("heap", "heap"),
+    ("loaded MB", "loaded_mb"),
+    ("peak MB", "peak_mb"),
+    ("MB/token", "mb_per_token"),
+    ("held MB", "held_after_step_mb"),
+    ("after release MB", "held_after_release_mb"),
+    ("s", "step_s"),
+)
+
+
 def print_rows(rows: list[dict[str, Any]]) -> None:
     tables.print_table(
         None,
-        (
-            "mode",
-            "tokens",
-            "dropout",
-            "attention",
-            "heap",
-            "loaded MB",
-            "peak MB",
-            "MB/token",
-            "held MB",
-            "after release MB",
-            "s",
-        ),
-        [
-            (
-                row["mode"],
-                row["tokens"],
-                row["lora_dropout"],
-                row["attention"],
-                row["heap"],
-                row["loaded_mb"],
-                row["peak_mb"],
-                "-" if row["mb_per_token"] is None else f"{row['mb_per_token']:.2f}",
-                row["held_after_step_mb"],
-                row["held_after_release_mb"],
-                row["step_s"],
-            )
-            for row in rows
-        ],
+        [heading for heading, _ in COLUMNS],
+        [[row[key] for _, key in COLUMNS] for row in rows],
         left=(0, 3, 4),
     )
 

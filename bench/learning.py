@@ -1,31 +1,22 @@
 """Learning benchmark: held-out success before warm start, after it, and along GRPO steps.
 
-Everything is real: the default policy (SmolLM2-135M-Instruct, LoRA), the BFCL environment
-with BFCL's checker, ``warm_start`` (SFT on the train tasks' ground truth) and
-``GrpoLearner.step`` on groups of K sampled episodes of train tasks (lockstep: rollout, then
-learn). The tasks are short single-turn MathAPI tasks (``short_tasks``), split into train
-and held-out sets with different numbers, so a step costs seconds on a CPU instead of a
-minute. Held-out success is one greedy episode per task (reward 1.0 = BFCL's checker
-accepts it). Writes ``result.json`` and ``learning.png`` under ``RUN_DIR/bench/learning-*``.
-
-The question it answers: does GRPO raise held-out success above the policy it starts
-from? The warm start runs epoch by epoch (``sft_epochs``), stopping early once success on
-the train tasks stops rising for ``sft_patience`` epochs; that policy is frozen as the KL
-reference and GRPO trains a fresh adapter on top. ``FULL`` stops the warm start after two
-epochs, where it solves some train tasks but not all, so GRPO's groups have mixed rewards
-and held-out success has room to rise either way (run to its plateau, the warm start left
-GRPO nothing to learn from). Each training seed (same tasks, other shuffles, samples and
-adapter initialisation) writes ``seed-<n>.json`` (a finished seed is not run again, so an
-interrupted benchmark resumes), and the paired per-task differences GRPO - warm start
-are aggregated with the two-level bootstrap the ablation uses (seeds, then tasks within
-them: run-to-run and task-sampling variation both), a 95% t-interval over the seeds'
-means (``seed_t_ci95``, wide with three seeds) and a pooled exact sign test.
+Everything is real: the default policy (SmolLM2-135M-Instruct, LoRA), BFCL's environment
+and checker, ``warm_start`` (SFT on the train tasks' ground truth) and ``GrpoLearner.step``
+on groups of K episodes, driven in lockstep (``bench/lockstep_runs.py``). The tasks are
+short single-turn MathAPI tasks (``short_tasks``: train and held-out sets with different
+numbers), so a step costs seconds on a CPU. Held-out success is one greedy episode per
+task. The warm start runs epoch by epoch until train success stops rising for
+``sft_patience`` epochs (``FULL``: two, which leaves GRPO mixed-reward groups); that
+policy is the KL reference and GRPO trains a fresh adapter on top. Each training seed
+writes ``seed-<n>.json`` (a finished seed is read back: an interrupted run resumes); the
+paired per-task differences GRPO - warm start get the ablation's two-level bootstrap
+(seeds, then tasks), a t-interval over the seeds' means (``seed_t_ci95``) and a pooled
+sign test. Writes ``result.json`` and ``learning.png`` under ``RUN_DIR/bench/learning-*``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,13 +25,13 @@ from typing import Any
 import torch
 
 from coevolve.bench import tables
+from coevolve.bench.lockstep_runs import drive, open_loop
 from coevolve.bench.short_tasks import OFFERED, train_and_heldout
-from coevolve.schedules.lockstep import LockstepConfig, LockstepLoop, TaskCycle, success_rate
+from coevolve.harness import output_dir
+from coevolve.schedules.lockstep import LockstepConfig, LockstepLoop, success_rate
 from coevolve.services.learner.config import LearnerConfig
 from coevolve.services.learner.sft import warm_start
-from coevolve.shared.config import DEFAULT_RUN_DIR
-from coevolve.shared.messages import Trajectory
-from coevolve.shared.policy import load_policy
+from coevolve.shared.messages import Task, Trajectory
 from coevolve.shared.toolcalls import CLOSE_TAG
 
 
@@ -92,13 +83,6 @@ MAX_STEPS = 2  # the call, then the closing reply that ends the turn
 STOP = (CLOSE_TAG,)  # rollout.stop: one call a message
 
 
-def run_directory() -> Path:
-    base = Path(os.environ.get("COEVOLVE_RUN_DIR") or DEFAULT_RUN_DIR)
-    path = base / "bench" / f"learning-{time.strftime('%Y%m%d-%H%M%S')}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def run(
     quick: bool,
     run_dir: Path | None = None,
@@ -111,7 +95,7 @@ def run(
     """
     setup = setup or (QUICK if quick else FULL)
     count = seeds if seeds is not None else setup.seeds
-    out = run_dir or run_directory()
+    out = run_dir or output_dir("learning")
     results = []
     for seed in range(setup.seed, setup.seed + count):
         file = out / f"seed-{seed}.json"
@@ -191,29 +175,22 @@ def success(episode: dict[str, Any]) -> float:
 def run_seed(quick: bool, out: Path, setup: Setup, seed: int) -> dict[str, Any]:
     """One training seed: base, warm start to its plateau, then GRPO on a fresh adapter."""
     out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(1)  # shared cores: more threads were several times slower
-    torch.manual_seed(seed)
     started = time.perf_counter()
     # the tasks stay the same for every seed: the comparison is paired
     train, heldout = train_and_heldout(setup.train_tasks, setup.heldout_tasks, setup.seed)
-    policy = load_policy(run_dir=Path(os.environ.get("COEVOLVE_RUN_DIR") or DEFAULT_RUN_DIR))
-    loop = LockstepLoop(
-        policy,
-        TaskCycle(train, seed=seed),
-        LockstepConfig(
-            tasks_per_step=setup.tasks_per_step,
-            group_size=setup.group_size,
-            max_new_tokens=setup.max_new_tokens,
-            max_steps=MAX_STEPS,
-            seed=seed,
-            stop=STOP,
-            refill_rounds=setup.refill_rounds,
-        ),
-        LearnerConfig(lr=setup.grpo_lr),
-        log_dir=out / "tensorboard",
+    config = LockstepConfig(
+        tasks_per_step=setup.tasks_per_step,
+        group_size=setup.group_size,
+        max_new_tokens=setup.max_new_tokens,
+        max_steps=MAX_STEPS,
+        seed=seed,
+        stop=STOP,
+        refill_rounds=setup.refill_rounds,
     )
+    # one thread: on shared cores more were several times slower
+    loop = open_loop(train, config, LearnerConfig(lr=setup.grpo_lr), out, threads=1)
+    policy = loop.policy
     phases: dict[str, float] = {"load_s": time.perf_counter() - started}
-
     episodes_by_label: dict[str, list[dict[str, Any]]] = {}
 
     def evaluate(label: str) -> float:
@@ -226,62 +203,45 @@ def run_seed(quick: bool, out: Path, setup: Setup, seed: int) -> dict[str, Any]:
 
     base = evaluate("base")
     begun = time.perf_counter()
-    sft_losses: list[float] = []
-    train_curve: list[float] = []
-    best, since_best, epochs = -1.0, 0, 0
-    for epoch in range(setup.sft_epochs):
-        sft = warm_start(
-            policy,
-            train,
-            epochs=1,
-            batch_size=setup.sft_batch_size,
-            lr=setup.sft_lr,
-            seed=seed * 1000 + epoch,
-        )
-        sft_losses.extend(sft.losses)
-        epochs = epoch + 1
-        rate, _ = success_rate(loop.engine, train, setup.max_new_tokens, MAX_STEPS, STOP)
-        train_curve.append(rate)
-        print(f"  warm start epoch {epochs}: train success {rate:.3f}", flush=True)
-        if rate > best:
-            best, since_best = rate, 0
-        else:
-            since_best += 1
-        if since_best > setup.sft_patience:
-            break
+    sft = warm_start_to_plateau(loop, train, setup, seed)
     loop.learner.freeze_reference()  # GRPO trains a fresh adapter; KL pulls to this policy
     phases["warm_start_s"] = time.perf_counter() - begun
     warm = evaluate("warm_start")
-
     curve: list[tuple[int, float]] = [(0, warm)]
-    steps: list[dict[str, Any]] = []
-    grpo_s = 0.0
-    for step in range(1, setup.grpo_steps + 1):
+    grpo_s: list[float] = []
+
+    def grpo_step(step: int) -> dict[str, Any]:
         report = loop.iteration()
-        grpo_s += report.wall_s
+        grpo_s.append(report.wall_s)
         m = report.metrics
-        steps.append(
-            {
-                "step": step,
-                "reward_mean": round(report.reward_mean, 3),
-                "trained": m.trained,
-                "uniform_groups": m.uniform_groups,
-                "groups_sampled": report.groups_sampled,
-                "kl": round(m.kl, 5),
-                "clip_fraction": round(m.clip_fraction, 4),
-                "rollout_s": round(report.rollout_s, 1),
-                "learn_s": round(report.learn_s, 1),
-            }
+        return {
+            "step": step,
+            "reward_mean": round(report.reward_mean, 3),
+            "trained": m.trained,
+            "uniform_groups": m.uniform_groups,
+            "groups_sampled": report.groups_sampled,
+            "kl": round(m.kl, 5),
+            "clip_fraction": round(m.clip_fraction, 4),
+            "rollout_s": round(report.rollout_s, 1),
+            "learn_s": round(report.learn_s, 1),
+        }
+
+    def describe(r: dict[str, Any]) -> str:
+        return (
+            f"  grpo step {r['step']}: train reward {r['reward_mean']:.2f} "
+            f"trained={r['trained']} rollout {r['rollout_s']:.1f} s learn {r['learn_s']:.1f} s"
         )
-        print(
-            f"  grpo step {step}: train reward {report.reward_mean:.2f} trained={m.trained} "
-            f"rollout {report.rollout_s:.1f} s learn {report.learn_s:.1f} s",
-            flush=True,
-        )
+
+    def evaluate_when_due(steps: list[dict[str, Any]]) -> None:
+        step = steps[-1]["step"]
         if step % setup.eval_every == 0 or step == setup.grpo_steps:
             curve.append((step, evaluate(f"grpo_{step}")))
-    phases["grpo_s"] = grpo_s
-    loop.close()
+
+    try:
+        steps = drive(setup.grpo_steps, grpo_step, describe, after=evaluate_when_due)
+    finally:
+        loop.close()
+    phases["grpo_s"] = sum(grpo_s)
 
     final = curve[-1][1]
     best_grpo = max(rate for _, rate in curve[1:]) if len(curve) > 1 else warm
@@ -301,14 +261,7 @@ def run_seed(quick: bool, out: Path, setup: Setup, seed: int) -> dict[str, Any]:
         "grpo_raised_above_warm_start": final > warm,
         "curve": curve,
         "final_label": f"grpo_{setup.grpo_steps}" if setup.grpo_steps else "warm_start",
-        "warm_start": {
-            "epochs": epochs,
-            "train_success_by_epoch": train_curve,
-            "examples": sft.examples,
-            "steps": len(sft_losses),
-            "first_loss": round(sft_losses[0], 4) if sft_losses else 0.0,
-            "final_loss": round(sft.final_loss, 4),
-        },
+        "warm_start": sft,
         "grpo_steps": steps,
         "heldout_episodes": episodes_by_label,
         "phases_s": {k: round(v, 1) for k, v in phases.items()},
@@ -317,6 +270,40 @@ def run_seed(quick: bool, out: Path, setup: Setup, seed: int) -> dict[str, Any]:
     }
     print_table(result)
     return result
+
+
+def warm_start_to_plateau(
+    loop: LockstepLoop, train: list[Task], setup: Setup, seed: int
+) -> dict[str, Any]:
+    """The warm start epoch by epoch, until train success stops rising for
+    ``sft_patience`` epochs (at most ``sft_epochs``); what it did."""
+    losses: list[float] = []
+    curve: list[float] = []
+    best, since_best = -1.0, 0
+    for epoch in range(setup.sft_epochs):
+        sft = warm_start(
+            loop.policy,
+            train,
+            epochs=1,
+            batch_size=setup.sft_batch_size,
+            lr=setup.sft_lr,
+            seed=seed * 1000 + epoch,
+        )
+        losses.extend(sft.losses)
+        rate, _ = success_rate(loop.engine, train, setup.max_new_tokens, MAX_STEPS, STOP)
+        curve.append(rate)
+        print(f"  warm start epoch {epoch + 1}: train success {rate:.3f}", flush=True)
+        best, since_best = (rate, 0) if rate > best else (best, since_best + 1)
+        if since_best > setup.sft_patience:
+            break
+    return {
+        "epochs": len(curve),
+        "train_success_by_epoch": curve,
+        "examples": sft.examples,
+        "steps": len(losses),
+        "first_loss": round(losses[0], 4) if losses else 0.0,
+        "final_loss": round(sft.final_loss, 4),
+    }
 
 
 def episode_summary(trajectory: Trajectory) -> dict[str, Any]:
@@ -331,27 +318,26 @@ def episode_summary(trajectory: Trajectory) -> dict[str, Any]:
 
 
 def plot_seeds(results: list[dict[str, Any]], path: Path) -> Path:
-    import matplotlib
+    from coevolve.report import plots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for result in results:
-        steps = [s for s, _ in result["curve"]]
-        rates = [r for _, r in result["curve"]]
-        axis.plot(steps, rates, marker="o", label=f"seed {result['seed']}")
+    figure, (axis,) = plots.panels(1)
+    curves = {
+        f"seed {r['seed']}": ([s for s, _ in r["curve"]], [rate for _, rate in r["curve"]])
+        for r in results
+    }
+    plots.lines(
+        axis,
+        curves,
+        title="SmolLM2-135M: short BFCL MathAPI tasks",
+        xlabel="GRPO steps after the warm start's plateau (step 0)",
+        ylabel="held-out success (greedy)",
+        marker="o",
+    )
     base = results[0]["heldout_success_base"] if results else 0.0
     axis.axhline(base, color="grey", ls="--", label="base model")
-    axis.set_xlabel("GRPO steps after the warm start's plateau (step 0)")
-    axis.set_ylabel("held-out success (greedy)")
     axis.set_ylim(-0.02, 1.02)
-    axis.set_title("SmolLM2-135M: short BFCL MathAPI tasks")
-    axis.legend(loc="lower right")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    axis.legend(loc="lower right", fontsize=8)
+    return plots.save(figure, path)
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -392,9 +378,3 @@ def print_summary(summary: dict[str, Any]) -> None:
         f"tasks gained {summary['tasks_gained']}, lost {summary['tasks_lost']} "
         f"(exact sign test p = {summary['sign_test_p']}); plot: {summary['plot']}",
     )
-
-
-if __name__ == "__main__":
-    import sys
-
-    print(json.dumps(run(quick="--quick" in sys.argv), indent=2))

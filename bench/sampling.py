@@ -1,20 +1,14 @@
 """Benchmark of the samplers: the share of uniform rollout groups, uniform vs dynamic vs
 learnability.
 
-A synthetic policy: every task has a fixed true success probability p and a rollout
-group is ``group_size`` Bernoulli(p) rewards. ``simulate`` hands out jobs from a real
-PoolStore (DuckDB) in small batches, as pool-store's job feed does, records each group
-through ``record_results`` and reads the share of groups with all rewards equal back from
-the file with ``uniform_group_share``. Two regimes, each sampler on the same pools with
-the same seeds:
-
-- long: 400 tasks (half never solved, a fifth always solved, the rest in between),
-  3,000 groups (100 and 400 with ``--quick``), under pool-store's old origin mix;
-- a default run's: the 124 seed tasks and 60 groups of a 30-minute run, 45% of the tasks
-  never solved and 5% always (so that about 55% of groups are uniform when tasks are
-  drawn uniformly, as in a default run at v1), no mix, over 10 seeds (3 with
-  ``--quick``); the learnability sampler also with its earlier weights (an unseen task
-  1, the floor 0.05), to show what the defaults' weights change.
+A synthetic policy: every task has a fixed true success probability p and a group is
+``group_size`` Bernoulli(p) rewards. ``simulate`` hands out jobs from a real PoolStore in
+small batches, as pool-store's job feed does, records each group and reads the share of
+uniform groups back from the file. Two regimes, each sampler on the same pools and seeds:
+long (400 tasks: half never solved, a fifth always; 3,000 groups, under pool-store's old
+origin mix) and a default run's (124 seed tasks, 60 groups, 45% never solved and 5%
+always, no mix, over 10 seeds; learnability also with its earlier weights). ``--quick``:
+100 tasks and 400 groups, 3 seeds. Results: docs/pool-store.md.
 """
 
 from __future__ import annotations

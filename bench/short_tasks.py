@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.catalog import function_docs
@@ -22,13 +21,6 @@ from coevolve.shared.messages import Task, ToolCall
 
 API_CLASS = "MathAPI"
 OFFERED = ("add", "subtract", "multiply", "divide", "max_value", "min_value")
-
-
-@dataclass(frozen=True)
-class Template:
-    function: str
-    phrasings: tuple[str, ...]
-    arguments: Callable[[random.Random], dict[str, object]]
 
 
 def _pair(rng: random.Random) -> dict[str, object]:
@@ -64,7 +56,6 @@ ARGUMENTS: dict[str, Callable[[random.Random], dict[str, object]]] = {
     "max_value": _numbers,
     "min_value": _numbers,
 }
-TEMPLATES = tuple(Template(name, PHRASINGS[name], ARGUMENTS[name]) for name in OFFERED)
 
 
 def _render(text: str, arguments: dict[str, object]) -> str:
@@ -112,17 +103,15 @@ def replay_score(task: Task) -> float:
 
 
 def build_tasks(count: int, seed: int, prefix: str) -> list[Task]:
-    """``count`` tasks cycling through the templates, each validated by replay."""
+    """``count`` tasks cycling through the offered functions, each validated by replay."""
     rng = random.Random(seed)
     tasks: list[Task] = []
     index = 0
     while len(tasks) < count:
-        template = TEMPLATES[index % len(TEMPLATES)]
-        phrasing = rng.choice(template.phrasings)
-        arguments = template.arguments(rng)
-        task = make_task(
-            f"{prefix}_{index}", _render(phrasing, arguments), template.function, arguments
-        )
+        function = OFFERED[index % len(OFFERED)]
+        phrasing = rng.choice(PHRASINGS[function])
+        arguments = ARGUMENTS[function](rng)
+        task = make_task(f"{prefix}_{index}", _render(phrasing, arguments), function, arguments)
         index += 1
         if replay_score(task) == 1.0:
             tasks.append(task)

@@ -2,24 +2,16 @@
 recorded explorations.
 
 The inputs are fixed: the 16 explorations a default run recorded
-(``docs/results/explorations-20261126-run10.jsonl``, one ``Exploration`` in msgspec JSON a
-line, as the explorer's ``record`` writes them). For each model of ``ROLE_MODELS`` one
-local llama.cpp server serves every LLM role: the abstractor, the judge and the judge's
-round-trip solver. Each exploration goes through the abstractor's handler (``abstract``)
-and each of its candidates through the judge's (``judge_candidate``), their dependencies
-built as the services build them, without the bus: the abstractor de-duplicates against a
-DuckDB pool seeded with BFCL's train split (every class: the pool of the run that recorded
-the explorations), and its leak guard is built once before the timing starts. The judge
-runs the round trip too (off by default), not the LLM judge (off by default), so
-``passed_checks`` counts what the default judge accepts and ``accepted`` what also passes
-the round trip. The roles keep a default run's settings (temperature 0.7).
-
-Per model: ``explorations``, ``candidates``, ``accepted``, ``round_trip_pass``,
-``passed_checks``, ``s_per_candidate`` (wall seconds of abstractor and judge over the
-candidates), ``seconds``, the abstractor's drops by reason (``unusable_output:<kind>`` for
-answers it could not use), the judge's rejections by failed check, and each accepted
-task's request and calls, for a person to label. ``--quick``: the first 4 explorations
-(every model still). Server threads: ``OMP_NUM_THREADS``, else 1.
+(``docs/results/explorations-20261126-run10.jsonl``, as the explorer's ``record`` writes
+them). For each model of ``ROLE_MODELS`` one local llama.cpp server serves every LLM role
+(abstractor, judge, the judge's round-trip solver, a default run's settings). Each
+exploration goes through the abstractor's handler and each candidate through the judge's,
+their dependencies built as the services build them, without the bus (the abstractor
+de-duplicates against a pool seeded with BFCL's train split). The judge runs the round
+trip, not the LLM judge: ``passed_checks`` is what the default judge accepts, ``accepted``
+what also passes the round trip. Per model also: ``s_per_candidate``, the abstractor's
+drops and the judge's rejections by reason, and each accepted task for a person to label.
+``--quick``: the first 4 explorations. Server threads: ``OMP_NUM_THREADS``, else 1.
 """
 
 from __future__ import annotations
@@ -27,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +32,8 @@ import msgspec
 from coevolve.bench import tables
 from coevolve.bench.local_llm import served_roles
 from coevolve.experiment.machine import cpu_flags
+from coevolve.harness import base_run_dir as default_base
+from coevolve.harness import output_dir
 from coevolve.schedules.synthesis import PoolFile
 from coevolve.services.abstractor.config import AbstractorConfig
 from coevolve.services.abstractor.handler import (
@@ -54,7 +47,6 @@ from coevolve.services.judge.config import JudgeConfig
 from coevolve.services.judge.handler import Judged, JudgeDeps, judge_candidate
 from coevolve.services.pool_store.handler import seed_tasks_for
 from coevolve.services.pool_store.store import PoolStore
-from coevolve.shared.config import DEFAULT_RUN_DIR
 from coevolve.shared.llm import LLMServerError, LLMUnavailable, Role, RoleLLM, ServerSettings
 from coevolve.shared.llm.model_file import ROLE_MODELS
 from coevolve.shared.messages import Exploration, Task
@@ -83,8 +75,7 @@ class Setup:
     judge: JudgeConfig = field(default_factory=lambda: JudgeConfig(round_trip=True))
 
 
-def progress(line: str) -> None:
-    print(f"[synthesis] {line}", file=sys.stderr, flush=True)
+progress = tables.progress("synthesis")
 
 
 def load_explorations(path: Path, limit: int | None = None) -> list[Exploration]:
@@ -288,9 +279,8 @@ def run(
     source = inputs or ROOT / INPUTS
     explorations = load_explorations(source, QUICK_EXPLORATIONS if quick else None)
     models = list(models or ROLE_MODELS)
-    base = base_run_dir or Path(os.environ.get("COEVOLVE_RUN_DIR") or DEFAULT_RUN_DIR)
-    run_dir = (base / "bench" / f"synthesis-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    base = base_run_dir or default_base()
+    run_dir = output_dir("synthesis", base)
     # the embedding index of the eval queries outlives this run, as in a default run's
     cache_dir = similarity_cache_dir(setup.abstractor, base.resolve())
     progress(f"{len(explorations)} explorations, models {', '.join(models)}; {run_dir}")

@@ -1,8 +1,10 @@
-"""The benchmarks' tables: one printer, rich on stdout, labels left and numbers right."""
+"""The benchmarks' tables: one printer, rich on stdout, labels left and numbers right;
+progress lines go to stderr."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+import sys
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -39,3 +41,8 @@ def print_table(
     console.print(table)
     if note:
         console.print(Text(note), soft_wrap=True)
+
+
+def progress(prefix: str) -> Callable[[str], None]:
+    """A writer of progress lines, ``[prefix] line`` on stderr (stdout keeps the tables)."""
+    return lambda line: print(f"[{prefix}] {line}", file=sys.stderr, flush=True)

@@ -13,24 +13,17 @@ import typer
 from coevolve.cli.options import JsonOption
 
 BENCHMARKS = {
-    "bus": "JetStream vs core NATS: throughput and p50/p99 latency of ~50 KB rollout groups",
-    "pool": "pool-store: p50/p99 of sampling 64 tasks from 1,000,000",
-    "rollout": "rollout path tokens/s vs raw batched generate, same model and batch",
     "engine": "llama.cpp vs transformers engine: group s, tokens/s, eval s/task, log-prob gap",
     "kv_layout": "llama.cpp KV layout x flash attention: CPU ms/token of groups and eval",
     "llama_base": "llama.cpp base f16/bf16/f32/q8_0: CPU ms/token, log-prob gap to the learner",
     "learning": "held-out success: base, after warm start, after N GRPO steps",
-    "schedule": "learner steps per hour, async vs lockstep",
-    "memory": "one SFT step on a BFCL example: activations stored vs checkpointed",
     "learner_rss": "a learner pass by tokens, dropout, attention: peak and held RSS",
     "dataloop": "coevolve up for N minutes: signals, explorations, verdicts, pool growth",
     "sampling": "share of uniform groups, uniform vs dynamic sampler, synthetic policy",
-    "prompts": "first-prompt tokens of BFCL entries and turns, full vs compact tool rendering",
     "flood": "10,000 bad messages on every subject: good msgs/s with and without, dead letters",
     "chaos": "coevolve up under kill -9 of every service, a NATS and an LLM restart: audit",
     "services": "coevolve up vs up --schedule lockstep, or (--compare data-loop) vs up "
     "--scale explorer=0: learner steps and accepted tasks per hour, CPU per part",
-    "sft": "SFT warm start, ours vs TRL SFTTrainer: s/step, peak RSS, loss tokens, losses",
     "judge": "judge stages on BFCL train turns and corrupted copies: accept/reject rates, s/cand",
     "synthesis": "recorded explorations through abstractor and judge per role model: accepted",
     "ddp": "2 learner ranks (gloo) vs 1 on the same batches: weight difference, step s",
@@ -40,6 +33,14 @@ BENCHMARKS = {
 }
 
 
+# benchmarks that share a module: name -> "module:function" (the others: module NAME, run)
+RUNNERS = {
+    "engine": "engines:run_engine",
+    "kv_layout": "engines:run_kv_layout",
+    "llama_base": "engines:run_llama_base",
+    "chaos": "faults:run_chaos",
+    "failover": "faults:run_failover",
+}
 # the module attribute that lists an option's accepted values, where one does
 CHOICES = {"compare": "COMPARISONS", "models": "MODEL_CHOICES"}
 
@@ -102,8 +103,9 @@ def bench(
     if name not in BENCHMARKS:
         listing = "\n".join(f"  {k:<10}{v}" for k, v in BENCHMARKS.items())
         raise typer.BadParameter(f"unknown benchmark {name!r}; available:\n{listing}")
+    module_name, _, function = RUNNERS.get(name, f"{name}:run").partition(":")
     try:
-        module = importlib.import_module(f"coevolve.bench.{name}")
+        module = importlib.import_module(f"coevolve.bench.{module_name}")
     except ModuleNotFoundError as exc:
         typer.echo(f"error: benchmark {name!r} is not available in this build: {exc}", err=True)
         raise typer.Exit(1) from exc
@@ -119,13 +121,13 @@ def bench(
     for option, parameter, value in given:
         if value is None:
             continue
-        if parameter not in inspect.signature(module.run).parameters:
+        if parameter not in inspect.signature(getattr(module, function)).parameters:
             raise typer.BadParameter(f"benchmark {name!r} does not take --{option}")
         choices = getattr(module, CHOICES.get(option, ""), {})
         values = value if isinstance(value, list) else [value]
         if choices and any(v not in choices for v in values):
             raise typer.BadParameter(f"--{option} takes: {', '.join(choices)}")
         options[parameter] = value
-    result: dict[str, Any] = module.run(**options)
+    result: dict[str, Any] = getattr(module, function)(**options)
     if json_output:
         typer.echo(json.dumps(result))

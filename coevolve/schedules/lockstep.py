@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -55,6 +55,9 @@ from coevolve.shared.policy import (
     TransformersEngine,
     load_policy,
 )
+
+if TYPE_CHECKING:
+    from coevolve.shared.policy.llama_engine import LlamaCppEngine
 
 # groups since the last synthesis -> new tasks for the source (the data loop)
 Synthesizer = Callable[[list[RolloutGroup]], list[Task]]
@@ -98,7 +101,7 @@ def collect_groups(
 
 
 def success_rate(
-    engine: TransformersEngine,
+    engine: Engine,
     tasks: Sequence[Task],
     max_new_tokens: int,
     max_steps: int,
@@ -224,10 +227,13 @@ class LockstepLoop:
     on_new_tasks: Callable[[list[Task]], None] | None = None
     # how a preference objective's expert sides are built (the warm start's length limits)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    # the engine that samples (the loop closes it); None: a transformers engine on the policy
+    rollout_engine: TransformersEngine | LlamaCppEngine | None = None
 
     def __post_init__(self) -> None:
         learner_config = self.learner_config or LearnerConfig()
-        self.engine = TransformersEngine(self.policy)
+        engine = self.rollout_engine
+        self.engine = engine if engine is not None else TransformersEngine(self.policy)
         self.learner = GrpoLearner(self.policy, learner_config, log_dir=self.log_dir)
         self.experts: ExpertCache | None = None
         if learner_config.objective != "grpo":
@@ -236,16 +242,45 @@ class LockstepLoop:
         # groups since the last synthesis: the signal detectors see every group once
         self.unsynthesized: list[RolloutGroup] = []
 
-    def iteration(self) -> IterationReport:
-        """Rollout, then one learner step, then synthesis when it is due."""
+    def sampling(self, seed: int | None) -> SamplingParams:
+        """The configuration's sampling, with ``seed``."""
         config = self.config
-        params = SamplingParams(
+        return SamplingParams(
             max_new_tokens=config.max_new_tokens,
             temperature=config.temperature,
             top_p=config.top_p,
-            seed=config.seed * 1_000_003 + self.iterations,
+            seed=seed,
             stop=config.stop,
         )
+
+    def sample(
+        self, tasks: Sequence[Task], seed: int, weights: tuple[bytes, int] | None = None
+    ) -> list[RolloutGroup]:
+        """A group of each task, one task at a time as the rollout service samples (a group
+        fills the engine's sequences, so each call prefills only what is new), the
+        ``offset``-th task with seed ``seed + 1000 * offset``; ``weights`` (an exported
+        adapter and its version) are loaded first."""
+        if weights is not None:
+            self.engine.load_weights(*weights)
+        config = self.config
+        groups: list[RolloutGroup] = []
+        for offset, task in enumerate(tasks):
+            self.engine.clear_cache()
+            params = self.sampling(seed + 1_000 * offset)
+            groups += collect_groups(
+                self.engine,
+                [task],
+                config.group_size,
+                params,
+                config.max_steps,
+                config.partial_credit,
+            )
+        return groups
+
+    def iteration(self) -> IterationReport:
+        """Rollout, then one learner step, then synthesis when it is due."""
+        config = self.config
+        params = self.sampling(config.seed * 1_000_003 + self.iterations)
         started = time.perf_counter()
         # the learner's version (after a warm start, 1): the groups are on-policy
         self.engine.policy_version = self.learner.version
@@ -311,6 +346,8 @@ class LockstepLoop:
 
     def close(self) -> None:
         self.learner.close()
+        if hasattr(self.engine, "close"):
+            self.engine.close()
 
 
 def warm_start_once(

@@ -4,7 +4,6 @@ and the learner-step ratios."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -12,25 +11,18 @@ from typer.testing import CliRunner
 
 from coevolve.bench.services import (
     COMPARISONS,
-    LearnerCount,
-    VerdictCount,
-    count_groups_trained_on,
-    count_rollout_groups,
     cpu_figures,
     learner_step_ratios,
     phase_figures,
+    phase_scale,
     print_table,
     ratios,
     run,
-    up_options,
 )
 from coevolve.cli import app
 from coevolve.cli.up import parse_scale
-from coevolve.report.run_data import LEARNER_STEPS
-from coevolve.services.learner.handler import append_step_record, step_record
-from coevolve.services.pool_store.store import PoolStore
-from coevolve.shared.messages import RolloutResults, ScoreSample
-from tests.support.messages import rewarded_group
+from coevolve.harness import up_argv
+from coevolve.run_figures import LearnerCount, VerdictCount
 
 T0 = 1_700_000_000.0
 
@@ -42,8 +34,8 @@ def scale_of(options: list[str]) -> dict[str, int]:
 
 def test_no_data_loop_is_up_without_explorers() -> None:
     assert COMPARISONS["data-loop"] == ("full", "no_data_loop")
-    full = up_options("full", Path("/runs/full"), 4300)
-    bare = up_options("no_data_loop", Path("/runs/bare"), 4301)
+    full = up_argv(Path("/runs/full"), nats_port=4300, scale=phase_scale("full"))
+    bare = up_argv(Path("/runs/bare"), nats_port=4301, scale=phase_scale("no_data_loop"))
 
     assert "--scale" not in full
     assert bare[bare.index("--scale") + 1] == "explorer=0"
@@ -101,40 +93,6 @@ def test_llm_cpu_share_and_seconds_per_accepted_task() -> None:
     assert figures["llm_cpu_s_per_accepted"] == 100.0
     assert cpu_figures(seconds, 1000.0, 2, accepted=0)["llm_cpu_s_per_accepted"] is None
     assert cpu_figures({}, 1000.0, 2, 0)["llm_cpu_share_of_parts"] is None
-
-
-def test_rollout_groups_are_the_pools_recorded_groups(tmp_path: Path) -> None:
-    db_path = tmp_path / "pool.duckdb"
-    before = time.time()
-    with PoolStore(db_path) as store:
-        for group in ("g1", "g2", "g3"):
-            samples = [
-                ScoreSample(task_id="t", policy_version=1, score=s, length=9) for s in (0, 1)
-            ]
-            store.record_results(RolloutResults(group_id=group, samples=samples))
-    after = time.time()
-
-    assert count_rollout_groups(db_path, before, after) == 3
-    assert count_rollout_groups(db_path, before - 100, before - 1) == 0
-    assert count_rollout_groups(tmp_path / "missing.duckdb", before, after) == 0
-
-
-def test_groups_trained_on_within_the_phase(tmp_path: Path) -> None:
-    for step, at in ((1, 100.0), (2, 200.0), (3, 900.0)):  # the last after the stop
-        groups = [rewarded_group(f"g{step}-{i}", "t", "seed", 1, 0.0, 1.0) for i in range(2)]
-        record = step_record(
-            groups,
-            step=step,
-            version=step + 1,
-            published=True,
-            version_before=step,
-            max_staleness=2,
-            at=T0 + at,
-        )
-        append_step_record(tmp_path / LEARNER_STEPS, record)
-
-    assert count_groups_trained_on(tmp_path, T0, T0 + 600.0) == 4
-    assert count_groups_trained_on(tmp_path / "none", T0, T0 + 600.0) == 0
 
 
 def test_unknown_comparison_is_refused(tmp_path: Path) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from coevolve.bench import failover
+from coevolve.bench import faults
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_services_survive_a_lost_leader_and_a_lost_quorum() -> None:
-    result = failover.run(quick=True)
+    result = faults.run_failover(quick=True)
     assert [f["kind"] for f in result["faults"]] == ["leader killed", "quorum lost"]
     assert result["failover_s"] is not None and result["recovered_s"] is not None
     assert result["quorum_loss_reported_by"], "no service said the cluster lost quorum"

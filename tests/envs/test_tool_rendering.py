@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,10 +17,11 @@ from coevolve.shared.envs.rendering import (
     configured_tool_rendering,
     short_type,
 )
-from coevolve.shared.messages import ChatMessage
+from coevolve.shared.messages import ChatMessage, Task
 from coevolve.shared.policy.chat import (
     TemplateSupport,
     native_tools,
+    render_prompt_ids,
     to_template_messages,
     tools_system_prompt,
 )
@@ -107,13 +109,22 @@ def test_a_template_with_tools_gets_them_natively_only_when_full() -> None:
     assert system["content"] == tools_system_prompt(tools, "compact")
 
 
+def first_prompt_tokens(tokenizer: Any, task: Task, rendering: ToolRendering) -> int:
+    """Tokens of ``task``'s first prompt as a rollout renders it under ``rendering``."""
+    env = BfclEnvironment()
+    try:
+        messages = env.reset(task)
+        return len(render_prompt_ids(tokenizer, messages, env.tools(), tool_rendering=rendering))
+    finally:
+        env.close()
+
+
 @pytest.mark.parametrize("rendering", TOOL_RENDERINGS)
 def test_an_eval_sequence_holds_every_held_out_turn_played_or_scored(
     rendering: ToolRendering,
 ) -> None:
     """A first prompt and its messages, and the replayed ground truth the likelihood
     scores, each fit one of eval's llama.cpp sequences."""
-    from coevolve.bench.prompts import prompt_lengths
     from coevolve.cli.eval_cmd import (
         EVAL_MAX_NEW_TOKENS,
         EVAL_MAX_STEPS_PER_TURN,
@@ -129,7 +140,7 @@ def test_an_eval_sequence_holds_every_held_out_turn_played_or_scored(
 
     tokenizer = load_tokenizer(run_dir=CACHE_DIR)  # the converted model, shared by the tests
     tasks = suite_tasks("bfcl-turns-base", "eval")
-    longest = max(prompt_lengths(tokenizer, tasks, rendering))
+    longest = max(first_prompt_tokens(tokenizer, task, rendering) for task in tasks)
     messages = EVAL_MAX_STEPS_PER_TURN * EVAL_MAX_NEW_TOKENS
     assert longest + messages <= EVAL_SEQUENCE_TOKENS[rendering]
 

@@ -1,28 +1,18 @@
-"""The chaos bench's schedule and its DuckDB audit (the run itself is `coevolve bench chaos`)."""
+"""The chaos bench's schedule and its audit (the run itself is `coevolve bench chaos`)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
-import duckdb
-
-from coevolve.bench.chaos import (
-    BusView,
-    audit_pool,
+from coevolve.bench.faults import (
     fault_schedule,
     is_busy,
     learner_resumes,
     run_audit,
 )
-from coevolve.services.pool_store.store import PoolStore
-from coevolve.shared.messages import (
-    GRPO_STEP_PHASE,
-    RolloutResults,
-    ScoreSample,
-    Task,
-)
+from coevolve.bus_tally import BusTally
+from coevolve.shared.messages import GRPO_STEP_PHASE
 from coevolve.shared.runtime.subjects import DEFAULT_SERVICES
 from tests.support.messages import heartbeat
 
@@ -47,25 +37,6 @@ def test_the_learner_is_busy_only_in_a_grpo_step() -> None:
     assert not is_busy(heartbeat("rollout")) and not is_busy(None)
 
 
-def test_the_pool_audit_counts_duplicate_rows(tmp_path: Path) -> None:
-    path = tmp_path / "pool.duckdb"
-    task = Task(id="t1", environment="bfcl", user_turns=["list the files"])
-    with PoolStore(path) as store:
-        store.add_tasks([task])
-        samples = [ScoreSample(task_id="t1", policy_version=1, score=1.0, length=3)] * 2
-        store.record_results(RolloutResults(group_id="g1", samples=samples))
-        # the same group under another message id is refused: no duplicate
-        store.record_results(RolloutResults(group_id="g1", samples=samples))
-    assert audit_pool(path) == {
-        "duplicate_tasks": 0,
-        "duplicate_verdicts": 0,
-        "duplicate_results": 0,
-    }
-    with contextlib.closing(duckdb.connect(str(path))) as db:
-        db.execute("INSERT INTO rollout_results SELECT * FROM rollout_results LIMIT 1")
-    assert audit_pool(path)["duplicate_results"] == 1
-
-
 def test_a_learner_resume_is_found_in_either_phase(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -83,7 +54,7 @@ def test_a_learner_resume_is_found_in_either_phase(tmp_path: Path) -> None:
 def test_a_group_its_queued_job_will_make_again_is_not_lost(tmp_path: Path) -> None:
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "learner.groups.json").write_text(json.dumps(["trained"]))
-    view = BusView(groups={"trained", "waiting", "refused-then-requeued", "gone"})
+    view = BusTally(groups={"trained", "waiting", "refused-then-requeued", "gone"})
     bus_audit = {
         "waiting_groups": {"waiting"},
         "requeued_groups": {"refused-then-requeued", "not-published-yet"},

@@ -1,10 +1,10 @@
-"""The CPU-per-token bookkeeping shared by the llama.cpp benchmarks."""
+"""The CPU-per-token bookkeeping shared by the engine benchmarks."""
 
 from __future__ import annotations
 
 import pytest
 
-from coevolve.bench.llama_cpu import QUICK, CpuPerToken, play
+from coevolve.bench.engines import EVAL_BATCH, QUICK, CpuPerToken, play
 
 
 def test_cpu_per_token_is_reported_per_workload_and_engine() -> None:
@@ -17,7 +17,7 @@ def test_cpu_per_token_is_reported_per_workload_and_engine() -> None:
         "eval": {"a": 50.0, "b": 0.0},
     }
     facts = measured.facts(QUICK)
-    assert facts["eval_tasks"] == 8 * QUICK.eval_batches
+    assert facts["eval_tasks"] == QUICK.eval_tasks == EVAL_BATCH == 8
     assert facts["ms_per_token"] == measured.ms_per_token()
     assert facts["cpu_s"]["group"] == {"a": 1.5, "b": 3.0}
 
