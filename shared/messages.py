@@ -500,6 +500,18 @@ class AtomsFor(Message):
     limit: Annotated[int, msgspec.Meta(ge=1, le=200)] = 20
 
 
+class TasksCalling(Message):
+    """Active tasks of ``environment`` that are no one's child (synthesis depth 0: seed
+    turns, or D0's tasks with no labels) and whose calls include one of ``functions``,
+    at most ``limit``, none of ``exclude``: other parents for a failure of those
+    functions."""
+
+    functions: list[str]
+    environment: str
+    exclude: list[str] = msgspec.field(default_factory=list)
+    limit: Annotated[int, msgspec.Meta(ge=1, le=200)] = 20
+
+
 class GetStats(Message):
     pass
 
@@ -538,7 +550,14 @@ class ErrorReply(Message):
 
 
 PoolRequest = (
-    AddTasks | GetTask | SampleBatch | AtomsFor | GetStats | LineageQuery | ListExperiences
+    AddTasks
+    | GetTask
+    | SampleBatch
+    | AtomsFor
+    | TasksCalling
+    | GetStats
+    | LineageQuery
+    | ListExperiences
 )
 PoolReply = (
     AddTasksReply
@@ -572,6 +591,7 @@ AnyMessage = (
     | SampleBatch
     | SampleBatchReply
     | AtomsFor
+    | TasksCalling
     | GetStats
     | PoolStats
     | LineageQuery

@@ -89,6 +89,10 @@ class ExplorerDeps:
     # the pool's tasks that may be joined with a task (``AtomsFor``), the atoms of a
     # composed turn; None: composition joins only the turn before
     atoms: Callable[[Task], Awaitable[list[Task]]] | None = None
+    # the pool's unsynthesized tasks, other than the given one, that call one of the given
+    # functions (``TasksCalling``): other parents for a signal's failure; None: the
+    # signal's own turn alone
+    siblings: Callable[[Task, list[str]], Awaitable[list[Task]]] | None = None
     # task id -> the policy version of the last signal whose turn was varied, kept from
     # one signal to the next (``parent_cooldown_versions``)
     varied_at: dict[str, int] = field(default_factory=dict)
@@ -103,10 +107,13 @@ class Explored:
     # composed turns (``composition.py``): their own exploration, as they may start from
     # another state than the signal's task (the turn before it)
     composed: Exploration | None = None
+    # what other parents of the same signal gave (``sibling_parents``)
+    siblings: tuple[Exploration, ...] = ()
 
     @property
     def explorations(self) -> list[Exploration]:
-        return [e for e in (self.exploration, self.composed) if e is not None]
+        own = [e for e in (self.exploration, self.composed) if e is not None]
+        return own + list(self.siblings)
 
 
 async def composed_rounds_for(
@@ -194,12 +201,58 @@ async def synthesized(
     return Explored(substitution, outcome, stats, composed=composition)
 
 
-def recently_varied(signal: Signal, deps: ExplorerDeps) -> bool:
-    """Whether the signal's turn was varied for a signal of a policy at most
-    ``parent_cooldown_versions`` versions older."""
+def recently_varied(task_id: str, policy_version: int, deps: ExplorerDeps) -> bool:
+    """Whether the turn was varied for a signal of a policy at most
+    ``parent_cooldown_versions`` versions older than ``policy_version``."""
     cooldown = deps.config.parent_cooldown_versions
-    last = deps.varied_at.get(signal.task.id)
-    return cooldown > 0 and last is not None and last <= signal.policy_version <= last + cooldown
+    last = deps.varied_at.get(task_id)
+    return cooldown > 0 and last is not None and last <= policy_version <= last + cooldown
+
+
+async def sibling_parents(
+    signal: Signal, failed: list[FailedCall], deps: ExplorerDeps
+) -> list[Task]:
+    """Up to ``sibling_parents`` of the pool's unsynthesized turns other than the signal's
+    that call a function its trajectory got wrong and were not varied recently, in an
+    order seeded by the signal: the failure repaired from more than one parent."""
+    limit = deps.config.sibling_parents
+    if limit <= 0 or deps.siblings is None:
+        return []
+    found = await deps.siblings(signal.task, target_functions(failed))
+    fresh = [
+        task
+        for task in found
+        if task.id != signal.task.id and not recently_varied(task.id, signal.policy_version, deps)
+    ]
+    random.Random(signal.id).shuffle(fresh)
+    return fresh[:limit]
+
+
+async def vary_for_signal(signal: Signal, failed: list[FailedCall], deps: ExplorerDeps) -> Explored:
+    """``synthesized`` on the signal's turn (unless varied recently) and on its sibling
+    parents, as one result; ``recently_varied`` when no parent is left to vary."""
+    own = [] if recently_varied(signal.task.id, signal.policy_version, deps) else [signal.task]
+    parents = own + await sibling_parents(signal, failed, deps)
+    if not parents:
+        return Explored(None, "recently_varied", ExplorationStats())
+    made: list[Explored] = []
+    for parent in parents:
+        seed = signal.id if parent is signal.task else derived_id("sibling", signal.id, parent.id)
+        explored = await synthesized(parent, seed, deps, signal=signal, failed=failed)
+        if explored.explorations:
+            deps.varied_at[parent.id] = signal.policy_version
+            made.append(explored)
+    if not made:
+        return Explored(None, "nothing_to_substitute", ExplorationStats())
+    first, others = made[0], made[1:]
+    steps = sum(explored.stats.steps for explored in made)
+    return Explored(
+        first.exploration,
+        "explored",
+        ExplorationStats(steps=steps),
+        composed=first.composed,
+        siblings=tuple(e for explored in others for e in explored.explorations),
+    )
 
 
 async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
@@ -220,11 +273,8 @@ async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
         return Explored(None, "nothing_failed", ExplorationStats())
     exploration_id = derived_id("exploration", signal.id)
     if failed and (config.substitution_rounds > 0 or config.composition_rounds > 0):
-        if recently_varied(signal, deps):
-            return Explored(None, "recently_varied", ExplorationStats())
-        made = await synthesized(signal.task, signal.id, deps, signal=signal, failed=failed)
-        if made.explorations:
-            deps.varied_at[signal.task.id] = signal.policy_version
+        made = await vary_for_signal(signal, failed, deps)
+        if made.explorations or made.outcome == "recently_varied":
             return made
         if config.substitution_rounds > 0 and not config.explore_without_substitution:
             return made
