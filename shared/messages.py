@@ -153,6 +153,8 @@ class Lineage(Part):
     replaced: list[Any] | None = None
     # a composed task: the ids of the tasks whose turns it joins, in order
     composed_from: list[str] = msgspec.field(default_factory=list)
+    # a state variant: the parent's turn on another initial state
+    varied_state: bool = False
 
 
 class Task(Part):
@@ -251,6 +253,9 @@ class ExplorationRound(Part):
     # a composed round (``explorer/composition.py``): the ids of the tasks whose turns its
     # calls join, its ``request`` theirs joined; a unit as it is, like a substitution
     composed_from: list[str] | None = None
+    # a state variant (``explorer/state_variation.py``): the parent's turn on another
+    # initial state, its calls replayed there; a unit as it is, like a substitution
+    varied_state: bool = False
 
 
 class ScoreSample(Part):

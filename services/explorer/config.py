@@ -26,6 +26,10 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # wrong: with its own turn alone, runs 32-33 drew their 15-18 children from 7-8
     # parents, as signals come from the few turns rolled out. 0: the signal's turn alone
     sibling_parents: int = 1
+    # a signal aimed at a failure also gives at most this many state variants
+    # (``state_variation.py``): the parent's turn on another initial state, its numbers
+    # scaled and its ids renamed, its calls replayed with the real classes. 0: none
+    state_variation_rounds: int = 1
     # where the parent turn gives no substitution, explore with the LLM (``rounds``
     # rounds, requests written by the abstractor's LLM). Off: by hand, 1 of run 28's 11
     # accepted LLM-written tasks read as a user's request (docs/main-job.md)
@@ -63,6 +67,10 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"substitution_rounds must be >= 0, got {self.substitution_rounds}")
         if self.parent_cooldown_versions < 0:
             raise ValueError("parent_cooldown_versions must be >= 0")
+        if self.state_variation_rounds < 0:
+            raise ValueError(
+                f"state_variation_rounds must be >= 0, got {self.state_variation_rounds}"
+            )
         if self.sibling_parents < 0:
             raise ValueError(f"sibling_parents must be >= 0, got {self.sibling_parents}")
         if self.composition_rounds < 0:

@@ -36,6 +36,7 @@ from coevolve.services.explorer.prompts import (
     summarizer_messages,
     unguided_goal,
 )
+from coevolve.services.explorer.state_variation import state_variation_rounds
 from coevolve.services.explorer.substitution import substitution_rounds
 from coevolve.shared.envs import Environment, make_environment, state_of
 from coevolve.shared.failures import failed_calls, target_functions
@@ -107,13 +108,15 @@ class Explored:
     # composed turns (``composition.py``): their own exploration, as they may start from
     # another state than the signal's task (the turn before it)
     composed: Exploration | None = None
+    # state variants (``state_variation.py``): each starts from its own state
+    on_states: tuple[Exploration, ...] = ()
     # what other parents of the same signal gave (``sibling_parents``)
     siblings: tuple[Exploration, ...] = ()
 
     @property
     def explorations(self) -> list[Exploration]:
         own = [e for e in (self.exploration, self.composed) if e is not None]
-        return own + list(self.siblings)
+        return own + list(self.on_states) + list(self.siblings)
 
 
 async def composed_rounds_for(
@@ -183,6 +186,16 @@ async def synthesized(
             )
     with deps.tracer.start_as_current_span("explorer compose"):
         composed = await composed_rounds_for(task, seed, substituted, deps)
+    with deps.tracer.start_as_current_span("explorer vary state"):
+        varied = await anyio.to_thread.run_sync(
+            partial(
+                state_variation_rounds,
+                task,
+                partial(make_environment, task.environment),
+                config.state_variation_rounds,
+                seed=seed,
+            )
+        )
     mode: ExplorationMode = "guided" if signal is not None else "unguided"
 
     def published(
@@ -195,10 +208,14 @@ async def synthesized(
 
     substitution = published((), task, substituted) if substituted else None
     composition = published(("composed",), *composed) if composed else None
-    made = [e for e in (substitution, composition) if e is not None]
+    on_states = tuple(
+        published(("state", str(index)), start, rounds)
+        for index, (start, rounds) in enumerate(varied)
+    )
+    made = [e for e in (substitution, composition, *on_states) if e is not None]
     stats = ExplorationStats(steps=sum(len(r.steps) for e in made for r in e.rounds))
     outcome: ExploreOutcome = "explored" if made else "nothing_to_substitute"
-    return Explored(substitution, outcome, stats, composed=composition)
+    return Explored(substitution, outcome, stats, composed=composition, on_states=on_states)
 
 
 def recently_varied(task_id: str, policy_version: int, deps: ExplorerDeps) -> bool:
@@ -251,6 +268,7 @@ async def vary_for_signal(signal: Signal, failed: list[FailedCall], deps: Explor
         "explored",
         ExplorationStats(steps=steps),
         composed=first.composed,
+        on_states=first.on_states,
         siblings=tuple(e for explored in others for e in explored.explorations),
     )
 
@@ -272,7 +290,10 @@ async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
     if config.require_failure and not failed:
         return Explored(None, "nothing_failed", ExplorationStats())
     exploration_id = derived_id("exploration", signal.id)
-    if failed and (config.substitution_rounds > 0 or config.composition_rounds > 0):
+    synthesis = (
+        config.substitution_rounds + config.composition_rounds + config.state_variation_rounds
+    )
+    if failed and synthesis > 0:
         made = await vary_for_signal(signal, failed, deps)
         if made.explorations or made.outcome == "recently_varied":
             return made

@@ -569,8 +569,7 @@ def variant_of(parent: Parent, variation: Variation) -> tuple[StateVariant | Non
         InteractionStep(history=list(history), action=call, observation=text)
         for call, text in zip(task.ground_truth[0], observations, strict=True)
     ]
-    # a unit as it is, its request made by code (``composed_from``: the parent's turn alone)
-    round_ = ExplorationRound(steps=steps, request=task.user_turns[0], composed_from=[task.id])
+    round_ = ExplorationRound(steps=steps, request=task.user_turns[0], varied_state=True)
     start = msgspec.structs.replace(task, ground_truth=[])
     return StateVariant(start, round_, variation, run.effects(parent.current)), ""
 

@@ -98,7 +98,7 @@ def test_variants_replay_on_another_state_with_the_parents_functions(task_id: st
         assert [c.name for c in calls] == [c.name for c in parent.ground_truth[0]]
         assert all(step.ok for step in variant.round.steps)
         assert variant.start.id == parent.id and variant.start.ground_truth == []
-        assert variant.round.composed_from == [parent.id]
+        assert variant.round.varied_state and not variant.round.composed_from
         assert start_state(variant.start) != start_state(parent)
         # the judge's replay: every call runs and the task scores 1.0 against itself
         candidate = as_task(variant)
