@@ -39,6 +39,7 @@ from coevolve.services.abstractor.completion import details_clause
 from coevolve.services.explorer.substitution import substituted
 from coevolve.services.judge.checks import (
     MIN_INTENT_SCORE,
+    SEMANTIC_CRITERIA,
     CallTrace,
     call_text,
     check_arguments_named,
@@ -603,15 +604,10 @@ def deterministic_stages(item: Labelled, backend: str) -> Outcome:
     return outcome
 
 
-RELEVANCE_CHECKS = (
-    "plain_request",
-    "not_template",
-    "real_values",
-    "same_action",
-    "keeps_roles",
-    "names_arguments",
-    "covers_description",
-    "intent_matches",
+# the judge's semantic criteria but minimality (a stage of its own here) and
+# exercises_failure (a labelled turn comes from no signal's failure)
+RELEVANCE_CHECKS = tuple(
+    name for name in SEMANTIC_CRITERIA if name not in ("exercises_failure", "minimal")
 )
 # the intent threshold is fitted on one half: the largest on this grid at which this share
 # of its sound turns pass the deterministic stages (the 0.8 target, with a margin)
