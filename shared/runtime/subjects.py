@@ -164,25 +164,6 @@ CONSUMERS: tuple[ConsumerSpec, ...] = (
     POOL_EXPERIENCES_CONSUMER,
 )
 
-SERVICES: tuple[str, ...] = (
-    "pool_store",
-    "rollout",
-    "learner",
-    "signal_monitor",
-    "explorer",
-    "abstractor",
-    "judge",
-    "evaluator",
-    "distiller",
-)
-# started by `coevolve up` only when their section enables them (services.<name>.enabled)
-OPTIONAL_SERVICES: tuple[str, ...] = ("evaluator", "distiller")
-# the optional services whose section enables them by default
-ENABLED_BY_DEFAULT: tuple[str, ...] = ("distiller",)
-# what `coevolve up` starts on the defaults
-DEFAULT_SERVICES: tuple[str, ...] = tuple(
-    s for s in SERVICES if s not in OPTIONAL_SERVICES or s in ENABLED_BY_DEFAULT
-)
 # `up` starts these at a lower CPU priority (runtime.background_niceness): the services that
 # make and check new tasks, and the evaluator, take what the learner and rollout leave
 BACKGROUND_SERVICES: tuple[str, ...] = (
@@ -192,4 +173,14 @@ BACKGROUND_SERVICES: tuple[str, ...] = (
     "judge",
     "evaluator",
     "distiller",
+)
+# every service: the learning loop's three, then the background ones
+SERVICES: tuple[str, ...] = ("pool_store", "rollout", "learner", *BACKGROUND_SERVICES)
+# started by `coevolve up` only when their section enables them (services.<name>.enabled)
+OPTIONAL_SERVICES: tuple[str, ...] = ("evaluator", "distiller")
+# the optional services whose section enables them by default
+ENABLED_BY_DEFAULT: tuple[str, ...] = ("distiller",)
+# what `coevolve up` starts on the defaults
+DEFAULT_SERVICES: tuple[str, ...] = tuple(
+    s for s in SERVICES if s not in OPTIONAL_SERVICES or s in ENABLED_BY_DEFAULT
 )
