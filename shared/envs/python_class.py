@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 from coevolve.shared.envs import register_environment
+from coevolve.shared.envs.budget import StepCount
 from coevolve.shared.envs.protocol import ReplayResult, StepResult
 from coevolve.shared.envs.rendering import COMPACT_HINTS_KEY
 from coevolve.shared.messages import ChatMessage, Task, ToolCall
@@ -256,7 +257,7 @@ class PythonClassEnvironment:
 
     def _start(self, task: Task | None) -> None:
         self._task = task
-        self._turn = self._steps = self._steps_in_turn = 0
+        self._turn, self._steps = 0, StepCount()
         self._done, self._completed, self._end_reason = task is None, False, ""
         self._made: list[list[tuple[ToolCall, Any]]] = [[]]  # per turn, calls that ran
         self._turn_states: list[dict[str, Any]] = []  # the state at the end of each turn
@@ -286,8 +287,7 @@ class PythonClassEnvironment:
         if self._done:
             return StepResult(observations=[], done=True, info=self._info(["the episode is over"]))
         parsed = parse_tool_calls(assistant_text)
-        self._steps += 1
-        self._steps_in_turn += 1
+        self._steps.take()
         if not parsed.has_tool_call_blocks:
             user = self._advance_turn()
             info = self._info([], turn_ended=True)
@@ -310,8 +310,7 @@ class PythonClassEnvironment:
         if self._done:
             return False, "Error: the episode is over"
         outcome = self._run(call)
-        self._steps += 1
-        self._steps_in_turn += 1
+        self._steps.take()
         self._check_budget()
         return outcome.ok, self._clip(outcome.text)
 
@@ -328,7 +327,7 @@ class PythonClassEnvironment:
                 outcome = self._run(call)
                 observations.append(outcome.text)
                 errors += [] if outcome.ok else [f"turn {self._turn}: {outcome.text}"]
-            self._steps += 1
+            self._steps.total += 1
             self._advance_turn()
         changed = self.state() != before
         return ReplayResult(
@@ -400,19 +399,14 @@ class PythonClassEnvironment:
             self._done, self._completed, self._end_reason = True, True, "all turns answered"
             return None
         self._turn += 1
-        self._steps_in_turn = 0
+        self._steps.in_turn = 0
         self._made.append([])
         return ChatMessage(role="user", content=self.task.user_turns[self._turn])
 
     def _check_budget(self) -> None:
-        if self._done:
-            return
-        if self._steps_in_turn > self.max_steps_per_turn:
-            self._done = True
-            self._end_reason = f"step budget: {self.max_steps_per_turn} steps in turn {self._turn}"
-        elif self._steps >= self.max_steps:
-            self._done = True
-            self._end_reason = f"step budget: {self.max_steps} steps in the episode"
+        reason = self._steps.over_budget(self.max_steps, self.max_steps_per_turn, self._turn)
+        if reason and not self._done:
+            self._done, self._end_reason = True, reason
 
     def _clip(self, text: str) -> str:
         extra = len(text) - self.max_observation_chars
@@ -427,7 +421,7 @@ class PythonClassEnvironment:
             "call_strings": [f"{c.name}({a})" for c, a in zip(ran, arguments, strict=True)],
             "errors": errors,
             "turn": self._turn,
-            "step": self._steps,
+            "step": self._steps.total,
             "turn_ended": turn_ended,
             "end_reason": self._end_reason if self._done else "",
         }

@@ -49,6 +49,7 @@ from coevolve.shared.envs.bfcl.validation import (
     ValidatedCall,
     validate_call,
 )
+from coevolve.shared.envs.budget import StepCount
 from coevolve.shared.envs.protocol import ReplayResult, StepResult
 from coevolve.shared.messages import ChatMessage, Task, ToolCall
 from coevolve.shared.toolcalls import format_tool_calls, parse_tool_calls
@@ -94,8 +95,7 @@ class BfclEnvironment:
         self._refused: list[list[str]] = [[]] if started else []
         self._turn = 0
         self._first_turn = 0
-        self._steps = 0
-        self._steps_in_turn = 0
+        self._steps = StepCount()
         self._done = not started
         self._completed = False
         self._end_reason = ""
@@ -181,8 +181,7 @@ class BfclEnvironment:
                 info=self._info(["the episode is over"], turn_ended=False),
             )
         parsed = parse_tool_calls(assistant_text)
-        self._steps += 1
-        self._steps_in_turn += 1
+        self._steps.take()
         if not parsed.has_tool_call_blocks:
             user = self._advance_turn()
             return StepResult(
@@ -218,8 +217,7 @@ class BfclEnvironment:
         step_calls: list[ValidatedCall] = []
         ok, text = self._execute_into(call, step_calls)
         self._record[self._turn].append(step_calls)
-        self._steps += 1
-        self._steps_in_turn += 1
+        self._steps.take()
         self._check_budget()
         return ok, self._clip(text)
 
@@ -242,7 +240,7 @@ class BfclEnvironment:
                     errors.append(f"turn {self.turn}: {call.name}: {text}")
             if step_calls:
                 self._record[self._turn].append(step_calls)
-            self._steps += 1
+            self._steps.total += 1
             self._advance_turn()
         return ReplayResult(
             ok=not errors,
@@ -320,7 +318,7 @@ class BfclEnvironment:
             self._end_reason = "all turns answered"
             return None
         self._turn += 1
-        self._steps_in_turn = 0
+        self._steps.in_turn = 0
         self._record.append([])
         self._refused.append([])
         self._refresh_functions()
@@ -330,15 +328,9 @@ class BfclEnvironment:
         return self._user_message(self._turn)
 
     def _check_budget(self) -> None:
-        if self._done:
-            return
-        # As in BFCL, a turn may take max_steps_per_turn tool steps; one more ends the episode.
-        if self._steps_in_turn > self.max_steps_per_turn:
-            self._done = True
-            self._end_reason = f"step budget: {self.max_steps_per_turn} steps in turn {self.turn}"
-        elif self._steps >= self.max_steps:
-            self._done = True
-            self._end_reason = f"step budget: {self.max_steps} steps in the episode"
+        reason = self._steps.over_budget(self.max_steps, self.max_steps_per_turn, self.turn)
+        if reason and not self._done:
+            self._done, self._end_reason = True, reason
 
     def _execute_into(self, call: ToolCall, step_calls: list[ValidatedCall]) -> tuple[bool, str]:
         try:
@@ -369,7 +361,7 @@ class BfclEnvironment:
             "call_strings": [call_string(c.name, c.arguments) for c in executed or []],
             "errors": errors,
             "turn": self.turn,
-            "step": self._steps,
+            "step": self._steps.total,
             "turn_ended": turn_ended,
             "end_reason": self._end_reason if self._done else "",
         }
