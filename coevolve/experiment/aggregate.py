@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -729,11 +729,23 @@ def _excludes_zero_text(difference: PairedDifference) -> str:
     return f"{'yes' if difference.turns.excludes_zero else 'no'}, {seeds}"
 
 
-def _compute_section(results: list[dict[str, Any]]) -> list[str]:
-    """Per arm: minutes, what ended it, steps, groups and CPU minutes."""
-    parts = ["", "## Compute per arm", "", "![cpu](cpu.png)", ""]
+def _figure_section(
+    title: str,
+    figure: str,
+    results: list[dict[str, Any]],
+    header: list[str],
+    rows: Callable[[list[dict[str, Any]]], list[list[str]]],
+    note: str = "",
+) -> list[str]:
+    """A section of its figure, then (where there are results) its table and ``note``."""
+    parts = ["", f"## {title}", "", figure, ""]
     if not results:
         return parts
+    return [*parts, table(header, rows(results)), *(["", note] if note else [])]
+
+
+def _compute_section(results: list[dict[str, Any]]) -> list[str]:
+    """Per arm: minutes, what ended it, steps, groups and CPU minutes."""
     header = [
         "arm",
         "seeds",
@@ -745,12 +757,10 @@ def _compute_section(results: list[dict[str, Any]]) -> list[str]:
         "CPU min, LLM server",
         "CPU min, all",
     ]
-    return [
-        *parts,
-        table(header, compute_rows(results)),
-        "",
-        "Means per seed, ± the half-width of the 95% t interval across seeds.",
-    ]
+    note = "Means per seed, ± the half-width of the 95% t interval across seeds."
+    return _figure_section(
+        "Compute per arm", "![cpu](cpu.png)", results, header, compute_rows, note
+    )
 
 
 def _mechanisms_section(results: list[dict[str, Any]]) -> list[str]:
@@ -810,16 +820,6 @@ def _gains_section(scores: list[MarkScore], results: list[dict[str, Any]]) -> li
 
 def _data_loop_section(results: list[dict[str, Any]]) -> list[str]:
     """Per arm: signals, candidates, accepted tasks and the pool's growth."""
-    parts = ["", "## Data loop per arm", "", "![data loop](data_loop.png)", ""]
-    if not results:
-        return parts
-    header = [
-        "arm",
-        "seeds",
-        "signals",
-        "candidates",
-        "accepted",
-        "acceptance rate",
-        "pool growth",
-    ]
-    return [*parts, table(header, data_loop_rows(results))]
+    header = ["arm", "seeds", "signals", "candidates", "accepted", "acceptance rate", "pool growth"]
+    figure = "![data loop](data_loop.png)"
+    return _figure_section("Data loop per arm", figure, results, header, data_loop_rows)
