@@ -24,6 +24,7 @@ from coevolve.shared.messages import ChatMessage, RolloutGroup, Trajectory
 from coevolve.shared.policy import LoadedPolicy
 
 from .conftest import Sampled
+from .gradients import accumulated_gradient
 
 OBSERVATION = [28, 42, 13]  # stand-in token ids of a tool's answer between two steps
 
@@ -164,13 +165,6 @@ def test_a_bad_step_gets_a_lower_token_advantage_than_a_good_step(
     assert float(padded.advantages[1, other[0]]) == pytest.approx(-1.0 + bad, **close)
 
 
-def gradient_and_loss(learner: GrpoLearner, group: RolloutGroup) -> tuple[torch.Tensor, float]:
-    stats, _ = learner.accumulate_gradients(learner.build_samples([group]).groups)
-    flat = torch.cat([p.grad.flatten() for p in learner.trainable if p.grad is not None])
-    learner.optimizer.zero_grad(set_to_none=True)
-    return flat, sum(s.loss * s.tokens for s in stats)
-
-
 def test_without_usable_labels_advantages_and_loss_are_exactly_the_outcomes(
     policy: LoadedPolicy, sampled: Sampled
 ) -> None:
@@ -184,17 +178,17 @@ def test_without_usable_labels_advantages_and_loss_are_exactly_the_outcomes(
     padded = pad_batch(samples, learner.pad_id, torch.device("cpu"))
     assert padded.advantages.shape == (3,)
 
-    gradient, loss = gradient_and_loss(learner, plain)
+    gradient, loss = accumulated_gradient(learner, [plain])
     unusable = {
         "labels that all agree": group_of(sampled, rewards, [1, 1], [1, 1], [1]),
         "labels that do not fit the steps": group_of(sampled, rewards, [1], [-1], [1, -1, 1]),
     }
     for why, group in unusable.items():
-        other_gradient, other_loss = gradient_and_loss(learner, group)
+        other_gradient, other_loss = accumulated_gradient(learner, [group])
         assert torch.equal(other_gradient, gradient) and other_loss == loss, why
     learner.config = msgspec.structs.replace(learner.config, step_credit_scale=0.0)
     scaled_off = group_of(sampled, rewards, [1, -1], [-1, -1], [1, 1])
-    off_gradient, off_loss = gradient_and_loss(learner, scaled_off)
+    off_gradient, off_loss = accumulated_gradient(learner, [scaled_off])
     assert torch.equal(off_gradient, gradient) and off_loss == loss
 
 
