@@ -24,7 +24,7 @@ import os
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import msgspec
 import yaml
@@ -43,14 +43,7 @@ from coevolve.shared.llm.server import (
 # default, and unused then); distiller: draws experiences from rollout groups (the
 # distiller service; off by default)
 Role = Literal["summarizer", "explorer", "abstractor", "judge", "attributor", "distiller"]
-ROLES: tuple[Role, ...] = (
-    "summarizer",
-    "explorer",
-    "abstractor",
-    "judge",
-    "attributor",
-    "distiller",
-)
+ROLES: tuple[Role, ...] = get_args(Role)
 
 # The local server runs one request at a time for every service: a call may wait behind
 # several others, so its timeout is longer than a remote endpoint's.

@@ -40,14 +40,7 @@ llm:
 
 def test_defaults_every_role_on_the_local_server() -> None:
     roles = role_settings(None)
-    assert set(roles) == {
-        "summarizer",
-        "explorer",
-        "abstractor",
-        "judge",
-        "attributor",
-        "distiller",
-    }
+    assert set(roles) == set(ROLES)
     assert all(r.local and r.model is None for r in roles.values())
 
 
