@@ -24,7 +24,6 @@ from coevolve.shared.messages import (
     Heartbeat,
     Lineage,
     Origin,
-    PolicyVersion,
     Signal,
     SignalKind,
     Task,
@@ -43,7 +42,7 @@ from coevolve.shared.runtime.subjects import (
     heartbeat_subject,
     signal_subject,
 )
-from tests.support.messages import untokenized_trajectory
+from tests.support.messages import policy_version, untokenized_trajectory
 
 
 @pytest.fixture
@@ -103,10 +102,7 @@ async def publish_data_loop(url: str) -> None:
         await bus.publish(VERDICTS, first)
         await bus.publish(VERDICTS, verdict(2, False, "final result differs"))
         await bus.publish(VERDICTS, first)  # a re-publish after a crash: same Nats-Msg-Id
-        update = PolicyVersion(
-            version=3, step=3, bucket=POLICY_BUCKET, object_name="v3", base_model="m"
-        )
-        await bus.publish(POLICY_UPDATES, update)
+        await bus.publish(POLICY_UPDATES, policy_version(3, bucket=POLICY_BUCKET))
         beat = Heartbeat(service="judge", instance="a", pid=1, host="h", started_at=0.0)
         await bus.publish_core(heartbeat_subject("judge"), beat)
         await bus.nc.flush()

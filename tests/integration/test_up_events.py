@@ -22,7 +22,6 @@ from coevolve.shared.messages import (
     GRPO_STEP_PHASE,
     Heartbeat,
     Metric,
-    PolicyVersion,
     Signal,
     Task,
     TaskAdded,
@@ -39,7 +38,7 @@ from coevolve.shared.runtime.subjects import (
     metrics_subject,
     signal_subject,
 )
-from tests.support.messages import heartbeat, untokenized_trajectory
+from tests.support.messages import heartbeat, policy_version, untokenized_trajectory
 from tests.support.wait import wait_until_sync
 
 pytestmark = pytest.mark.anyio
@@ -68,12 +67,6 @@ def signal(kind: str, task_id: str) -> Signal:
 
 def learner_heartbeat(phase: str, done: int | None = None, total: int | None = None) -> Heartbeat:
     return heartbeat("learner", phase, progress_done=done, progress_total=total)
-
-
-def policy(version: int, step: int) -> PolicyVersion:
-    return PolicyVersion(
-        version=version, step=step, bucket="b", object_name=f"v{version}", base_model="m"
-    )
 
 
 def matching_line(lines: list[str], pattern: str) -> str | None:
@@ -139,7 +132,7 @@ async def test_policy_signal_verdict_and_progress_lines(settings: Settings) -> N
         await wait_for_line(lines, r"learner\s+warm start 7/16")
 
         # the announcement comes first, the step's metrics just after (as the learner does)
-        await bus.publish(POLICY_UPDATES, policy(3, 2))
+        await bus.publish(POLICY_UPDATES, policy_version(3, 2))
         metrics = {"reward_mean": 0.42, "kl": 0.0012, "staleness_mean": 0.8, "loss": 1.0}
         for name, value in metrics.items():
             metric = Metric(service="learner", name=name, value=value, step=2)
@@ -198,10 +191,10 @@ async def test_policy_line_without_metrics_comes_after_the_join_timeout(
     settings: Settings,
 ) -> None:
     async with watched(settings, join_timeout_s=0.5) as (bus, watching):
-        await bus.publish(POLICY_UPDATES, policy(1, 0))
+        await bus.publish(POLICY_UPDATES, policy_version(1, 0))
         await wait_for_line(watching.lines, r"learner\s+policy v1  warm start")
         published = time.monotonic()
-        await bus.publish(POLICY_UPDATES, policy(5, 4))
+        await bus.publish(POLICY_UPDATES, policy_version(5, 4))
         await wait_for_line(watching.lines, r"learner\s+policy v5  reward -  kl -  staleness -")
         assert time.monotonic() - published >= 0.5  # held for the join timeout first
 

@@ -32,26 +32,13 @@ from coevolve.services.evaluator.scores import (
 )
 from coevolve.shared.config import Settings, load_settings
 from coevolve.shared.envs.bfcl.tasks import suite_tasks
-from coevolve.shared.messages import PolicyVersion
 from coevolve.shared.runtime.bus import Bus
 from tests.dataloop.dataloop_harness import running
 from tests.support.cache import CACHE_DIR
+from tests.support.messages import policy_version
 from tests.support.wait import wait_until
 
 WORLD = ["MessageAPI", "TradingBot", "VehicleControlAPI"]
-
-
-def announced(version: int) -> PolicyVersion:
-    return PolicyVersion(
-        id=f"policy-{version}",
-        version=version,
-        step=version,
-        bucket="b",
-        object_name=f"policy-v{version:08d}",
-        base_model="m",
-        kind="lora",
-        sha256="0" * 64,
-    )
 
 
 def test_the_sample_is_drawn_once_as_coevolve_eval_draws_it_and_kept(tmp_path: Path) -> None:
@@ -75,33 +62,33 @@ def test_the_sample_is_drawn_once_as_coevolve_eval_draws_it_and_kept(tmp_path: P
 def test_the_newest_version_is_scored_and_older_pending_ones_are_skipped() -> None:
     schedule = VersionSchedule(every_versions=2)
     assert schedule.due() is None
-    assert schedule.offer(announced(1))
+    assert schedule.offer(policy_version(1))
     due = schedule.due()
     assert due is not None and due.version == 1  # the first policy: nothing scored yet
     schedule.tried(1, scored=True)
-    schedule.offer(announced(2))
+    schedule.offer(policy_version(2))
     assert schedule.due() is None  # one version after the last scored
-    schedule.offer(announced(3))
+    schedule.offer(policy_version(3))
     due = schedule.due()
     assert due is not None and due.version == 3
     # v4..v6 come while v3 is scored: only the newest is kept
     for version in (4, 5, 6):
-        schedule.offer(announced(version))
-    assert not schedule.offer(announced(5))  # a late, older announcement changes nothing
+        schedule.offer(policy_version(version))
+    assert not schedule.offer(policy_version(5))  # a late, older announcement changes nothing
     schedule.tried(3, scored=True)
     due = schedule.due()
     assert due is not None and due.version == 6
     # a failed evaluation is not retried; the next version due is scored
     schedule.tried(6, scored=False)
     assert schedule.due() is None
-    schedule.offer(announced(7))
+    schedule.offer(policy_version(7))
     due = schedule.due()
     assert due is not None and due.version == 7
     # a restarted evaluator goes on from the last score it recorded
     restarted = VersionSchedule(every_versions=2, last_scored=7)
-    restarted.offer(announced(8))
+    restarted.offer(policy_version(8))
     assert restarted.due() is None
-    restarted.offer(announced(9))
+    restarted.offer(policy_version(9))
     due = restarted.due()
     assert due is not None and due.version == 9
 

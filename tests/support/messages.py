@@ -8,6 +8,7 @@ from coevolve.shared.messages import (
     ChatMessage,
     Heartbeat,
     Origin,
+    PolicyVersion,
     RolloutGroup,
     Task,
     ToolCall,
@@ -23,6 +24,20 @@ NOTES_TASK = Task(
     user_turns=["Go to documents and create notes.txt."],
     ground_truth=[[CD, TOUCH]],
 )
+
+
+def policy_version(
+    version: int, step: int | None = None, *, sha256: str = "", bucket: str = "b"
+) -> PolicyVersion:
+    """An announcement of ``version``, trained for ``step`` steps (by default as many)."""
+    return PolicyVersion(
+        version=version,
+        step=version if step is None else step,
+        bucket=bucket,
+        object_name=f"v{version}",
+        base_model="m",
+        sha256=sha256,
+    )
 
 
 def untokenized_trajectory(

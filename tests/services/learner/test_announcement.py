@@ -6,18 +6,7 @@ import pytest
 
 from coevolve.services.learner.handler import version_to_announce
 from coevolve.shared.messages import PolicyVersion
-
-
-def announced(version: int, sha256: str) -> PolicyVersion:
-    return PolicyVersion(
-        id=f"policy-{version}",
-        version=version,
-        step=version,
-        bucket="policies",
-        object_name=f"v{version}",
-        base_model="m",
-        sha256=sha256,
-    )
+from tests.support.messages import policy_version
 
 
 def never() -> str:
@@ -28,9 +17,9 @@ def never() -> str:
     ("version", "latest", "expected"),
     [
         (0, None, 0),  # no warm start, nothing on the bus: rollout starts from v0
-        (0, announced(3, "x"), None),  # a newer policy is out already
+        (0, policy_version(3, sha256="x"), None),  # a newer policy is out already
         (1, None, 1),
-        (4, announced(3, "x"), 4),
+        (4, policy_version(3, sha256="x"), 4),
     ],
 )
 def test_a_number_the_bus_does_not_know_is_announced(
@@ -40,10 +29,10 @@ def test_a_number_the_bus_does_not_know_is_announced(
 
 
 def test_the_same_weights_under_the_same_number_are_not_announced_again() -> None:
-    assert version_to_announce(3, announced(3, "abc"), lambda: "abc") is None
+    assert version_to_announce(3, policy_version(3, sha256="abc"), lambda: "abc") is None
 
 
 def test_a_known_number_with_other_weights_moves_past_the_newest() -> None:
     # a restored older checkpoint: v3 (or later) is out with other weights
-    assert version_to_announce(3, announced(3, "abc"), lambda: "def") == 4
-    assert version_to_announce(2, announced(5, "abc"), lambda: "def") == 6
+    assert version_to_announce(3, policy_version(3, sha256="abc"), lambda: "def") == 4
+    assert version_to_announce(2, policy_version(5, sha256="abc"), lambda: "def") == 6
