@@ -49,7 +49,7 @@ from coevolve.shared.structured import (
     tool_names,
 )
 from coevolve.shared.toolcalls import format_tool_call
-from tests.support.messages import untokenized_trajectory
+from tests.support.messages import CD, NOTES_TASK, TOUCH, untokenized_trajectory
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -175,14 +175,8 @@ def test_abstractor_writes_a_request_for_a_call_unit(
     clients: RoleClients, bfcl: tuple[Task, list[Any]]
 ) -> None:
     task, tools = bfcl
-    unit = CallUnit(
-        calls=[
-            ToolCall(name="cd", arguments={"folder": "documents"}),
-            ToolCall(name="touch", arguments={"file_name": "notes.txt"}),
-        ],
-        observations=['{"current_working_directory": "documents"}', "None"],
-        changes_state=True,
-    )
+    observations = ['{"current_working_directory": "documents"}', "None"]
+    unit = CallUnit(calls=[CD, TOUCH], observations=observations, changes_state=True)
     exploration = Exploration(id="expl-1", mode="unguided", task=task, rounds=[])
     output = ask(
         clients["abstractor"],
@@ -197,17 +191,8 @@ def test_abstractor_writes_a_request_for_a_call_unit(
 
 @pytest.fixture
 def judged() -> Task:
-    return Task(
-        id="cand",
-        environment="bfcl",
-        description="Create notes.txt in documents.",
-        user_turns=["Go to documents and create notes.txt."],
-        ground_truth=[
-            [
-                ToolCall(name="cd", arguments={"folder": "documents"}),
-                ToolCall(name="touch", arguments={"file_name": "notes.txt"}),
-            ]
-        ],
+    return msgspec.structs.replace(
+        NOTES_TASK, id="cand", description="Create notes.txt in documents."
     )
 
 
