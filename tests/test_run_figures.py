@@ -24,7 +24,6 @@ from coevolve.run_figures import (
     policy_versions,
     pool_duplicates,
 )
-from coevolve.services.learner.handler import append_step_record, step_record
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.messages import (
     Lineage,
@@ -34,6 +33,7 @@ from coevolve.shared.messages import (
     ToolCall,
     Verdict,
 )
+from tests.support.learner_steps import record_step
 from tests.support.messages import rewarded_group
 
 T0 = 1_700_000_000.0
@@ -122,16 +122,9 @@ def test_rollout_groups_are_the_pools_recorded_groups(tmp_path: Path) -> None:
 def test_groups_trained_on_within_the_phase(tmp_path: Path) -> None:
     for step, at in ((1, 100.0), (2, 200.0), (3, 900.0)):  # the last after the stop
         groups = [rewarded_group(f"g{step}-{i}", "t", "seed", 1, 0.0, 1.0) for i in range(2)]
-        record = step_record(
-            groups,
-            step=step,
-            version=step + 1,
-            published=True,
-            version_before=step,
-            max_staleness=2,
-            at=T0 + at,
+        record_step(
+            tmp_path / LEARNER_STEPS, groups, step=step, versions=(step, step + 1), at=T0 + at
         )
-        append_step_record(tmp_path / LEARNER_STEPS, record)
 
     assert count_groups_trained_on(tmp_path, T0, T0 + 600.0) == 4
     assert count_groups_trained_on(tmp_path / "none", T0, T0 + 600.0) == 0

@@ -21,8 +21,9 @@ from coevolve.report.run_report import (
     render_run_report,
     summarize_run,
 )
-from coevolve.services.learner.handler import STEPS_FILE, append_step_record, step_record
+from coevolve.services.learner.handler import STEPS_FILE
 from tests.report.conftest import T0, SyntheticRun
+from tests.support.learner_steps import record_step
 from tests.support.messages import rewarded_group
 
 STALE_ROW = "stale-and-dropped share (learner: groups dropped stale / groups received)"
@@ -99,16 +100,9 @@ def test_stale_and_dropped_share_from_the_step_records(synthetic_run: SyntheticR
         ),
         ([rewarded_group("g4", "task-0", "seed", 5, 0.0, 1.0)], (3, 6, 5)),
     ):
-        record = step_record(
-            groups,
-            step=step,
-            version=version,
-            published=True,
-            version_before=before,
-            max_staleness=2,
-            at=T0 + 60 * step,
+        record_step(
+            run / STEPS_FILE, groups, step=step, versions=(before, version), at=T0 + 60 * step
         )
-        append_step_record(run / STEPS_FILE, record)
 
     summary = summarize_run(load_run(run))
     text = render_run_report(run).read_text()

@@ -24,10 +24,11 @@ from coevolve.report.repair import (
 )
 from coevolve.report.run_data import load_run
 from coevolve.report.run_report import render_run_report
-from coevolve.services.learner.handler import STEPS_FILE, append_step_record, step_record
+from coevolve.services.learner.handler import STEPS_FILE
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared import messages as m
 from tests.report.conftest import T0, make_task
+from tests.support.learner_steps import record_step
 from tests.support.messages import rewarded_group
 
 # rollout groups: (task, policy version, scores)
@@ -112,16 +113,14 @@ def repair_run(tmp_path: Path) -> Path:
             (3, 4, True, 4),
         ),
     ):
-        record = step_record(
+        record_step(
+            steps,
             groups,
             step=step,
-            version=version,
-            published=published,
-            version_before=before,
-            max_staleness=2,
+            versions=(before, version),
             at=T0 + 60 * step,
+            published=published,
         )
-        append_step_record(steps, record)
     (run / "policies").mkdir()
     for version in (1, 2, 3, 4, 5):
         (run / "policies" / f"v{version}.safetensors").write_bytes(b"weights")
