@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from coevolve.services.abstractor.handler import Abstraction
 from coevolve.shared.messages import ToolCall
 from tests.dataloop.dataloop_harness import (
     WellFormedBrain,
@@ -15,12 +16,20 @@ from tests.dataloop.dataloop_harness import (
     logged_exploration,
 )
 from tests.services.abstractor.abstraction_harness import abstracted
+from tests.support.fake_llm import RoleFakeLLM
 
 pytestmark = pytest.mark.anyio
 
 
 def folder(name: str) -> ToolCall:
     return ToolCall(name="mkdir", arguments={"dir_name": name})
+
+
+async def abstracted_alpha(tmp_path: Path, requests: list[str]) -> tuple[Abstraction, RoleFakeLLM]:
+    """The abstraction of one round that made folder alpha, the abstractor's LLM writing
+    requests of the ``requests`` kinds in turn."""
+    brain = WellFormedBrain(requests=requests)
+    return await abstracted(tmp_path, brain, logged_exploration([[(folder("alpha"), True)]]))
 
 
 async def test_each_unit_gets_a_request_and_the_filters_drop_the_bad_ones(tmp_path: Path) -> None:
@@ -55,10 +64,7 @@ async def test_an_exploration_with_nothing_that_replays_asks_no_llm(tmp_path: Pa
 async def test_a_request_written_as_code_is_asked_for_again_with_the_reason(
     tmp_path: Path,
 ) -> None:
-    brain = WellFormedBrain(requests=["code", "good"])
-    result, fake = await abstracted(
-        tmp_path, brain, logged_exploration([[(folder("alpha"), True)]])
-    )
+    result, fake = await abstracted_alpha(tmp_path, ["code", "good"])
 
     assert fake.calls == {"abstractor": 2} and not result.dropped
     [candidate] = result.candidates
@@ -69,10 +75,7 @@ async def test_a_request_written_as_code_is_asked_for_again_with_the_reason(
 async def test_a_request_too_short_is_asked_for_again_opening_with_plain_words(
     tmp_path: Path,
 ) -> None:
-    brain = WellFormedBrain(requests=["malformed", "good"])
-    result, fake = await abstracted(
-        tmp_path, brain, logged_exploration([[(folder("alpha"), True)]])
-    )
+    result, fake = await abstracted_alpha(tmp_path, ["malformed", "good"])
     patterns = [
         request["response_format"]["json_schema"]["schema"]["properties"]["request"]["pattern"]
         for role, request in fake.requests
@@ -94,10 +97,7 @@ async def test_a_unit_that_makes_the_parents_own_calls_is_dropped_unasked(
 
 
 async def test_each_rewrite_is_asked_warmer(tmp_path: Path) -> None:
-    brain = WellFormedBrain(requests=["malformed", "malformed", "good"])
-    result, fake = await abstracted(
-        tmp_path, brain, logged_exploration([[(folder("alpha"), True)]])
-    )
+    result, fake = await abstracted_alpha(tmp_path, ["malformed", "malformed", "good"])
     assert [reason for reason, _ in result.dropped] == ["malformed_request"]
     temperatures = [request["temperature"] for role, request in fake.requests]
     assert len(temperatures) == 2  # rewrites=1 in these tests: dropped after the second
