@@ -11,8 +11,9 @@ import pytest
 from coevolve.cli.status import service_lines
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import Heartbeat, decode
-from coevolve.shared.runtime.actor import Actor, ActorRunner
+from coevolve.shared.runtime.actor import Actor
 from coevolve.shared.runtime.bus import Bus
+from tests.dataloop.dataloop_harness import running
 from tests.support.status import status_row
 
 pytestmark = pytest.mark.anyio
@@ -45,11 +46,9 @@ async def test_reported_progress_reaches_status_and_clears_when_running(
     settings: Settings,
 ) -> None:
     actor = WarmingUp(settings)
-    runner = ActorRunner(actor)
     bus = await Bus.connect(settings.bus, "test")
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: runner.run(handle_signals=False))
+        async with running([actor]):
             row = await status_row(bus, "warming", lambda r: r["progress_done"] == 7, 15, 0.1)
             assert (row["phase"], row["progress_total"], row["detail"]) == (
                 "warm start",
@@ -64,7 +63,6 @@ async def test_reported_progress_reaches_status_and_clears_when_running(
             row = await status_row(bus, "warming", lambda r: r["phase"] == "running", 15, 0.1)
             assert (row["progress_done"], row["progress_total"], row["detail"]) == (None, None, "")
             assert service_lines([row])[1].endswith("  running")
-            runner.request_stop()
     finally:
         actor.may_finish.set()
         await bus.close()
