@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 from coevolve.shared.envs import register_environment
-from coevolve.shared.envs.budget import StepCount
+from coevolve.shared.envs.episode import EpisodeState, StepCount
 from coevolve.shared.envs.protocol import ReplayResult, StepResult
 from coevolve.shared.envs.rendering import COMPACT_HINTS_KEY
 from coevolve.shared.messages import ChatMessage, Task, ToolCall
@@ -231,7 +231,7 @@ def run_call(instance: Any, functions: Mapping[str, Function], call: ToolCall) -
     return Outcome(not (isinstance(result, dict) and "error" in result), text, True, kept)
 
 
-class PythonClassEnvironment:
+class PythonClassEnvironment(EpisodeState):
     """Episodes over one instance of a user's class (the ``Environment`` protocol).
 
     Turns and budgets as in BFCL: a message without tool calls ends the user turn; more
@@ -262,12 +262,6 @@ class PythonClassEnvironment:
         self._made: list[list[tuple[ToolCall, Any]]] = [[]]  # per turn, calls that ran
         self._turn_states: list[dict[str, Any]] = []  # the state at the end of each turn
         self.last_report: ScoreReport | None = None
-
-    @property
-    def task(self) -> Task:
-        if self._task is None:
-            raise RuntimeError("call reset(task) first")
-        return self._task
 
     def state(self) -> dict[str, Any]:
         """A deep copy of the instance's public attributes."""
@@ -402,11 +396,6 @@ class PythonClassEnvironment:
         self._steps.in_turn = 0
         self._made.append([])
         return ChatMessage(role="user", content=self.task.user_turns[self._turn])
-
-    def _check_budget(self) -> None:
-        reason = self._steps.over_budget(self.max_steps, self.max_steps_per_turn, self._turn)
-        if reason and not self._done:
-            self._done, self._end_reason = True, reason
 
     def _clip(self, text: str) -> str:
         extra = len(text) - self.max_observation_chars

@@ -49,7 +49,7 @@ from coevolve.shared.envs.bfcl.validation import (
     ValidatedCall,
     validate_call,
 )
-from coevolve.shared.envs.budget import StepCount
+from coevolve.shared.envs.episode import EpisodeNotStartedError, EpisodeState, StepCount
 from coevolve.shared.envs.protocol import ReplayResult, StepResult
 from coevolve.shared.messages import ChatMessage, Task, ToolCall
 from coevolve.shared.toolcalls import format_tool_calls, parse_tool_calls
@@ -61,11 +61,7 @@ PRIOR_TURN_DONE = "Done."
 PRIOR_TURN_UNABLE = "I cannot do that yet: a function or some information I need is missing."
 
 
-class EpisodeNotStartedError(RuntimeError):
-    """``reset(task)`` must come first."""
-
-
-class BfclEnvironment:
+class BfclEnvironment(EpisodeState):
     """BFCL multi-turn episodes over the API classes a task involves."""
 
     name = ENVIRONMENT_NAME
@@ -102,12 +98,6 @@ class BfclEnvironment:
         self._report: ScoreReport | None = None
 
     # ------------------------------------------------------------------ episode state
-
-    @property
-    def task(self) -> Task:
-        if self._task is None:
-            raise EpisodeNotStartedError("call reset(task) first")
-        return self._task
 
     @property
     def turn(self) -> int:
@@ -326,11 +316,6 @@ class BfclEnvironment:
         if self._done:
             return None
         return self._user_message(self._turn)
-
-    def _check_budget(self) -> None:
-        reason = self._steps.over_budget(self.max_steps, self.max_steps_per_turn, self.turn)
-        if reason and not self._done:
-            self._done, self._end_reason = True, reason
 
     def _execute_into(self, call: ToolCall, step_calls: list[ValidatedCall]) -> tuple[bool, str]:
         try:
