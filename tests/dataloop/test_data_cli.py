@@ -11,10 +11,8 @@ import anyio
 import msgspec
 import pytest
 import typer
-from typer.testing import CliRunner
 
 from coevolve.cli.data_cmds import signals, tasks_app
-from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import (
     ExplorationContext,
@@ -26,6 +24,7 @@ from coevolve.shared.messages import (
 )
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import signal_subject
+from tests.dataloop.cli_harness import invoker, seeded_pool_file
 from tests.dataloop.dataloop_harness import filesystem_seed_tasks, mixed_group
 from tests.support.pool_store import pool_store_in_portal
 
@@ -80,19 +79,12 @@ def accepted_verdict(parent: Task) -> Verdict:
 
 @pytest.fixture
 def pool_file(settings: Settings) -> Path:
-    parent = filesystem_seed_tasks(1)[0]
-    path = settings.run_dir / "pool.duckdb"
-    with PoolStore(path) as store:
-        store.add_tasks([parent])
-        store.record_verdict(accepted_verdict(parent))
-    return path
-
-
-def invoke(settings: Settings, *args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(
-        cli(), [*args, "--run-dir", str(settings.run_dir)], env={"NATS_URL": settings.bus.url}
+    return seeded_pool_file(
+        settings, lambda store, parent: store.record_verdict(accepted_verdict(parent))
     )
-    return result.exit_code, result.stdout, result.stderr
+
+
+invoke = invoker(cli)
 
 
 def test_tasks_from_the_duckdb_file_when_no_pool_store_answers(

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import typer
-from typer.testing import CliRunner
 
 from coevolve.cli.experiences_cmd import experiences_app
 from coevolve.report.run_data import load_run
@@ -22,7 +21,7 @@ from coevolve.services.pool_store.sampling import SamplingConfig
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import Experience, Task
-from tests.dataloop.dataloop_harness import filesystem_seed_tasks
+from tests.dataloop.cli_harness import invoker, seeded_pool_file
 from tests.support.messages import rewarded_group
 from tests.support.pool_store import pool_store_in_portal
 
@@ -50,24 +49,20 @@ def experience_of(task: Task) -> Experience:
     )
 
 
+def keep_one_experience(store: PoolStore, task: Task) -> None:
+    """The experience of ``task``, kept and put into its rollout job."""
+    keep_experience(store, experience_of(task))
+    config = PoolStoreConfig(sampling=SamplingConfig(sampler="uniform"))
+    (job,) = rollout_jobs(store, 1, config, queue_seq=1, first_round=0)
+    assert [e.id for e in job.experiences] == ["exp-1"]
+
+
 @pytest.fixture
 def pool_file(settings: Settings) -> Path:
-    task = filesystem_seed_tasks(1)[0]
-    path = settings.run_dir / "pool.duckdb"
-    with PoolStore(path) as store:
-        store.add_tasks([task])
-        keep_experience(store, experience_of(task))
-        config = PoolStoreConfig(sampling=SamplingConfig(sampler="uniform"))
-        (job,) = rollout_jobs(store, 1, config, queue_seq=1, first_round=0)
-        assert [e.id for e in job.experiences] == ["exp-1"]
-    return path
+    return seeded_pool_file(settings, keep_one_experience)
 
 
-def invoke(settings: Settings, *args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(
-        cli(), [*args, "--run-dir", str(settings.run_dir)], env={"NATS_URL": settings.bus.url}
-    )
-    return result.exit_code, result.stdout, result.stderr
+invoke = invoker(cli)
 
 
 def test_experiences_from_the_file_and_in_the_report(settings: Settings, pool_file: Path) -> None:
