@@ -27,12 +27,15 @@ from coevolve.services.rollout.policies import AgentPolicies
 from coevolve.shared.config import Settings
 from coevolve.shared.llm import RoleClients, RoleLLM
 from coevolve.shared.messages import (
+    WAITING_FOR_DATA_PHASE,
     Agent,
+    Heartbeat,
     PolicyVersion,
     RolloutGroup,
     RolloutJob,
     Task,
     decode,
+    now,
 )
 from coevolve.shared.runtime.actor import Actor, Consumer, Delivery
 from coevolve.shared.runtime.subjects import (
@@ -40,6 +43,7 @@ from coevolve.shared.runtime.subjects import (
     ROLLOUT_GROUPS,
     ROLLOUT_JOBS_CONSUMER,
     ROLLOUT_RESULTS,
+    heartbeat_subject,
 )
 from coevolve.shared.structured import RejectionCounter
 
@@ -57,6 +61,7 @@ class RolloutActor(Actor):
         self.engine: Any = None
         self.policies = AgentPolicies(self._fetch, self._load_weights)
         self.throttled_s = 0.0
+        self.learner_beat: Heartbeat | None = None
         # the attributor role (step credit on only); clients given are closed by their maker
         self._own_llm = llm is None
         self.llm = llm
@@ -105,7 +110,31 @@ class RolloutActor(Actor):
         return (Consumer(ROLLOUT_JOBS_CONSUMER, RolloutJob, self.on_job),)
 
     def loops(self) -> Sequence[Callable[[], Awaitable[None]]]:
-        return tuple(partial(self.watch_policy_updates, agent) for agent in AGENTS)
+        watches = tuple(partial(self.watch_policy_updates, agent) for agent in AGENTS)
+        return (*watches, self.watch_learner)
+
+    async def watch_learner(self) -> None:
+        """Keep the learner's last heartbeat: whether it holds its step for data."""
+        sub = await self.bus.nc.subscribe(heartbeat_subject("learner"))
+        try:
+            async for msg in sub.messages:
+                self.learner_beat = decode(msg.data, Heartbeat)
+        finally:
+            with anyio.move_on_after(2, shield=True):
+                await sub.unsubscribe()
+
+    def backlog_limit(self) -> int:
+        """Unconsumed groups before rollout waits: more while the learner waits for the
+        data loop (its heartbeat, if recent, says so)."""
+        beat = self.learner_beat
+        recent = 5 * self.settings.runtime.heartbeat_interval_s
+        if (
+            beat is not None
+            and beat.phase == WAITING_FOR_DATA_PHASE
+            and now() - beat.sent_at < recent
+        ):
+            return self.config.max_unconsumed_groups_while_learner_waits
+        return self.config.max_unconsumed_groups
 
     async def watch_policy_updates(self, agent: Agent) -> None:
         from coevolve.shared.policy_sync import updates_subject
@@ -153,7 +182,7 @@ class RolloutActor(Actor):
             except (TimeoutError, NotFoundError):
                 break
             backlog = int(info.num_pending) + int(info.num_ack_pending)
-            if backlog <= self.config.max_unconsumed_groups:
+            if backlog <= self.backlog_limit():
                 break
             if not waited:
                 log.info("waiting: the learner has %d groups unconsumed", backlog)

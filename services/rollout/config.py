@@ -71,6 +71,11 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # worth (learner.grpo.groups_per_step 2), so no group waits past the staleness bound
     # and a waiting rollout leaves its core to the data loop
     max_unconsumed_groups: int = 4
+    # ... except while the learner holds its step for the data loop (``pacing``): its
+    # policy does not change then, so the groups stay on-policy, and their failures are
+    # the signals the loop needs to catch up. With 4, a run with no labels held the
+    # learner 300 s while rollout waited too and the loop made nothing
+    max_unconsumed_groups_while_learner_waits: int = 8
     backpressure_poll_s: float = 0.5
     # take no job before the learner's first announced policy (its warm start): the base
     # model calls no tool, so its groups all score 0 and only take CPU from the warm start

@@ -120,7 +120,8 @@ ROLES: tuple[Role, ...] = (
         "runs rollout jobs with the announced policy",
         publishes=(ROLLOUT_GROUPS, ROLLOUT_RESULTS),
         consumes=(ROLLOUT_JOBS_CONSUMER,),
-        listens=(POLICY_UPDATES, FAILURE_POLICY_UPDATES),
+        # the learner's heartbeat: more groups while it waits for the data loop
+        listens=(POLICY_UPDATES, FAILURE_POLICY_UPDATES, heartbeat_subject("learner")),
         watches=(LEARNER_GROUPS_CONSUMER,),
         reads_policy_announcements=True,
         weights="read",
