@@ -153,6 +153,8 @@ class Lineage(Part):
     replaced: list[Any] | None = None
     # a composed task: the ids of the tasks whose turns it joins, in order
     composed_from: list[str] = msgspec.field(default_factory=list)
+    # a state variant: the parent's turn on another initial state
+    varied_state: bool = False
 
 
 class Task(Part):
@@ -251,6 +253,9 @@ class ExplorationRound(Part):
     # a composed round (``explorer/composition.py``): the ids of the tasks whose turns its
     # calls join, its ``request`` theirs joined; a unit as it is, like a substitution
     composed_from: list[str] | None = None
+    # a state variant (``explorer/state_variation.py``): the parent's turn on another
+    # initial state, its calls replayed there; a unit as it is, like a substitution
+    varied_state: bool = False
 
 
 class ScoreSample(Part):
@@ -500,6 +505,18 @@ class AtomsFor(Message):
     limit: Annotated[int, msgspec.Meta(ge=1, le=200)] = 20
 
 
+class TasksCalling(Message):
+    """Active tasks of ``environment`` that are no one's child (synthesis depth 0: seed
+    turns, or D0's tasks with no labels) and whose calls include one of ``functions``,
+    at most ``limit``, none of ``exclude``: other parents for a failure of those
+    functions."""
+
+    functions: list[str]
+    environment: str
+    exclude: list[str] = msgspec.field(default_factory=list)
+    limit: Annotated[int, msgspec.Meta(ge=1, le=200)] = 20
+
+
 class GetStats(Message):
     pass
 
@@ -538,7 +555,14 @@ class ErrorReply(Message):
 
 
 PoolRequest = (
-    AddTasks | GetTask | SampleBatch | AtomsFor | GetStats | LineageQuery | ListExperiences
+    AddTasks
+    | GetTask
+    | SampleBatch
+    | AtomsFor
+    | TasksCalling
+    | GetStats
+    | LineageQuery
+    | ListExperiences
 )
 PoolReply = (
     AddTasksReply
@@ -572,6 +596,7 @@ AnyMessage = (
     | SampleBatch
     | SampleBatchReply
     | AtomsFor
+    | TasksCalling
     | GetStats
     | PoolStats
     | LineageQuery

@@ -22,6 +22,7 @@ from coevolve.shared.messages import (
     SampleBatch,
     SampleBatchReply,
     Task,
+    TasksCalling,
     decode,
     encode,
 )
@@ -68,6 +69,15 @@ class PoolClient:
     async def atoms_for(self, task_id: str, limit: int = 20) -> list[Task]:
         """Tasks that may be joined with ``task_id`` into one composed turn (``AtomsFor``)."""
         request = AtomsFor(task_id=task_id, limit=limit)
+        return (await self._call(request, SampleBatchReply)).tasks
+
+    async def tasks_calling(
+        self, functions: list[str], environment: str, exclude: list[str], limit: int = 20
+    ) -> list[Task]:
+        """Unsynthesized tasks that call one of ``functions`` (``TasksCalling``)."""
+        request = TasksCalling(
+            functions=functions, environment=environment, exclude=exclude, limit=limit
+        )
         return (await self._call(request, SampleBatchReply)).tasks
 
     async def stats(self) -> PoolStats:

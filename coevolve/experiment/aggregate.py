@@ -6,10 +6,12 @@ the report names them and leaves them out.
 
 Per arm and mark (every ``--eval-every`` minute, and the arm's end): each held-out
 measure's mean across seeds with a 95% t interval. Paired differences (coevolve -
-random, random - none, coevolve - none) per measure and mark: per seed, the difference
-on each held-out task both arms played, with a two-level bootstrap interval (seeds, then
-tasks). An interval that excludes 0 is called significant; nothing else is. Beside it,
-a p-value with every (seed, task) pair pooled, which leaves the seeds' variation out.
+random, random - none, coevolve - none, each mechanism or objective arm - coevolve) per
+measure and mark take the held-out turn as the unit: each turn's difference is averaged
+over the seeds that played it first, then the mean over turns gets a bootstrap interval
+and a p-value (exact sign test for success, sign-flip permutation otherwise). Each
+seed's own mean difference stands beside it, with a t interval over seeds from three
+seeds on (with fewer, the report claims none).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from coevolve.report import plots
 from coevolve.report.run_report import table
 from coevolve.report.stats import (
     Interval,
+    bootstrap_mean_interval,
+    differences_p_value,
     mean_interval,
-    paired_bootstrap_interval,
-    paired_p_value,
 )
 
 if TYPE_CHECKING:
@@ -52,6 +54,8 @@ MECHANISM_ROLES = ("attributor", "distiller")
 ARM_ORDER = {arm: index for index, arm in enumerate(ARMS)}
 ARM_COLORS = {"none": "tab:grey", "random": "tab:orange", "coevolve": "tab:green"}
 SEED_STYLES = ("-", "--", ":", "-.")
+# below this many seeds the report gives no interval over seeds
+MIN_SEEDS_FOR_INTERVAL = 3
 
 
 @dataclass(frozen=True)
@@ -155,26 +159,39 @@ def measure_intervals(scores: list[MarkScore], measure: int) -> dict[str, dict[s
     }
 
 
-def _paired_scores(
+def seed_turn_differences(
     scores: list[MarkScore], first: str, second: str, mark: str, measure: int
-) -> dict[int, list[tuple[float, float]]]:
-    """seed -> (first, second) scores of each held-out task both arms played at ``mark``."""
+) -> dict[int, dict[str, float]]:
+    """seed -> held-out turn -> ``first - second`` on each turn both arms of the seed
+    scored at ``mark``."""
     by_key = {(s.arm, s.seed, s.mark): s for s in scores}
-    pairs_by_seed: dict[int, list[tuple[float, float]]] = {}
+    by_seed: dict[int, dict[str, float]] = {}
     for seed in sorted({s.seed for s in scores}):
         a, b = by_key.get((first, seed, mark)), by_key.get((second, seed, mark))
         if a is None or b is None:
             continue
         # sorted: a set's order follows the string hash, which differs between processes
-        shared = sorted(a.tasks.keys() & b.tasks)
-        pairs = [
-            (x, y)
-            for t in shared
-            if (x := a.tasks[t][measure]) is not None and (y := b.tasks[t][measure]) is not None
-        ]
-        if pairs:
-            pairs_by_seed[seed] = pairs
-    return pairs_by_seed
+        differences = {
+            turn: x - y
+            for turn in sorted(a.tasks.keys() & b.tasks)
+            if (x := a.tasks[turn][measure]) is not None
+            and (y := b.tasks[turn][measure]) is not None
+        }
+        if differences:
+            by_seed[seed] = differences
+    return by_seed
+
+
+def turn_differences(
+    scores: list[MarkScore], first: str, second: str, mark: str, measure: int
+) -> dict[str, float]:
+    """held-out turn -> ``first - second`` averaged over the seeds that scored it, in
+    turn order: a turn counts once however many seeds played it."""
+    per_turn: dict[str, list[float]] = defaultdict(list)
+    for differences in seed_turn_differences(scores, first, second, mark, measure).values():
+        for turn, difference in differences.items():
+            per_turn[turn].append(difference)
+    return {turn: sum(values) / len(values) for turn, values in sorted(per_turn.items())}
 
 
 def _compared_marks(scores: list[MarkScore]) -> list[str]:
@@ -184,36 +201,71 @@ def _compared_marks(scores: list[MarkScore]) -> list[str]:
 def paired_intervals(
     scores: list[MarkScore], first: str, second: str, measure: int = 0
 ) -> dict[str, Interval]:
-    """mark -> mean of ``first - second`` over the seeds both ran, per held-out task,
-    with its two-level bootstrap interval. Mark 0 (the shared warm start) is left out."""
+    """mark -> mean of ``first - second`` over the held-out turns (each averaged over its
+    seeds first), with a 95% bootstrap interval over turns. Mark 0 (the shared warm
+    start) is left out."""
     intervals: dict[str, Interval] = {}
     for mark in _compared_marks(scores):
-        pairs_by_seed = _paired_scores(scores, first, second, mark, measure)
-        if pairs_by_seed:
-            differences = {seed: [x - y for x, y in pairs] for seed, pairs in pairs_by_seed.items()}
-            intervals[mark] = paired_bootstrap_interval(differences)
+        differences = turn_differences(scores, first, second, mark, measure)
+        if differences:
+            intervals[mark] = bootstrap_mean_interval(list(differences.values()))
     return intervals
 
 
 def paired_p_values(
     scores: list[MarkScore], first: str, second: str, measure: int = 0
 ) -> dict[str, float]:
-    """mark -> two-sided p-value of ``first - second`` with every (seed, task) pair pooled.
-
-    Tasks are the units (exact sign test for success, paired permutation otherwise), so
-    unlike the interval it leaves out the seed-to-seed variation.
-    """
+    """mark -> two-sided p-value of ``first - second`` with the held-out turn as the unit,
+    each turn's difference averaged over its seeds first: the exact sign test for success,
+    the sign-flip permutation test otherwise."""
     p_values: dict[str, float] = {}
     for mark in _compared_marks(scores):
-        pairs = [
-            p
-            for seed_pairs in _paired_scores(scores, first, second, mark, measure).values()
-            for p in seed_pairs
-        ]
-        if pairs:
-            firsts, seconds = [x for x, _ in pairs], [y for _, y in pairs]
-            p_values[mark], _ = paired_p_value(firsts, seconds, binary=measure == 0)
+        differences = turn_differences(scores, first, second, mark, measure)
+        if differences:
+            p_values[mark] = differences_p_value(list(differences.values()), binary=measure == 0)
     return p_values
+
+
+def seed_differences(
+    scores: list[MarkScore], first: str, second: str, measure: int = 0
+) -> dict[str, dict[int, float]]:
+    """mark -> seed -> that seed's own mean ``first - second`` over its held-out turns."""
+    return {
+        mark: {
+            seed: sum(differences.values()) / len(differences)
+            for seed, differences in by_seed.items()
+        }
+        for mark in _compared_marks(scores)
+        if (by_seed := seed_turn_differences(scores, first, second, mark, measure))
+    }
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """``first - second`` at one mark: over turns (interval and p), and per seed."""
+
+    turns: Interval
+    p: float
+    per_seed: dict[int, float]
+
+    @property
+    def over_seeds(self) -> Interval | None:
+        """The 95% t interval over the seeds' own differences; none with too few seeds."""
+        values = list(self.per_seed.values())
+        return mean_interval(values) if len(values) >= MIN_SEEDS_FOR_INTERVAL else None
+
+
+def paired_differences(
+    scores: list[MarkScore], first: str, second: str, measure: int = 0
+) -> dict[str, PairedDifference]:
+    """mark -> the paired difference ``first - second`` (the warm start's mark left out)."""
+    intervals = paired_intervals(scores, first, second, measure)
+    p_values = paired_p_values(scores, first, second, measure)
+    per_seed = seed_differences(scores, first, second, measure)
+    return {
+        mark: PairedDifference(interval, p_values[mark], per_seed[mark])
+        for mark, interval in intervals.items()
+    }
 
 
 def end_minutes(scores: list[MarkScore]) -> dict[str, float]:
@@ -263,7 +315,7 @@ def plot_differences(
 ) -> Path:
     """Held-out success differences between arms at each mark."""
     figure, (ax,) = plots.panels(1, columns=1)
-    ax.set_title("paired differences in held-out success (bootstrap 95% interval)", fontsize=10)
+    ax.set_title("paired differences in held-out success (95% bootstrap over turns)", fontsize=10)
     end = max(ends.values(), default=None)
     drawn = {name: _at_minutes(p, end) for name, p in differences.items() if p}
     if not drawn:
@@ -382,6 +434,24 @@ def _mean_text(values: list[float], digits: int = 1) -> str:
     return f"{interval.mean:.{digits}f} ± {(interval.high - interval.low) / 2:.{digits}f}"
 
 
+def _seeds_mean_text(values: list[float], digits: int = 1) -> str:
+    """Like ``_mean_text``, but the interval only with enough seeds to estimate one."""
+    if len(values) < MIN_SEEDS_FOR_INTERVAL:
+        return f"{sum(values) / len(values):.{digits}f}" if values else "-"
+    return _mean_text(values, digits)
+
+
+def _per_seed_text(by_seed: dict[int, float], digits: int = 3) -> str:
+    return ", ".join(f"s{seed} {value:+.{digits}f}" for seed, value in sorted(by_seed.items()))
+
+
+def _over_seeds_text(values: list[float], digits: int = 3) -> str:
+    """The 95% t interval over the seeds' own values, or why there is none."""
+    if len(values) < MIN_SEEDS_FOR_INTERVAL:
+        return f"n/a (fewer than {MIN_SEEDS_FOR_INTERVAL} seeds)"
+    return _interval_text(mean_interval(values), digits)
+
+
 def _by_arm(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     arms: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for result in results:
@@ -467,14 +537,14 @@ def mechanism_rows(results: list[dict[str, Any]], roles: Sequence[str]) -> list[
 
 
 def gain_rows(scores: list[MarkScore], results: list[dict[str, Any]]) -> list[list[str]]:
-    """Per arm and measure: end - v1, per wall minute and per learner step (means over
-    seeds of each seed's own ratio)."""
+    """Per arm and measure: end - v1, each seed's own, and per wall minute and per
+    learner step (means over seeds of each seed's own ratio)."""
     ends = {(s.arm, s.seed): s for s in scores if s.mark == END_MARK}
     warm = {(s.arm, s.seed): s for s in scores if s.mark == WARM_MARK}
     rows = []
     for arm, mine in _by_arm(results).items():
         for name, measure in MEASURES:
-            per_minute, per_step, total = [], [], []
+            per_minute, per_step, total = [], [], {}
             for result in mine:
                 key = (arm, int(result["seed"]))
                 if key not in ends or key not in warm:
@@ -482,7 +552,7 @@ def gain_rows(scores: list[MarkScore], results: list[dict[str, Any]]) -> list[li
                 end, start = ends[key].mean(measure), warm[key].mean(measure)
                 if end is None or start is None:
                     continue
-                total.append(end - start)
+                total[key[1]] = end - start
                 per_minute.append((end - start) / max(ends[key].minute, 1e-9))
                 steps = result["summary"]["learner_steps"]
                 if steps:
@@ -492,9 +562,11 @@ def gain_rows(scores: list[MarkScore], results: list[dict[str, Any]]) -> list[li
                     [
                         arm,
                         name,
-                        _mean_text(total, 3),
-                        _mean_text([1000 * g for g in per_minute], 2),
-                        _mean_text([1000 * g for g in per_step], 2),
+                        f"{sum(total.values()) / len(total):.3f}",
+                        _per_seed_text(total),
+                        _over_seeds_text(list(total.values())),
+                        _seeds_mean_text([1000 * g for g in per_minute], 2),
+                        _seeds_mean_text([1000 * g for g in per_step], 2),
                     ]
                 )
     return rows
@@ -511,32 +583,34 @@ def render_experiment_report(results_dir: Path, report_dir: Path | None = None) 
     ran = {score.arm for score in scores}
     compared = [(a, b) for a, b in COMPARISONS if a in ran and b in ran]
     differences = {
-        name: {f"{a} - {b}": paired_intervals(scores, a, b, index) for a, b in compared}
+        name: {f"{a} - {b}": paired_differences(scores, a, b, index) for a, b in compared}
         for name, index in MEASURES
     }
-    p_values = {
-        (f"{a} - {b}", name): paired_p_values(scores, a, b, index)
-        for a, b in compared
-        for name, index in MEASURES
+    success = {
+        name: {mark: d.turns for mark, d in points.items()}
+        for name, points in differences["success"].items()
     }
     plot_measures(intervals, ends, report_dir / "heldout.png")
-    plot_differences(differences["success"], ends, report_dir / "differences.png")
+    plot_differences(success, ends, report_dir / "differences.png")
     plot_data_loop(found.kept, report_dir / "data_loop.png")
     plot_cpu(found.kept, report_dir / "cpu.png")
     spec = _read(results_dir / "experiment.json") or {}
-    text = _markdown(found, scores, spec, intervals, differences, p_values)
+    sections = [
+        _header_section(found, spec),
+        _heldout_section(intervals),
+        _differences_section(differences),
+        _compute_section(found.kept),
+        _mechanisms_section(found.kept),
+        _gains_section(scores, found.kept),
+        _data_loop_section(found.kept),
+    ]
+    text = "\n".join(line for section in sections for line in section) + "\n"
     (report_dir / REPORT_FILE).write_text(text)
     return report_dir / REPORT_FILE
 
 
-def _markdown(
-    found: Results,
-    scores: list[MarkScore],
-    spec: dict[str, Any],
-    intervals: dict[str, dict[str, dict[str, Interval]]],
-    differences: dict[str, dict[str, dict[str, Interval]]],
-    p_values: dict[tuple[str, str], dict[str, float]],
-) -> str:
+def _header_section(found: Results, spec: dict[str, Any]) -> list[str]:
+    """The title, the spec, the warm start, what finished, on which code and machines."""
     results = found.kept
     done = ", ".join(f"{r['arm']} s{r['seed']}" for r in results) or "none yet"
     versions = sorted({str(r.get("code_version")) for r in results})
@@ -575,122 +649,177 @@ def _markdown(
             f"**Not pooled: {names}** reached the minutes cap before its learner steps "
             "(`ended_by` minutes), so they are left out of every figure."
         )
-    parts += ["", "## Held-out measures", "", "![held-out](heldout.png)", ""]
-    if any(intervals.values()):
-        for name, by_arm in intervals.items():
-            marks = sorted({m for points in by_arm.values() for m in points}, key=mark_order)
-            arms = sorted(by_arm, key=lambda a: ARM_ORDER.get(a, 99))
-            rows = [
-                [m] + [_interval_text(by_arm[a][m]) if m in by_arm[a] else "-" for a in arms]
-                for m in marks
-            ]
-            parts += [f"**{name}**: mean across seeds [95% t interval] (seeds).", ""]
-            parts += [table(["mark (minute)", *arms], rows), ""]
-        parts.append(
-            "Mark 0 is the shared warm start; `end` is where each arm stopped (its minutes, "
-            "or its learner steps)."
-        )
-    else:
-        parts.append("Held-out measures: none yet.")
-    parts += ["", "## Paired differences", "", "![differences](differences.png)", ""]
+    return parts
+
+
+def _heldout_section(intervals: dict[str, dict[str, dict[str, Interval]]]) -> list[str]:
+    """Each measure per arm and mark: the mean across seeds with its t interval."""
+    parts = ["", "## Held-out measures", "", "![held-out](heldout.png)", ""]
+    if not any(intervals.values()):
+        return [*parts, "Held-out measures: none yet."]
+    for name, by_arm in intervals.items():
+        marks = sorted({m for points in by_arm.values() for m in points}, key=mark_order)
+        arms = sorted(by_arm, key=lambda a: ARM_ORDER.get(a, 99))
+        rows = [
+            [m] + [_interval_text(by_arm[a][m]) if m in by_arm[a] else "-" for a in arms]
+            for m in marks
+        ]
+        parts += [f"**{name}**: mean across seeds [95% t interval] (seeds).", ""]
+        parts += [table(["mark (minute)", *arms], rows), ""]
+    parts.append(
+        "Mark 0 is the shared warm start; `end` is where each arm stopped (its minutes, "
+        "or its learner steps)."
+    )
+    return parts
+
+
+def _differences_section(
+    differences: dict[str, dict[str, dict[str, PairedDifference]]],
+) -> list[str]:
+    """The paired differences between arms: over turns, then each seed's own."""
+    parts = ["", "## Paired differences", "", "![differences](differences.png)", ""]
     rows = [
         [
             comparison,
             name,
             mark,
-            _interval_text(i),
-            "yes" if i.excludes_zero else "no",
-            _p_text(p_values.get((comparison, name), {}).get(mark)),
+            _interval_text(d.turns),
+            _excludes_zero_text(d),
+            _p_text(d.p),
+            _per_seed_text(d.per_seed),
+            _over_seeds_text(list(d.per_seed.values())),
         ]
         for name, by_comparison in differences.items()
         for comparison, points in by_comparison.items()
-        for mark, i in points.items()
+        for mark, d in points.items()
     ]
-    if rows:
-        parts += [
-            "Per seed, the difference on each held-out task both arms played; the 95% "
-            "interval is a bootstrap over seeds, then tasks (n = seeds). The p-value pools every "
-            "(seed, task) pair and takes tasks as the units (exact sign test on success, "
-            "paired permutation otherwise), so it leaves out the seed-to-seed variation the "
-            "interval carries (a sign-flip test over three seeds cannot go below p = 0.25).",
-            "",
-            table(
-                ["difference", "measure", "mark", "mean [95% interval]", "excludes 0", "p, tasks"],
-                rows,
-            ),
-        ]
-    else:
-        parts.append("Paired differences: none yet (need two arms of the same seed).")
-    parts += ["", "## Compute per arm", "", "![cpu](cpu.png)", ""]
-    if results:
-        parts += [
-            table(
-                [
-                    "arm",
-                    "seeds",
-                    "minutes",
-                    "ended by",
-                    "learner steps",
-                    "rollout groups",
-                    "CPU min, rollout + learner",
-                    "CPU min, LLM server",
-                    "CPU min, all",
-                ],
-                compute_rows(results),
-            ),
-            "",
-            "Means per seed, ± the half-width of the 95% t interval across seeds.",
-        ]
-    if results:
-        roles = mechanism_roles(results)
-        parts += [
-            "",
-            "## Groups and mechanisms per arm",
-            "",
-            table(
-                [
-                    "arm",
-                    "seeds",
-                    "uniform-group share",
-                    *(f"{role} LLM s per step" for role in roles),
-                    *(["experiences drawn"] if "distiller" in roles else []),
-                ],
-                mechanism_rows(results, roles),
-            ),
-            "",
-            "Uniform groups: every trajectory scored the same, so GRPO has no gradient."
-            + (
-                " Role-LLM seconds per learner step: the attributor labelling steps (step "
-                "credit), the distiller drawing experiences (self-navigating)."
-                if roles
-                else ""
-            ),
-        ]
+    if not rows:
+        return [*parts, "Paired differences: none yet (need two arms of the same seed)."]
+    return [
+        *parts,
+        "The unit is the held-out turn: each turn's difference (the two arms of a seed on "
+        "that turn) is first averaged over the seeds that played it, so a turn counts once "
+        "however many seeds ran. Over those turn differences: the mean with a 95% bootstrap "
+        "interval (n = turns), and the two-sided p (exact sign test on success, turns above "
+        "0 against turns below, ties dropped; a sign-flip permutation test otherwise). "
+        "These carry the turn sampling, not the seed-to-seed variation: that shows in each "
+        "seed's own mean difference beside them, and in a 95% t interval over those, given "
+        f"with {MIN_SEEDS_FOR_INTERVAL} seeds or more.",
+        "",
+        table(
+            [
+                "difference",
+                "measure",
+                "mark",
+                "mean [95% interval, turns]",
+                "excludes 0: turns, seeds",
+                "p, turns",
+                "per seed",
+                "over seeds [95% t]",
+            ],
+            rows,
+        ),
+    ]
+
+
+def _excludes_zero_text(difference: PairedDifference) -> str:
+    """Whether the interval over turns, and the one over seeds, exclude 0."""
+    over_seeds = difference.over_seeds
+    seeds = "n/a" if over_seeds is None else "yes" if over_seeds.excludes_zero else "no"
+    return f"{'yes' if difference.turns.excludes_zero else 'no'}, {seeds}"
+
+
+def _compute_section(results: list[dict[str, Any]]) -> list[str]:
+    """Per arm: minutes, what ended it, steps, groups and CPU minutes."""
+    parts = ["", "## Compute per arm", "", "![cpu](cpu.png)", ""]
+    if not results:
+        return parts
+    header = [
+        "arm",
+        "seeds",
+        "minutes",
+        "ended by",
+        "learner steps",
+        "rollout groups",
+        "CPU min, rollout + learner",
+        "CPU min, LLM server",
+        "CPU min, all",
+    ]
+    return [
+        *parts,
+        table(header, compute_rows(results)),
+        "",
+        "Means per seed, ± the half-width of the 95% t interval across seeds.",
+    ]
+
+
+def _mechanisms_section(results: list[dict[str, Any]]) -> list[str]:
+    """Per arm: uniform groups and the mechanisms' LLM time per learner step."""
+    if not results:
+        return []
+    roles = mechanism_roles(results)
+    header = [
+        "arm",
+        "seeds",
+        "uniform-group share",
+        *(f"{role} LLM s per step" for role in roles),
+        *(["experiences drawn"] if "distiller" in roles else []),
+    ]
+    return [
+        "",
+        "## Groups and mechanisms per arm",
+        "",
+        table(header, mechanism_rows(results, roles)),
+        "",
+        "Uniform groups: every trajectory scored the same, so GRPO has no gradient."
+        + (
+            " Role-LLM seconds per learner step: the attributor labelling steps (step "
+            "credit), the distiller drawing experiences (self-navigating)."
+            if roles
+            else ""
+        ),
+    ]
+
+
+def _gains_section(scores: list[MarkScore], results: list[dict[str, Any]]) -> list[str]:
+    """Per arm and measure: end minus the warm start, per minute and per learner step."""
     gains = gain_rows(scores, results)
-    if gains:
-        parts += [
-            "",
-            "## Gain per wall minute and per learner step",
-            "",
-            "End minus the warm start, per seed, then divided by the seed's minutes or "
-            "learner steps (x 1000); means across seeds.",
-            "",
-            table(["arm", "measure", "end - v1", "per minute x1000", "per step x1000"], gains),
-        ]
-    parts += ["", "## Data loop per arm", "", "![data loop](data_loop.png)", ""]
-    if results:
-        parts.append(
-            table(
-                [
-                    "arm",
-                    "seeds",
-                    "signals",
-                    "candidates",
-                    "accepted",
-                    "acceptance rate",
-                    "pool growth",
-                ],
-                data_loop_rows(results),
-            )
-        )
-    return "\n".join(parts) + "\n"
+    if not gains:
+        return []
+    header = [
+        "arm",
+        "measure",
+        "end - v1",
+        "per seed",
+        "over seeds [95% t]",
+        "per minute x1000",
+        "per step x1000",
+    ]
+    return [
+        "",
+        "## Gain per wall minute and per learner step",
+        "",
+        "End minus the warm start, per seed (its mean over the held-out turns), then divided "
+        "by the seed's minutes or learner steps (x 1000); means across seeds, ± the "
+        "half-width of the 95% t interval across seeds where there are "
+        f"{MIN_SEEDS_FOR_INTERVAL} or more.",
+        "",
+        table(header, gains),
+    ]
+
+
+def _data_loop_section(results: list[dict[str, Any]]) -> list[str]:
+    """Per arm: signals, candidates, accepted tasks and the pool's growth."""
+    parts = ["", "## Data loop per arm", "", "![data loop](data_loop.png)", ""]
+    if not results:
+        return parts
+    header = [
+        "arm",
+        "seeds",
+        "signals",
+        "candidates",
+        "accepted",
+        "acceptance rate",
+        "pool growth",
+    ]
+    return [*parts, table(header, data_loop_rows(results))]

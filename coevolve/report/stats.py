@@ -149,9 +149,7 @@ def paired_p_value(
     """Two-sided p-value of ``first - second`` over paired tasks, and the test's name."""
     differences = [a - b for a, b in zip(first, second, strict=True)]
     if binary:
-        wins = sum(1 for d in differences if d > 0)
-        losses = sum(1 for d in differences if d < 0)
-        return min(sign_test(wins, losses), 1.0), "exact sign test (McNemar)"
+        return differences_p_value(differences, binary=True), "exact sign test (McNemar)"
     if len(differences) == 1 or all(d == 0 for d in differences):
         # one task's two orders give the same |difference|: the exact p-value is 1
         return 1.0, "paired permutation"
@@ -166,5 +164,39 @@ def paired_p_value(
     return min(float(result.pvalue), 1.0), "paired permutation"
 
 
+def differences_p_value(
+    differences: Sequence[float],
+    *,
+    binary: bool = False,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> float:
+    """Two-sided p-value that paired ``differences`` (one per unit) center on 0.
+
+    Binary measures: the exact sign test on the units whose difference is above or
+    below 0 (ties dropped). Otherwise the sign-flip permutation test of the mean
+    (exact when the units' 2^n sign patterns are no more than ``resamples``).
+    """
+    if binary:
+        wins = sum(1 for d in differences if d > 0)
+        losses = sum(1 for d in differences if d < 0)
+        return min(sign_test(wins, losses), 1.0)
+    if len(differences) <= 1 or all(d == 0 for d in differences):
+        return 1.0
+    result = scipy_stats.permutation_test(
+        (list(differences),),
+        _mean,
+        permutation_type="samples",  # one sample: each unit's sign flipped at random
+        vectorized=True,
+        n_resamples=resamples,
+        random_state=seed,
+    )
+    return min(float(result.pvalue), 1.0)
+
+
 def _mean_difference(first: Any, second: Any, axis: int = -1) -> Any:
     return (first - second).mean(axis=axis)
+
+
+def _mean(values: Any, axis: int = -1) -> Any:
+    return values.mean(axis=axis)

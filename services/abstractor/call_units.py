@@ -48,6 +48,7 @@ class CallUnit:
     replaced: list[Any] | None = None
     request: str | None = None
     composed_from: tuple[str, ...] = ()
+    varied_state: bool = False
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,7 @@ def substitution_unit(
         replaced=round_.replaced,
         request=round_.request,
         composed_from=tuple(round_.composed_from or ()),
+        varied_state=round_.varied_state,
     )
 
 
@@ -185,7 +187,7 @@ def call_units(
     for round_ in exploration.rounds:
         if len(units) >= max_units:
             break
-        if round_.replaced is not None or round_.composed_from:
+        if round_.replaced is not None or round_.composed_from or round_.varied_state:
             unit = substitution_unit(exploration.task, round_, make_env)
             if unit is not None and all(unit.calls != other.calls for other in units):
                 units.append(unit)

@@ -246,7 +246,8 @@ async def abstract(exploration: Exploration, deps: AbstractorDeps) -> Abstractio
         )
         # a substitution's or a composition's request is its turns', which said what
         # their calls needed
-        if config.complete_values and unit.replaced is None and not unit.composed_from:
+        by_code = unit.replaced is not None or unit.composed_from or unit.varied_state
+        if config.complete_values and not by_code:
             task, added = await anyio.to_thread.run_sync(complete_requests, task)
             if added:
                 log.info("exploration %s: unit %d: %d values added", exploration.id, index, added)
@@ -437,6 +438,8 @@ def near_duplicate(queries: PoolQueries, task: Task) -> str | None:
     score, match = duplicate
     if task.lineage.composed_from and any(match != t and match in t for t in task.user_turns):
         return None  # a composed turn holds its atoms' requests: that is no copy
+    if task.lineage.varied_state and match in task.user_turns:
+        return None  # the parent's request on another state: another task
     return f"{score:.2f} similar to {match[:80]!r}"
 
 

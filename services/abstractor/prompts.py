@@ -347,7 +347,7 @@ def unit_task(
     source = exploration.task
     candidate_id = derived_id("candidate", exploration.id, index)
     guided = exploration.mode == "guided"
-    made_by_code = bool(unit.replaced or unit.composed_from)
+    made_by_code = bool(unit.replaced or unit.composed_from or unit.varied_state)
     lineage = Lineage(
         signal_id=exploration.signal_id,
         signal_kind=exploration.signal_kind,
@@ -365,6 +365,7 @@ def unit_task(
         parent_request=source.user_turns[0] if unit.replaced and source.user_turns else None,
         replaced=list(unit.replaced) if unit.replaced else None,
         composed_from=list(unit.composed_from),
+        varied_state=unit.varied_state,
     )
     return Task(
         id=derived_id("task", candidate_id),

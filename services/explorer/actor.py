@@ -49,6 +49,8 @@ from coevolve.shared.runtime.subjects import (
 from coevolve.shared.structured import RejectionCounter, report_rejection
 
 log = logging.getLogger(__name__)
+# candidates asked of the pool for sibling parents, before the cooldown filter
+SIBLINGS_ASKED = 50
 
 
 class ExplorerActor(RoleActor):
@@ -85,6 +87,7 @@ class ExplorerActor(RoleActor):
             tracer=self.tracer,
             labelled=self.settings.labels != "none",
             atoms=self._atoms_for,
+            siblings=self._tasks_calling,
             varied_at=self.varied_at,
         )
 
@@ -95,6 +98,17 @@ class ExplorerActor(RoleActor):
             return await PoolClient(self.bus).atoms_for(task.id)
         except Exception as exc:
             log.warning("no atoms for task %s: %r", task.id, exc)
+            return []
+
+    async def _tasks_calling(self, task: Task, functions: list[str]) -> list[Task]:
+        """The pool's unsynthesized tasks besides ``task`` that call one of ``functions``
+        ([] when pool-store is away: the signal's own turn is varied alone)."""
+        try:
+            return await PoolClient(self.bus).tasks_calling(
+                functions, task.environment, exclude=[task.id], limit=SIBLINGS_ASKED
+            )
+        except Exception as exc:
+            log.warning("no sibling parents for task %s: %r", task.id, exc)
             return []
 
     async def on_signal(self, signal: Signal, _: Delivery) -> None:

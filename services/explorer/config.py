@@ -16,11 +16,20 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # substitution (``substitution.py``): the parent turn's calls and its request with one
     # value the user gave swapped for another the state holds; no LLM explores them, and
     # no LLM writes a request the parent's request states. 0: none
-    substitution_rounds: int = 2
+    substitution_rounds: int = 1
     # a signal aimed at a failure also gives at most this many composed turns
     # (``composition.py``): its turn, or a variant of it, joined with the turn before it,
     # or with a task of the pool that starts on the same state. 0: none
     composition_rounds: int = 2
+    # a signal aimed at a failure also varies (substitution and composition, as above) up
+    # to this many other unsynthesized turns of the pool that call a function it got
+    # wrong: with its own turn alone, runs 32-33 drew their 15-18 children from 7-8
+    # parents, as signals come from the few turns rolled out. 0: the signal's turn alone
+    sibling_parents: int = 1
+    # a signal aimed at a failure also gives at most this many state variants
+    # (``state_variation.py``): the parent's turn on another initial state, its numbers
+    # scaled and its ids renamed, its calls replayed with the real classes. 0: none
+    state_variation_rounds: int = 1
     # where the parent turn gives no substitution, explore with the LLM (``rounds``
     # rounds, requests written by the abstractor's LLM). Off: by hand, 1 of run 28's 11
     # accepted LLM-written tasks read as a user's request (docs/main-job.md)
@@ -58,6 +67,12 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"substitution_rounds must be >= 0, got {self.substitution_rounds}")
         if self.parent_cooldown_versions < 0:
             raise ValueError("parent_cooldown_versions must be >= 0")
+        if self.state_variation_rounds < 0:
+            raise ValueError(
+                f"state_variation_rounds must be >= 0, got {self.state_variation_rounds}"
+            )
+        if self.sibling_parents < 0:
+            raise ValueError(f"sibling_parents must be >= 0, got {self.sibling_parents}")
         if self.composition_rounds < 0:
             raise ValueError(f"composition_rounds must be >= 0, got {self.composition_rounds}")
         if self.max_parent_depth < 0:

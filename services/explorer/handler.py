@@ -36,6 +36,7 @@ from coevolve.services.explorer.prompts import (
     summarizer_messages,
     unguided_goal,
 )
+from coevolve.services.explorer.state_variation import state_variation_rounds
 from coevolve.services.explorer.substitution import substitution_rounds
 from coevolve.shared.envs import Environment, make_environment, state_of
 from coevolve.shared.failures import failed_calls, target_functions
@@ -89,6 +90,10 @@ class ExplorerDeps:
     # the pool's tasks that may be joined with a task (``AtomsFor``), the atoms of a
     # composed turn; None: composition joins only the turn before
     atoms: Callable[[Task], Awaitable[list[Task]]] | None = None
+    # the pool's unsynthesized tasks, other than the given one, that call one of the given
+    # functions (``TasksCalling``): other parents for a signal's failure; None: the
+    # signal's own turn alone
+    siblings: Callable[[Task, list[str]], Awaitable[list[Task]]] | None = None
     # task id -> the policy version of the last signal whose turn was varied, kept from
     # one signal to the next (``parent_cooldown_versions``)
     varied_at: dict[str, int] = field(default_factory=dict)
@@ -103,10 +108,15 @@ class Explored:
     # composed turns (``composition.py``): their own exploration, as they may start from
     # another state than the signal's task (the turn before it)
     composed: Exploration | None = None
+    # state variants (``state_variation.py``): each starts from its own state
+    on_states: tuple[Exploration, ...] = ()
+    # what other parents of the same signal gave (``sibling_parents``)
+    siblings: tuple[Exploration, ...] = ()
 
     @property
     def explorations(self) -> list[Exploration]:
-        return [e for e in (self.exploration, self.composed) if e is not None]
+        own = [e for e in (self.exploration, self.composed) if e is not None]
+        return own + list(self.on_states) + list(self.siblings)
 
 
 async def composed_rounds_for(
@@ -176,6 +186,16 @@ async def synthesized(
             )
     with deps.tracer.start_as_current_span("explorer compose"):
         composed = await composed_rounds_for(task, seed, substituted, deps)
+    with deps.tracer.start_as_current_span("explorer vary state"):
+        varied = await anyio.to_thread.run_sync(
+            partial(
+                state_variation_rounds,
+                task,
+                partial(make_environment, task.environment),
+                config.state_variation_rounds,
+                seed=seed,
+            )
+        )
     mode: ExplorationMode = "guided" if signal is not None else "unguided"
 
     def published(
@@ -188,18 +208,69 @@ async def synthesized(
 
     substitution = published((), task, substituted) if substituted else None
     composition = published(("composed",), *composed) if composed else None
-    made = [e for e in (substitution, composition) if e is not None]
+    on_states = tuple(
+        published(("state", str(index)), start, rounds)
+        for index, (start, rounds) in enumerate(varied)
+    )
+    made = [e for e in (substitution, composition, *on_states) if e is not None]
     stats = ExplorationStats(steps=sum(len(r.steps) for e in made for r in e.rounds))
     outcome: ExploreOutcome = "explored" if made else "nothing_to_substitute"
-    return Explored(substitution, outcome, stats, composed=composition)
+    return Explored(substitution, outcome, stats, composed=composition, on_states=on_states)
 
 
-def recently_varied(signal: Signal, deps: ExplorerDeps) -> bool:
-    """Whether the signal's turn was varied for a signal of a policy at most
-    ``parent_cooldown_versions`` versions older."""
+def recently_varied(task_id: str, policy_version: int, deps: ExplorerDeps) -> bool:
+    """Whether the turn was varied for a signal of a policy at most
+    ``parent_cooldown_versions`` versions older than ``policy_version``."""
     cooldown = deps.config.parent_cooldown_versions
-    last = deps.varied_at.get(signal.task.id)
-    return cooldown > 0 and last is not None and last <= signal.policy_version <= last + cooldown
+    last = deps.varied_at.get(task_id)
+    return cooldown > 0 and last is not None and last <= policy_version <= last + cooldown
+
+
+async def sibling_parents(
+    signal: Signal, failed: list[FailedCall], deps: ExplorerDeps
+) -> list[Task]:
+    """Up to ``sibling_parents`` of the pool's unsynthesized turns other than the signal's
+    that call a function its trajectory got wrong and were not varied recently, in an
+    order seeded by the signal: the failure repaired from more than one parent."""
+    limit = deps.config.sibling_parents
+    if limit <= 0 or deps.siblings is None:
+        return []
+    found = await deps.siblings(signal.task, target_functions(failed))
+    fresh = [
+        task
+        for task in found
+        if task.id != signal.task.id and not recently_varied(task.id, signal.policy_version, deps)
+    ]
+    random.Random(signal.id).shuffle(fresh)
+    return fresh[:limit]
+
+
+async def vary_for_signal(signal: Signal, failed: list[FailedCall], deps: ExplorerDeps) -> Explored:
+    """``synthesized`` on the signal's turn (unless varied recently) and on its sibling
+    parents, as one result; ``recently_varied`` when no parent is left to vary."""
+    own = [] if recently_varied(signal.task.id, signal.policy_version, deps) else [signal.task]
+    parents = own + await sibling_parents(signal, failed, deps)
+    if not parents:
+        return Explored(None, "recently_varied", ExplorationStats())
+    made: list[Explored] = []
+    for parent in parents:
+        seed = signal.id if parent is signal.task else derived_id("sibling", signal.id, parent.id)
+        explored = await synthesized(parent, seed, deps, signal=signal, failed=failed)
+        if explored.explorations:
+            deps.varied_at[parent.id] = signal.policy_version
+            made.append(explored)
+    if not made:
+        return Explored(None, "nothing_to_substitute", ExplorationStats())
+    first, others = made[0], made[1:]
+    steps = sum(explored.stats.steps for explored in made)
+    return Explored(
+        first.exploration,
+        "explored",
+        ExplorationStats(steps=steps),
+        composed=first.composed,
+        on_states=first.on_states,
+        siblings=tuple(e for explored in others for e in explored.explorations),
+    )
 
 
 async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
@@ -219,12 +290,12 @@ async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
     if config.require_failure and not failed:
         return Explored(None, "nothing_failed", ExplorationStats())
     exploration_id = derived_id("exploration", signal.id)
-    if failed and (config.substitution_rounds > 0 or config.composition_rounds > 0):
-        if recently_varied(signal, deps):
-            return Explored(None, "recently_varied", ExplorationStats())
-        made = await synthesized(signal.task, signal.id, deps, signal=signal, failed=failed)
-        if made.explorations:
-            deps.varied_at[signal.task.id] = signal.policy_version
+    synthesis = (
+        config.substitution_rounds + config.composition_rounds + config.state_variation_rounds
+    )
+    if failed and synthesis > 0:
+        made = await vary_for_signal(signal, failed, deps)
+        if made.explorations or made.outcome == "recently_varied":
             return made
         if config.substitution_rounds > 0 and not config.explore_without_substitution:
             return made

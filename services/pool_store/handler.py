@@ -36,6 +36,7 @@ from coevolve.shared.messages import (
     SampleBatchReply,
     Task,
     TaskAdded,
+    TasksCalling,
     Verdict,
     derived_id,
 )
@@ -67,6 +68,8 @@ def answer(store: PoolStore, request: Message, config: PoolStoreConfig) -> Messa
             )
         case AtomsFor(task_id=task_id, limit=limit):
             return SampleBatchReply(tasks=atoms_for(store, task_id, limit))
+        case TasksCalling():
+            return SampleBatchReply(tasks=tasks_calling(store, request))
         case GetStats():
             return store.stats()
         case LineageQuery(task_id=task_id):
@@ -99,6 +102,21 @@ def atoms_for(store: PoolStore, task_id: str, limit: int) -> list[Task]:
         and config_without_conversation(other.env_config) == setting
     ]
     return found[:limit]
+
+
+def tasks_calling(store: PoolStore, request: TasksCalling) -> list[Task]:
+    """Active tasks of synthesis depth 0 in the request's environment, newest first,
+    whose calls include one of its functions, none of its excluded ids."""
+    wanted, excluded = set(request.functions), set(request.exclude)
+    found = [
+        task
+        for task in store.list_tasks(limit=ATOM_SCAN_LIMIT, environment=request.environment)
+        if task.status == "active"
+        and task.lineage.depth == 0
+        and task.id not in excluded
+        and any(call.name in wanted for turn in task.ground_truth for call in turn)
+    ]
+    return found[: request.limit]
 
 
 def added_event(task_id: str, origin: Origin) -> TaskAdded:

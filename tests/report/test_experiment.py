@@ -34,12 +34,15 @@ from coevolve.experiment.ablation import (
     run_experiment,
 )
 from coevolve.experiment.aggregate import (
+    MEASURES,
     load_results,
     mark_scores,
     measure_intervals,
+    paired_differences,
     paired_intervals,
     paired_p_values,
     render_experiment_report,
+    turn_differences,
 )
 from coevolve.report.stats import mean_interval, paired_bootstrap_interval
 
@@ -142,34 +145,61 @@ def test_aggregation_of_result_files(results_dir: Path) -> None:
     assert coevolve.mean == pytest.approx(0.825)
     assert coevolve.high - coevolve.mean == pytest.approx(T_975_1DF * 0.075, rel=1e-6)
     assert success["none"]["0"].mean == 0.25  # the shared warm start
+    # every turn's difference is averaged over the two seeds first: 0.25 and 0.4 -> 0.325
     better = paired_intervals(scores, "coevolve", "random")["end"]
-    assert (better.mean, better.low, better.high) == (pytest.approx(0.325), 0.25, 0.4)
-    control = paired_intervals(scores, "random", "none")["end"]
-    assert control.mean == pytest.approx(0.125)
-    assert (control.low, control.high) == (0.0, 0.25)
+    assert (better.mean, better.low, better.high, better.n) == pytest.approx((0.325,) * 3 + (2,))
+    control = paired_differences(scores, "random", "none")["end"]
+    assert control.turns.mean == pytest.approx(0.125)
+    assert control.per_seed == {0: 0.0, 1: 0.25}
+    assert control.over_seeds is None  # two seeds: no interval over seeds
     assert "0" not in paired_intervals(scores, "coevolve", "random")
     likelihood = paired_intervals(scores, "coevolve", "none", measure=2)["end"]
     assert likelihood.mean == pytest.approx(0.45)
 
 
-def test_p_values_pool_the_tasks_of_every_seed(tmp_path: Path) -> None:
+def test_p_values_take_the_turn_as_the_unit(tmp_path: Path) -> None:
     results = tmp_path / "results"
-    tasks = [f"t{i}" for i in range(6)]
-    # seed 0: coevolve solves five tasks random does not; seed 1: four, and loses one
-    write_result(results, "coevolve", 0, dict.fromkeys(tasks[:5], 1.0) | {"t5": 0.0})
-    write_result(results, "random", 0, dict.fromkeys(tasks, 0.0))
-    write_result(results, "coevolve", 1, dict.fromkeys(tasks[:4], 1.0) | {"t4": 0.0, "t5": 0.0})
-    write_result(results, "random", 1, dict.fromkeys(tasks, 0.0) | {"t5": 1.0})
+    turns = [f"t{i}" for i in range(6)]
+    # seed 0: coevolve solves five turns random does not; seed 1: four, and loses t4
+    write_result(results, "coevolve", 0, dict.fromkeys(turns[:5], 1.0) | {"t5": 0.0})
+    write_result(results, "random", 0, dict.fromkeys(turns, 0.0))
+    write_result(results, "coevolve", 1, dict.fromkeys(turns[:4], 1.0) | {"t4": 0.0, "t5": 0.0})
+    write_result(results, "random", 1, dict.fromkeys(turns, 0.0) | {"t4": 1.0})
     scores = mark_scores(load_results(results).kept, None)
 
-    success = paired_p_values(scores, "coevolve", "random")
-    # 9 gained, 1 lost over both seeds: two-sided exact sign test, 2 * 11 / 1024
-    assert success == {"end": pytest.approx(22 / 1024)}
-    # each seed alone is further from significance than the pool
-    for seed in (0, 1):
-        one_seed = [s for s in scores if s.seed == seed]
-        assert paired_p_values(one_seed, "coevolve", "random")["end"] > success["end"]
+    # t4 won in seed 0 and lost in seed 1: the two cancel, and the turn is a tie
+    by_turn = turn_differences(scores, "coevolve", "random", "end", 0)
+    assert by_turn == {"t0": 1.0, "t1": 1.0, "t2": 1.0, "t3": 1.0, "t4": 0.0, "t5": 0.0}
+    # 4 turns gained, none lost: two-sided exact sign test, 2 / 2^4 (pooling the
+    # (seed, turn) pairs would count 9 gained and 1 lost, p = 22 / 1024)
+    assert paired_p_values(scores, "coevolve", "random") == {"end": pytest.approx(2 / 16)}
+    compared = paired_differences(scores, "coevolve", "random")["end"]
+    assert compared.turns.mean == pytest.approx(4 / 6) and compared.turns.n == 6
+    assert compared.per_seed == {0: pytest.approx(5 / 6), 1: pytest.approx(3 / 6)}
     assert paired_p_values(scores, "coevolve", "none") == {}
+
+
+def test_a_seed_repeated_under_another_number_leaves_the_statistics_unchanged(
+    tmp_path: Path,
+) -> None:
+    """A seed's copy adds no turn: the p-values and intervals over turns stay the same,
+    and only the per-seed column grows."""
+    results = tmp_path / "results"
+    first = {"t0": 1.0, "t1": 1.0, "t2": 1.0, "t3": 0.75, "t4": 0.0, "t5": 0.5, "t6": 1.0}
+    second = {"t0": 0.0, "t1": 0.25, "t2": 0.5, "t3": 0.75, "t4": 0.25, "t5": 0.0, "t6": 0.0}
+    write_result(results, "coevolve", 0, first)
+    write_result(results, "random", 0, second)
+    one_seed = mark_scores(load_results(results).kept, None)
+    write_result(results, "coevolve", 1, first)
+    write_result(results, "random", 1, second)
+    two_seeds = mark_scores(load_results(results).kept, None)
+
+    for _, measure in MEASURES:
+        once = paired_differences(one_seed, "coevolve", "random", measure)["end"]
+        twice = paired_differences(two_seeds, "coevolve", "random", measure)["end"]
+        assert twice.p == once.p < 1.0
+        assert twice.turns == once.turns
+        assert twice.per_seed == {0: once.per_seed[0], 1: once.per_seed[0]}
 
 
 PAIRED_INTERVAL_SCRIPT = """
@@ -210,13 +240,18 @@ def test_experiment_report_renders(results_dir: Path) -> None:
     text = (report_dir / "report.md").read_text()
     for name in ("heldout.png", "differences.png", "data_loop.png", "cpu.png"):
         assert (report_dir / name).stat().st_size > 5_000, name
+    # each of the two turns: the seeds' differences averaged (two turns won: p = 2 / 4)
     assert (
-        "| coevolve - random | success | end | 0.325 [0.250, 0.400] (n=2) | yes | 0.125 |" in text
+        "| coevolve - random | success | end | 0.325 [0.325, 0.325] (n=2) | yes, n/a | 0.500 "
+        "| s0 +0.250, s1 +0.400 | n/a (fewer than 3 seeds) |" in text
     )
-    assert "| random - none | success | end | 0.125 [0.000, 0.250] (n=2) | no | 0.500 |" in text
     assert (
-        "| coevolve - none | log-likelihood | end | 0.450 [0.250, 0.650] (n=2) | yes | 0.125 |"
-        in text
+        "| random - none | success | end | 0.125 [0.125, 0.125] (n=2) | yes, n/a | 0.500 "
+        "| s0 +0.000, s1 +0.250 | n/a (fewer than 3 seeds) |" in text
+    )
+    assert (
+        "| coevolve - none | log-likelihood | end | 0.450 [0.450, 0.450] (n=2) | yes, n/a | 0.500 "
+        "| s0 +0.250, s1 +0.650 | n/a (fewer than 3 seeds) |" in text
     )
     assert "| 0 | 0.250 [0.250, 0.250] (n=2)" in text
     assert (
@@ -224,7 +259,10 @@ def test_experiment_report_renders(results_dir: Path) -> None:
         in text
     )
     assert "| none | 2 |" in text and "none yet" in text  # no candidates in none
-    assert "| coevolve | success | 0.575 ± " in text  # end - v1 per seed: 0.5 and 0.65
+    # end - v1 per seed: 0.5 and 0.65; two seeds give no interval over seeds
+    assert (
+        "| coevolve | success | 0.575 | s0 +0.500, s1 +0.650 | n/a (fewer than 3 seeds) | " in text
+    )
     assert "Code: c0ffee." in text
     assert f"sha256 `{WARM}`" in text and "Not pooled" not in text
 
@@ -246,8 +284,25 @@ def test_results_from_another_warm_start_are_not_pooled(results_dir: Path) -> No
     assert len(found.kept) == 6
     assert "**Not pooled: coevolve s2**" in text
     assert (
-        "| coevolve - random | success | end | 0.325 [0.250, 0.400] (n=2) | yes | 0.125 |" in text
+        "| coevolve - random | success | end | 0.325 [0.325, 0.325] (n=2) | yes, n/a | 0.500 "
+        in text
     )
+
+
+def test_three_seeds_give_an_interval_over_the_seeds_own_differences(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    for seed, gain in enumerate((0.25, 0.5, 0.75)):
+        write_result(results, "coevolve", seed, {"t1": gain, "t2": gain})
+        write_result(results, "none", seed, {"t1": 0.0, "t2": 0.0})
+    text = render_experiment_report(results).read_text()
+
+    over_seeds = mean_interval([0.25, 0.5, 0.75])
+    assert (
+        "| coevolve - none | success | end | 0.500 [0.500, 0.500] (n=2) | yes, no | 0.500 "
+        "| s0 +0.250, s1 +0.500, s2 +0.750 "
+        f"| 0.500 [{over_seeds.low:.3f}, {over_seeds.high:.3f}] (n=3) |" in text
+    )
+    assert "n/a (fewer than 3 seeds)" not in text
 
 
 def test_report_of_an_empty_experiment(tmp_path: Path) -> None:
@@ -494,7 +549,7 @@ def test_the_report_gives_each_arm_its_uniform_share_and_role_llm_seconds_per_st
     for seed in (0, 1):
         write_result(results, "coevolve", seed, {"t1": 0.5})
     for seed, (uniform, label_s, distil_s) in enumerate([(0.25, 100.0, 20.0), (0.75, 300.0, 0.0)]):
-        summary_fields = {"uniform_share": uniform, "experiences": 2 + seed}
+        summary_fields: dict[str, Any] = {"uniform_share": uniform, "experiences": 2 + seed}
         summary_fields["role_llm_seconds"] = {"attributor": label_s, "distiller": distil_s}
         write_result(results, "both", seed, {"t1": 0.5})
         path = result_path(results, "both", seed)

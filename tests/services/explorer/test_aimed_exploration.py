@@ -8,6 +8,7 @@ is under test is what the explorer asks and does, not what a model answers).
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import anyio
@@ -24,7 +25,7 @@ from coevolve.services.explorer.handler import (
 )
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import load_turn_tasks, seed_pool
-from coevolve.shared.failures import failed_calls, failed_in_turn, policy_turns
+from coevolve.shared.failures import failed_calls, failed_in_turn, policy_turns, target_functions
 from coevolve.shared.llm import RoleClients, role_settings
 from coevolve.shared.messages import (
     ChatMessage,
@@ -116,6 +117,8 @@ def explore(
     explore_without_substitution: bool = False,
     composition_rounds: int = 0,
     varied_at: dict[str, int] | None = None,
+    state_variation_rounds: int = 0,
+    siblings: list[Task] | None = None,
 ) -> Explored:
     endpoint.reply(*(completion(json.dumps(reply)) for reply in replies))
     section = {"default": {"base_url": endpoint.base_url, "model": "m", "temperature": 0.7}}
@@ -129,12 +132,14 @@ def explore(
             substitution_rounds=substitution_rounds,
             explore_without_substitution=explore_without_substitution,
             composition_rounds=composition_rounds,
+            state_variation_rounds=state_variation_rounds,
             record=None,
             summarize_aimed=summarize_aimed,
         ),
         summaries=RejectionCounter(),
         actions=RejectionCounter(),
         varied_at={} if varied_at is None else varied_at,
+        siblings=None if siblings is None else partial(calling, siblings),
     )
 
     async def go() -> Explored:
@@ -144,6 +149,15 @@ def explore(
             await clients.aclose()
 
     return anyio.run(go)
+
+
+async def calling(pool: list[Task], task: Task, functions: list[str]) -> list[Task]:
+    """What pool-store's ``TasksCalling`` answers, over ``pool``."""
+    return [
+        other
+        for other in pool
+        if other.id != task.id and any(c.name in functions for c in other.ground_truth[0])
+    ]
 
 
 def signal_of(task: Task, trajectory: Trajectory) -> Signal:
@@ -310,3 +324,41 @@ def test_a_turn_varied_for_a_recent_signal_is_not_varied_again(endpoint: FakeOpe
         "explored"
     )
     assert varied_at[task.id] == signal.policy_version + 5
+
+
+def test_a_failure_is_also_varied_from_another_turn_calling_the_failed_function(
+    endpoint: FakeOpenAI,
+) -> None:
+    turns = load_turn_tasks()
+    task = next(t for t in turns if t.id == "multi_turn_base_72#t3")
+    signal = signal_of(task, failed_trajectory(task, [call("get_user_id", user="David")]))
+    varied_at: dict[str, int] = {}
+    explored = explore(
+        endpoint, signal, [], substitution_rounds=1, siblings=turns, varied_at=varied_at
+    )
+    assert endpoint.requests == []
+    parents = {e.task.id for e in explored.explorations}
+    [sibling] = parents - {task.id}
+    assert task.id in parents and set(varied_at) == {task.id, sibling}
+    sibling_task = next(t for t in turns if t.id == sibling)
+    targets = set(target_functions(failed_calls(task, signal.trajectory)))
+    assert targets & {c.name for c in sibling_task.ground_truth[0]}
+    for exploration in explored.explorations:  # every child answers the same signal
+        assert exploration.signal_id == signal.id and exploration.failed_calls
+    # within the cooldown the signal's own turn rests, and another sibling is varied
+    again = msgspec.structs.replace(signal, id="signal-2", policy_version=4)
+    later = explore(endpoint, again, [], substitution_rounds=1, siblings=turns, varied_at=varied_at)
+    assert later.outcome == "explored"
+    assert {e.task.id for e in later.explorations}.isdisjoint({task.id, sibling})
+
+
+def test_a_failed_turn_is_also_varied_on_another_state(endpoint: FakeOpenAI) -> None:
+    task = next(t for t in load_turn_tasks() if t.id == "multi_turn_base_72#t3")
+    signal = signal_of(task, failed_trajectory(task, [call("get_user_id", user="David")]))
+    explored = explore(endpoint, signal, [], state_variation_rounds=1)
+    assert explored.outcome == "explored" and endpoint.requests == []
+    [on_state] = explored.explorations
+    [round_] = on_state.rounds
+    assert round_.varied_state and round_.request  # code wrote it: the ids renamed in it too
+    assert on_state.task.initial_state != task.initial_state
+    assert [s.action.name for s in round_.steps] == [c.name for c in task.ground_truth[0]]
