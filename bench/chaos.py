@@ -43,7 +43,6 @@ import duckdb
 
 from coevolve.bench import tables
 from coevolve.bench.flood import reason_of
-from coevolve.cli.up import supervised_services
 from coevolve.processes import descendant_commands
 from coevolve.shared.config import DEFAULT_RUN_DIR, BusSettings
 from coevolve.shared.messages import (
@@ -66,6 +65,7 @@ from coevolve.shared.runtime.subjects import (
     ROLLOUT_GROUPS,
     metrics_subject,
 )
+from coevolve.up_state import supervised_services
 
 BUSY_UNTIL = 0.9  # a fault waits for its target to be busy until this share of the run
 NATS_DOWN_S = 5.0

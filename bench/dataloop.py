@@ -61,7 +61,8 @@ import duckdb
 from anyio.abc import TaskStatus
 
 from coevolve.bench import tables
-from coevolve.cli.explore_cmd import choose_tasks, publish_requests
+from coevolve.cli.explore_cmd import choose_tasks
+from coevolve.exploration import publish_requests
 from coevolve.processes import (
     kill_leftovers,
     share_model_cache,

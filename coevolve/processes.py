@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from coevolve.cli.up import recorded_nats_url
+from coevolve.up_state import recorded_nats_url
 
 UP_START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 60.0

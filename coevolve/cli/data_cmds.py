@@ -24,12 +24,12 @@ import nats.errors
 import typer
 
 from coevolve.cli.options import ConfigOption, RunDirOption, settings_from
-from coevolve.cli.up import recorded_nats_url
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import ORIGINS, SIGNAL_KINDS, DecodeError, Signal, Task, decode
 from coevolve.shared.pool_client import PoolClient
 from coevolve.shared.runtime.bus import Bus, BusError
 from coevolve.shared.runtime.subjects import SIGNALS_ALL, signal_subject
+from coevolve.up_state import recorded_nats_url
 
 T = TypeVar("T")
 

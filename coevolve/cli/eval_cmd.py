@@ -17,15 +17,15 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 import typer
 
-from coevolve.cli.options import ConfigOption, settings_from
+from coevolve.cli.options import ConfigOption, JsonOption, settings_from
 from coevolve.shared.config import EngineKind, Settings
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import SUITES, suite_tasks
@@ -292,140 +292,148 @@ def saved_report(path: str) -> dict[str, Any] | None:
     return report
 
 
+SuiteOption = Annotated[
+    str,
+    typer.Option(
+        "--suite",
+        help="One of: " + ", ".join(SUITES) + " (bfcl-turns-*: one task per user turn).",
+    ),
+]
+SplitOption = Annotated[
+    str,
+    typer.Option(
+        "--split",
+        help="all: every entry (BFCL's full category); eval / train: the held-out or "
+        "training half (deterministic, by scenario).",
+    ),
+]
+PolicyOption = Annotated[
+    str,
+    typer.Option(
+        "--policy",
+        help="base | ground-truth | a policy VERSION number | a PATH to exported "
+        "weights (.safetensors), a .gguf file or a model directory.",
+    ),
+]
+CompareOption = Annotated[
+    tuple[str, str] | None,
+    typer.Option(
+        "--compare",
+        help="Two policies A B (each as --policy takes it, or a report .json saved "
+        "with --out) scored on the same tasks; prints A - B per measure with a 95% "
+        "bootstrap interval and a paired p-value (exact sign test for success).",
+        show_default=False,
+    ),
+]
+ClassesOption = Annotated[
+    str | None,
+    typer.Option(
+        "--classes",
+        help="Comma-separated BFCL API classes: only entries (and their turns) that use "
+        "no other class; 'all': every entry. Default: the configuration's "
+        "pool_store.seed_classes, the world a run trains in.",
+        show_default=False,
+    ),
+]
+LimitOption = Annotated[
+    int | None, typer.Option("--limit", help="Only the first N entries.", min=1)
+]
+SampleOption = Annotated[
+    int | None,
+    typer.Option("--sample", help="N tasks drawn at random (with --seed) across the suite.", min=1),
+]
+SeedOption = Annotated[int, typer.Option("--seed", help="Seed of --sample.")]
+OutOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        help="Also write the JSON report there (with --compare: the comparison, and "
+        "each scored policy's report beside it as OUT-a.json / OUT-b.json).",
+    ),
+]
+ModelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help="Base model (hub id, directory or .gguf); default SmolLM2-135M-Instruct.",
+    ),
+]
+EvalRunDirOption = Annotated[
+    Path,
+    typer.Option("--run-dir", envvar="COEVOLVE_RUN_DIR", help="The run's directory."),
+]
+MaxStepsOption = Annotated[
+    int,
+    typer.Option(
+        "--max-steps-per-turn",
+        min=1,
+        help="Assistant messages per user turn (policy only; the rollout's budget).",
+    ),
+]
+MaxNewTokensOption = Annotated[
+    int,
+    typer.Option("--max-new-tokens", min=1, help="Tokens per assistant message (policy only)."),
+]
+BatchSizeOption = Annotated[
+    int | None,
+    typer.Option(
+        "--batch-size",
+        min=1,
+        help="Tasks generated together (policy only; default 8 with llama_cpp, 1 with "
+        "transformers).",
+        show_default=False,
+    ),
+]
+EngineOption = Annotated[
+    EngineKind,
+    typer.Option(
+        "--engine",
+        help="llama_cpp (CPU: a float GGUF base with the policy's LoRA as an adapter) "
+        "| transformers | vllm (GPU).",
+    ),
+]
+LikelihoodOption = Annotated[
+    bool,
+    typer.Option(
+        "--likelihood/--no-likelihood",
+        help="Also score the ground truth's calls teacher-forced (one forward pass "
+        "per task): their mean per-token log-likelihood.",
+    ),
+]
+ToolRenderingOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tool-rendering",
+        help="compact | full: how prompts show the tools (default: the configuration's "
+        "tool_rendering, compact unless set; full is BFCL's own docs).",
+        show_default=False,
+    ),
+]
+
+
 def eval_command(
-    suite: Annotated[
-        str,
-        typer.Option(
-            "--suite",
-            help="One of: " + ", ".join(SUITES) + " (bfcl-turns-*: one task per user turn).",
-        ),
-    ] = "bfcl-multi-turn-base",
-    split: Annotated[
-        str,
-        typer.Option(
-            "--split",
-            help="all: every entry (BFCL's full category); eval / train: the held-out or "
-            "training half (deterministic, by scenario).",
-        ),
-    ] = "all",
-    policy: Annotated[
-        str,
-        typer.Option(
-            "--policy",
-            help="base | ground-truth | a policy VERSION number | a PATH to exported "
-            "weights (.safetensors), a .gguf file or a model directory.",
-        ),
-    ] = "base",
-    compare: Annotated[
-        tuple[str, str] | None,
-        typer.Option(
-            "--compare",
-            help="Two policies A B (each as --policy takes it, or a report .json saved "
-            "with --out) scored on the same tasks; prints A - B per measure with a 95% "
-            "bootstrap interval and a paired p-value (exact sign test for success).",
-            show_default=False,
-        ),
-    ] = None,
-    classes: Annotated[
-        str | None,
-        typer.Option(
-            "--classes",
-            help="Comma-separated BFCL API classes: only entries (and their turns) that use "
-            "no other class; 'all': every entry. Default: the configuration's "
-            "pool_store.seed_classes, the world a run trains in.",
-            show_default=False,
-        ),
-    ] = None,
-    limit: Annotated[
-        int | None, typer.Option("--limit", help="Only the first N entries.", min=1)
-    ] = None,
-    sample: Annotated[
-        int | None,
-        typer.Option(
-            "--sample", help="N tasks drawn at random (with --seed) across the suite.", min=1
-        ),
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of --sample.")] = 0,
-    json_output: Annotated[
-        bool, typer.Option("--json", help="Print one JSON object on the last line of stdout.")
-    ] = False,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out",
-            help="Also write the JSON report there (with --compare: the comparison, and "
-            "each scored policy's report beside it as OUT-a.json / OUT-b.json).",
-        ),
-    ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            help="Base model (hub id, directory or .gguf); default SmolLM2-135M-Instruct.",
-        ),
-    ] = None,
-    run_dir: Annotated[
-        Path,
-        typer.Option("--run-dir", envvar="COEVOLVE_RUN_DIR", help="The run's directory."),
-    ] = Path("runs/default"),
-    max_steps_per_turn: Annotated[
-        int,
-        typer.Option(
-            "--max-steps-per-turn",
-            min=1,
-            help="Assistant messages per user turn (policy only; the rollout's budget).",
-        ),
-    ] = EVAL_MAX_STEPS_PER_TURN,
-    max_new_tokens: Annotated[
-        int,
-        typer.Option("--max-new-tokens", min=1, help="Tokens per assistant message (policy only)."),
-    ] = EVAL_MAX_NEW_TOKENS,
-    batch_size: Annotated[
-        int | None,
-        typer.Option(
-            "--batch-size",
-            min=1,
-            help="Tasks generated together (policy only; default 8 with llama_cpp, 1 with "
-            "transformers).",
-            show_default=False,
-        ),
-    ] = None,
-    engine: Annotated[
-        EngineKind,
-        typer.Option(
-            "--engine",
-            help="llama_cpp (CPU: a float GGUF base with the policy's LoRA as an adapter) "
-            "| transformers | vllm (GPU).",
-        ),
-    ] = EVAL_ENGINE,
-    likelihood: Annotated[
-        bool,
-        typer.Option(
-            "--likelihood/--no-likelihood",
-            help="Also score the ground truth's calls teacher-forced (one forward pass "
-            "per task): their mean per-token log-likelihood.",
-        ),
-    ] = True,
-    tool_rendering: Annotated[
-        str | None,
-        typer.Option(
-            "--tool-rendering",
-            help="compact | full: how prompts show the tools (default: the configuration's "
-            "tool_rendering, compact unless set; full is BFCL's own docs).",
-            show_default=False,
-        ),
-    ] = None,
+    suite: SuiteOption = "bfcl-multi-turn-base",
+    split: SplitOption = "all",
+    policy: PolicyOption = "base",
+    compare: CompareOption = None,
+    classes: ClassesOption = None,
+    limit: LimitOption = None,
+    sample: SampleOption = None,
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+    out: OutOption = None,
+    model: ModelOption = None,
+    run_dir: EvalRunDirOption = Path("runs/default"),
+    max_steps_per_turn: MaxStepsOption = EVAL_MAX_STEPS_PER_TURN,
+    max_new_tokens: MaxNewTokensOption = EVAL_MAX_NEW_TOKENS,
+    batch_size: BatchSizeOption = None,
+    engine: EngineOption = EVAL_ENGINE,
+    likelihood: LikelihoodOption = True,
+    tool_rendering: ToolRenderingOption = None,
     config: ConfigOption = None,
 ) -> None:
     """Score a policy (or the ground truth) on a BFCL multi-turn suite, or compare two."""
-    if suite not in SUITES:
-        raise typer.BadParameter(f"choose from {', '.join(SUITES)}", param_hint="--suite")
-    if split not in SPLITS:
-        raise typer.BadParameter(f"choose from {', '.join(SPLITS)}", param_hint="--split")
-    if tool_rendering is not None and tool_rendering not in TOOL_RENDERINGS:
-        raise typer.BadParameter(
-            f"choose from {', '.join(TOOL_RENDERINGS)}", param_hint="--tool-rendering"
-        )
+    check_choices(suite, split, tool_rendering)
     settings = settings_from(config, None)
     configure_tool_rendering(tool_rendering or settings.tool_rendering)  # for this process
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -444,33 +452,25 @@ def eval_command(
         tasks = pick_tasks(suite_tasks(suite, split, world), limit, sample, seed)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--classes") from exc
-
-    saved: dict[str, dict[str, Any]] = {}
-
-    def score(name: str) -> dict[str, Any]:
-        if name in saved:
-            return saved[name]
-        report = evaluate(
-            name, tasks, suite=suite, split=split, model=model, run_dir=run_dir, options=options
-        )
-        report.extra["classes"] = sorted(world) if world is not None else "all"
-        if sample is not None:
-            report.extra.update(sample=sample, seed=seed)
+    scoring = Scoring(
+        tasks,
+        suite=suite,
+        split=split,
+        model=model,
+        run_dir=run_dir,
+        options=options,
+        world=world,
+        sample=sample,
+        seed=seed,
         # the description is the output of a plain single eval; otherwise it is progress
-        typer.echo(report.describe(), err=json_output or compare is not None)
-        return report.to_json()
-
+        describe_on_stderr=json_output or compare is not None,
+    )
     try:
-        for name in compare or (policy,):  # read reports, and fail on a bad name, first
-            report = saved_report(name)
-            if report is not None:
-                saved[name] = report
-            elif name != "ground-truth":
-                resolve_policy_choice(name, run_dir)
+        scoring.read_saved(compare or (policy,))  # read reports, and fail on a bad name, first
         if compare is None:
-            result = score(policy)
+            result = scoring.score(policy)
         else:
-            first, second = score(compare[0]), score(compare[1])
+            first, second = scoring.score(compare[0]), scoring.score(compare[1])
             result = _comparison(first, second, compare, out)
             typer.echo(describe_comparison(result, compare), err=json_output)
     except PolicyChoiceError as exc:
@@ -478,6 +478,67 @@ def eval_command(
         raise typer.BadParameter(str(exc), param_hint=hint) from exc
     except UnpairedReportsError as exc:
         raise typer.BadParameter(str(exc), param_hint="--compare") from exc
+    write_result(result, out, json_output)
+
+
+def check_choices(suite: str, split: str, tool_rendering: str | None) -> None:
+    """Refuse a suite, split or tool rendering that does not exist."""
+    if suite not in SUITES:
+        raise typer.BadParameter(f"choose from {', '.join(SUITES)}", param_hint="--suite")
+    if split not in SPLITS:
+        raise typer.BadParameter(f"choose from {', '.join(SPLITS)}", param_hint="--split")
+    if tool_rendering is not None and tool_rendering not in TOOL_RENDERINGS:
+        raise typer.BadParameter(
+            f"choose from {', '.join(TOOL_RENDERINGS)}", param_hint="--tool-rendering"
+        )
+
+
+@dataclass
+class Scoring:
+    """Each policy scored once on the same tasks; a saved report stands for its policy."""
+
+    tasks: list[Any]
+    suite: str
+    split: str
+    model: str | None
+    run_dir: Path
+    options: PlayOptions
+    world: list[str] | None  # the API classes (None: every class)
+    sample: int | None
+    seed: int
+    describe_on_stderr: bool
+    saved: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def read_saved(self, names: Sequence[str]) -> None:
+        """Take the saved reports among ``names``; fail on a policy name that loads nothing."""
+        for name in names:
+            report = saved_report(name)
+            if report is not None:
+                self.saved[name] = report
+            elif name != "ground-truth":
+                resolve_policy_choice(name, self.run_dir)
+
+    def score(self, name: str) -> dict[str, Any]:
+        if name in self.saved:
+            return self.saved[name]
+        report = evaluate(
+            name,
+            self.tasks,
+            suite=self.suite,
+            split=self.split,
+            model=self.model,
+            run_dir=self.run_dir,
+            options=self.options,
+        )
+        report.extra["classes"] = sorted(self.world) if self.world is not None else "all"
+        if self.sample is not None:
+            report.extra.update(sample=self.sample, seed=self.seed)
+        typer.echo(report.describe(), err=self.describe_on_stderr)
+        return report.to_json()
+
+
+def write_result(result: dict[str, Any], out: Path | None, json_output: bool) -> None:
+    """The report (or comparison) to ``--out`` and, with ``--json``, to stdout."""
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

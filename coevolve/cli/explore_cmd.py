@@ -19,6 +19,7 @@ import typer
 
 from coevolve.cli.data_cmds import connect_settings
 from coevolve.cli.options import ConfigOption, RunDirOption
+from coevolve.exploration import publish_requests
 from coevolve.services.pool_store.config import PoolStoreConfig
 from coevolve.shared.envs.bfcl.tasks import in_world, seed_tasks, state_tasks
 from coevolve.shared.messages import ExplorationRequest, Task
@@ -52,15 +53,6 @@ def choose_tasks(
     if count > len(train):
         raise typer.BadParameter(f"the train split has {len(train)} tasks", param_hint="--tasks")
     return random.Random(seed).sample(train, count)
-
-
-async def publish_requests(
-    bus: Bus, tasks: list[Task], rounds: int, vary: bool = False
-) -> list[ExplorationRequest]:
-    requests = [ExplorationRequest(task=task, rounds=rounds, vary=vary) for task in tasks]
-    for request in requests:
-        await bus.publish(EXPLORATION_REQUESTS, request)
-    return requests
 
 
 def explore(

@@ -16,7 +16,6 @@ from nats.js.errors import NotFoundError
 from coevolve.cli.events import progress_text
 from coevolve.cli.options import ConfigOption, JsonOption, RunDirOption, settings_from
 from coevolve.cli.sections import enabled_optional_services
-from coevolve.cli.up import recorded_nats_url, supervised_services
 from coevolve.report.exposure import status_exposure, status_line, status_record
 from coevolve.services.evaluator.scores import held_out_line, read_latest
 from coevolve.shared.config import Settings
@@ -29,6 +28,7 @@ from coevolve.shared.runtime.subjects import (
     SERVICES,
     STREAMS,
 )
+from coevolve.up_state import recorded_nats_url, supervised_services
 
 
 def expected_services(settings: Settings) -> list[str]:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -29,10 +28,12 @@ from coevolve.shared.config import (
     NATS_CREDENTIALS_DIR,
     PACING_ENV,
     REPLICAS_ENV,
+    BusSettings,
     ConfigError,
     Settings,
 )
-from coevolve.shared.llm.server import LLMServerError, start_for_run
+from coevolve.shared.llm.run_server import start_for_run
+from coevolve.shared.llm.server import LlamaServer, LLMServerError
 from coevolve.shared.runtime.actor import STOP_AFTER_DRAIN_S
 from coevolve.shared.runtime.bus import BusError, declare_streams
 from coevolve.shared.runtime.credentials import (
@@ -43,11 +44,9 @@ from coevolve.shared.runtime.credentials import (
 )
 from coevolve.shared.runtime.nats_server import NatsCluster, NatsServer, NatsServerError
 from coevolve.shared.runtime.subjects import BACKGROUND_SERVICES, OPTIONAL_SERVICES, SERVICES
-from coevolve.shared.runtime.supervisor import ChildSpec, Supervisor, read_state
+from coevolve.shared.runtime.supervisor import ChildSpec, Supervisor
+from coevolve.up_state import SUPERVISOR_FILE, record_up
 
-UP_FILE = "up.json"
-# the supervisor's view of every service (state, exits, held back and why): `status` reads it
-SUPERVISOR_FILE = "supervisor.json"
 # past a service's drain: its own limits after the drain, and a second for signals and exit
 STOP_MARGIN_S = STOP_AFTER_DRAIN_S + 1.0
 
@@ -68,84 +67,98 @@ def parse_scale(values: list[str], enabled: set[str] | None = None) -> dict[str,
     return replicas
 
 
+NatsPortOption = Annotated[
+    int, typer.Option(help="Port of the NATS server started for you (0: any free port).")
+]
+NatsClusterOption = Annotated[
+    int,
+    typer.Option(
+        help="Start a JetStream cluster of this many nats-server nodes on loopback instead "
+        "of one server; every stream and bucket then keeps that many copies (3 survives "
+        "losing a node). --nats-port is then unused: the nodes take free ports.",
+        min=1,
+        max=5,
+    ),
+]
+ScaleOption = Annotated[
+    list[str] | None,
+    typer.Option(help="Replicas of a service, e.g. --scale explorer=3 (repeatable)."),
+]
+ScheduleOption = Annotated[
+    str,
+    typer.Option(
+        help="async: every service runs continuously (default). lockstep: rollout, then "
+        "learn, then synthesize, in turn, in this one process (the paper's schedule; a "
+        "baseline)."
+    ),
+]
+IterationsOption = Annotated[int, typer.Option(help="Learner steps of a lockstep run.", min=1)]
+SynthesizeEveryOption = Annotated[
+    int,
+    typer.Option(
+        help="Lockstep: run the data loop (signals, explore, abstract, judge) after every "
+        "N learner steps; 0 disables it.",
+        min=0,
+    ),
+]
+MaxSignalsOption = Annotated[
+    int, typer.Option(help="Lockstep: signals explored per synthesis, at most.", min=1)
+]
+MaxCrashesOption = Annotated[
+    int,
+    typer.Option(
+        help="A service that exits this many times within --crash-window-s is held "
+        "back (not restarted again); `up` and `status` say which and why.",
+        min=1,
+    ),
+]
+CrashWindowOption = Annotated[
+    float, typer.Option(help="The window of --max-crashes, in seconds.", min=1.0)
+]
+QuietOption = Annotated[
+    bool,
+    typer.Option(
+        "--quiet",
+        help="No event lines (warm-start progress, policy versions, signals, verdicts).",
+    ),
+]
+LabelsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--labels",
+        help="Where training tasks come from: bfcl (BFCL's labelled train split) or none "
+        "(only tasks discovered in the environment: D0, built first when its file is "
+        "missing; BFCL's labels then reach only the held-out eval). Default: the "
+        "`labels` setting (bfcl).",
+        show_default=False,
+    ),
+]
+D0Option = Annotated[
+    Path | None,
+    typer.Option(
+        "--d0",
+        help="With --labels none: the D0 file to start from (`coevolve discover` writes "
+        "one). Default: the d0.file setting, d0.json in the run directory.",
+        show_default=False,
+    ),
+]
+
+
 def up(
     config: ConfigOption = None,
     run_dir: RunDirOption = None,
-    nats_port: Annotated[
-        int, typer.Option(help="Port of the NATS server started for you (0: any free port).")
-    ] = 4222,
-    nats_cluster: Annotated[
-        int,
-        typer.Option(
-            help="Start a JetStream cluster of this many nats-server nodes on loopback instead "
-            "of one server; every stream and bucket then keeps that many copies (3 survives "
-            "losing a node). --nats-port is then unused: the nodes take free ports.",
-            min=1,
-            max=5,
-        ),
-    ] = 1,
-    scale: Annotated[
-        list[str] | None,
-        typer.Option(help="Replicas of a service, e.g. --scale explorer=3 (repeatable)."),
-    ] = None,
-    schedule: Annotated[
-        str,
-        typer.Option(
-            help="async: every service runs continuously (default). lockstep: rollout, then "
-            "learn, then synthesize, in turn, in this one process (the paper's schedule; a "
-            "baseline)."
-        ),
-    ] = "async",
-    iterations: Annotated[int, typer.Option(help="Learner steps of a lockstep run.", min=1)] = 100,
-    synthesize_every: Annotated[
-        int,
-        typer.Option(
-            help="Lockstep: run the data loop (signals, explore, abstract, judge) after every "
-            "N learner steps; 0 disables it.",
-            min=0,
-        ),
-    ] = 1,
-    max_signals: Annotated[
-        int, typer.Option(help="Lockstep: signals explored per synthesis, at most.", min=1)
-    ] = DEFAULT_MAX_SIGNALS,
-    max_crashes: Annotated[
-        int,
-        typer.Option(
-            help="A service that exits this many times within --crash-window-s is held "
-            "back (not restarted again); `up` and `status` say which and why.",
-            min=1,
-        ),
-    ] = 5,
-    crash_window_s: Annotated[
-        float, typer.Option(help="The window of --max-crashes, in seconds.", min=1.0)
-    ] = 600.0,
-    quiet: Annotated[
-        bool,
-        typer.Option(
-            "--quiet",
-            help="No event lines (warm-start progress, policy versions, signals, verdicts).",
-        ),
-    ] = False,
-    labels: Annotated[
-        str | None,
-        typer.Option(
-            "--labels",
-            help="Where training tasks come from: bfcl (BFCL's labelled train split) or none "
-            "(only tasks discovered in the environment: D0, built first when its file is "
-            "missing; BFCL's labels then reach only the held-out eval). Default: the "
-            "`labels` setting (bfcl).",
-            show_default=False,
-        ),
-    ] = None,
-    d0: Annotated[
-        Path | None,
-        typer.Option(
-            "--d0",
-            help="With --labels none: the D0 file to start from (`coevolve discover` writes "
-            "one). Default: the d0.file setting, d0.json in the run directory.",
-            show_default=False,
-        ),
-    ] = None,
+    nats_port: NatsPortOption = 4222,
+    nats_cluster: NatsClusterOption = 1,
+    scale: ScaleOption = None,
+    schedule: ScheduleOption = "async",
+    iterations: IterationsOption = 100,
+    synthesize_every: SynthesizeEveryOption = 1,
+    max_signals: MaxSignalsOption = DEFAULT_MAX_SIGNALS,
+    max_crashes: MaxCrashesOption = 5,
+    crash_window_s: CrashWindowOption = 600.0,
+    quiet: QuietOption = False,
+    labels: LabelsOption = None,
+    d0: D0Option = None,
 ) -> None:
     """Start the whole system on this machine and keep it running until Ctrl-C/SIGTERM.
 
@@ -158,6 +171,27 @@ def up(
     back. Ctrl-C or SIGTERM stops everything
     within about 10 s and leaves no process behind.
     """
+    settings, replicas = checked_settings(config, run_dir, scale or [], labels, d0)
+    run = prepare_run_dir(settings)
+    if schedule not in ("async", "lockstep"):
+        raise typer.BadParameter(f"--schedule must be async or lockstep, not {schedule!r}")
+    if settings.labels == "none":
+        ensure_d0(settings)
+    if schedule == "lockstep":
+        run_lockstep_schedule(settings, iterations, synthesize_every, max_signals)
+        return
+    nats = start_nats(settings, nats_port, nats_cluster)
+    typer.echo(f"NATS: {nats.url}   run directory: {run}")
+    llm_server = start_llm_server(settings, nats)
+    specs = service_specs(settings, config, replicas, nats, llm_server)
+    supervise(settings, specs, nats, llm_server, Supervision(max_crashes, crash_window_s, quiet))
+
+
+def checked_settings(
+    config: Path | None, run_dir: Path | None, scale: list[str], labels: str | None, d0: Path | None
+) -> tuple[Settings, dict[str, int]]:
+    """The run's settings with ``--labels`` and ``--d0`` applied, every section a service
+    will read checked, and the replicas of each service; before anything starts."""
     if labels is not None:
         if labels not in ("bfcl", "none"):
             raise typer.BadParameter(f"--labels must be bfcl or none, not {labels!r}")
@@ -169,74 +203,108 @@ def up(
         check_sections(settings)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    replicas = parse_scale(scale or [], enabled_optional_services(settings))
+    replicas = parse_scale(scale, enabled_optional_services(settings))
     if replicas.get("explorer", 0) == 0 and settings.pacing.waits:
         os.environ[PACING_ENV] = "none"  # no data loop: the learner must not wait for it
+    return settings, replicas
+
+
+def prepare_run_dir(settings: Settings) -> Path:
     run = settings.run_dir
     run.mkdir(parents=True, exist_ok=True)
-    if schedule not in ("async", "lockstep"):
-        raise typer.BadParameter(f"--schedule must be async or lockstep, not {schedule!r}")
-    if settings.labels == "none":
-        ensure_d0(settings)
-    if schedule == "lockstep":
-        run_lockstep_schedule(settings, iterations, synthesize_every, max_signals)
-        return
+    return run
+
+
+@dataclass
+class Nats:
+    """The bus the services use: NATS_URL's server, or the server (or cluster) started here."""
+
+    url: str
+    bus: BusSettings
     server: NatsServer | NatsCluster | None = None
+
+    def pids(self) -> list[int]:
+        """The processes of the servers started here."""
+        server = self.server
+        nodes = server.nodes if isinstance(server, NatsCluster) else [server] if server else []
+        return [node.process.pid for node in nodes if node.process is not None]
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+def start_nats(settings: Settings, port: int, cluster: int) -> Nats:
+    """NATS_URL's server, else one started here (``cluster`` > 1: a cluster) with fresh
+    credentials and the streams declared; a failed start exits."""
     nats_url = os.environ.get("NATS_URL")
-    bus_settings = settings.bus
-    if nats_url and nats_cluster > 1:
+    if nats_url and cluster > 1:
         raise typer.BadParameter("--nats-cluster starts its own servers: unset NATS_URL")
-    if not nats_url:
-        # secure by default: fresh credentials per user, the server requires them; written
-        # (0600) once it started, so a refused start leaves a running run's files alone
-        credentials = new_credentials()
-        credentials_dir = run / NATS_CREDENTIALS_DIR
-        if nats_cluster > 1:
-            server = NatsCluster(
-                run / "nats", nats_cluster, log_dir=run / "logs", credentials=credentials
-            )
-        else:
-            server = NatsServer(
-                run / "nats",
-                port=nats_port,
-                log_file=run / "logs" / "nats.log",
-                credentials=credentials,
-            )
-        try:
-            server.start()
-            write_credentials(credentials_dir, credentials)
-            os.environ[CREDENTIALS_DIR_ENV] = str(credentials_dir)  # up's own: the reader
-            bus_settings = msgspec.structs.replace(
-                settings.bus,
-                url=server.url,
-                replicas=nats_cluster,
-                credentials=None,
-                credentials_dir=str(credentials_dir),
-            )
-            anyio.run(declare_streams, bus_settings)
-        except (NatsServerError, BusError) as exc:
-            server.stop()
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from exc
-        nats_url = server.url
-    typer.echo(f"NATS: {nats_url}   run directory: {run}")
-    try:  # the local LLM server, unless every LLM role names an endpoint
-        llm_server = start_for_run(
+    if nats_url:
+        return Nats(nats_url, settings.bus)
+    run = settings.run_dir
+    # secure by default: fresh credentials per user, the server requires them; written
+    # (0600) once it started, so a refused start leaves a running run's files alone
+    credentials = new_credentials()
+    credentials_dir = run / NATS_CREDENTIALS_DIR
+    server: NatsServer | NatsCluster
+    if cluster > 1:
+        server = NatsCluster(run / "nats", cluster, log_dir=run / "logs", credentials=credentials)
+    else:
+        server = NatsServer(
+            run / "nats",
+            port=port,
+            log_file=run / "logs" / "nats.log",
+            credentials=credentials,
+        )
+    try:
+        server.start()
+        write_credentials(credentials_dir, credentials)
+        os.environ[CREDENTIALS_DIR_ENV] = str(credentials_dir)  # up's own: the reader
+        bus_settings = msgspec.structs.replace(
+            settings.bus,
+            url=server.url,
+            replicas=cluster,
+            credentials=None,
+            credentials_dir=str(credentials_dir),
+        )
+        anyio.run(declare_streams, bus_settings)
+    except (NatsServerError, BusError) as exc:
+        server.stop()
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    return Nats(server.url, bus_settings, server)
+
+
+def start_llm_server(settings: Settings, nats: Nats) -> LlamaServer | None:
+    """The local LLM server, unless every LLM role names an endpoint; a failed start stops
+    ``nats`` and exits."""
+    try:
+        return start_for_run(
             settings.services.get("llm"),
-            run,
+            settings.run_dir,
             lambda e: typer.echo(e),
             step_credit=step_credit_enabled(settings),
             distiller="distiller" in enabled_optional_services(settings),
         )
     except LLMServerError as exc:
-        if server is not None:
-            server.stop()
+        nats.stop()
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
 
+
+def service_specs(
+    settings: Settings,
+    config: Path | None,
+    replicas: dict[str, int],
+    nats: Nats,
+    llm_server: LlamaServer | None,
+) -> list[ChildSpec]:
+    """One child process per replica of each service: ``coevolve serve NAME``."""
+    run = settings.run_dir
     base = [sys.executable, "-m", "coevolve", "serve"]
     extra = ["--run-dir", str(run)] + (["--config", str(config)] if config else [])
-    specs = [
+    return [
         ChildSpec(
             name=f"{name}-{i}" if count > 1 else name,
             argv=[*base, name, *extra],
@@ -244,31 +312,51 @@ def up(
             ready_file=run / "ready" / (f"{name}-{i}" if count > 1 else name),
             niceness=settings.runtime.background_niceness if name in BACKGROUND_SERVICES else 0,
             env={
-                "NATS_URL": nats_url,
-                REPLICAS_ENV: str(bus_settings.replicas),
+                "NATS_URL": nats.url,
+                REPLICAS_ENV: str(nats.bus.replicas),
                 "HF_HUB_OFFLINE": "1",
                 # several torch processes share the cores: one thread each avoids the
                 # oversubscription that made decoding ~7x slower here
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                 **(llm_server.environment() if llm_server else {}),
-                **service_environment(bus_settings, name),
+                **service_environment(nats.bus, name),
             },
         )
         for name, count in replicas.items()
         for i in range(count)
     ]
+
+
+@dataclass(frozen=True)
+class Supervision:
+    """How ``up`` watches its services: the crash budget, and whether events are printed."""
+
+    max_crashes: int
+    crash_window_s: float
+    quiet: bool
+
+
+def supervise(
+    settings: Settings,
+    specs: list[ChildSpec],
+    nats: Nats,
+    llm_server: LlamaServer | None,
+    how: Supervision,
+) -> None:
+    """Run the services until Ctrl-C or SIGTERM, then stop everything ``up`` started."""
+    run = settings.run_dir
     printer = EventPrinter()
-    watcher = None if quiet else EventWatcherThread(nats_url, EventTracker(printer))
+    watcher = None if how.quiet else EventWatcherThread(nats.url, EventTracker(printer))
     supervisor = Supervisor(
         specs,
-        max_crashes=max_crashes,
-        crash_window_s=crash_window_s,
+        max_crashes=how.max_crashes,
+        crash_window_s=how.crash_window_s,
         state_path=run / SUPERVISOR_FILE,
         # a service drains for drain_timeout_s, then tears down, closes its connection and
         # exits, each bounded (STOP_AFTER_DRAIN_S); a kill is for one that hangs past all that
         stop_timeout_s=settings.runtime.drain_timeout_s + STOP_MARGIN_S,
         on_event=(lambda line: typer.echo(f"[up] {line}", err=True))
-        if quiet
+        if how.quiet
         else (lambda line: printer.line("up", line)),
     )
 
@@ -279,21 +367,7 @@ def up(
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    up_file = run / UP_FILE
-    nodes = server.nodes if isinstance(server, NatsCluster) else [server] if server else []
-    nats_pids = [node.process.pid for node in nodes if node.process is not None]
-    nats_pid = nats_pids[0] if nats_pids else None
-    up_file.write_text(
-        json.dumps(
-            {
-                "nats_url": nats_url,
-                "nats_pid": nats_pid,
-                "nats_pids": nats_pids,
-                "pid": os.getpid(),
-                "at": time.time(),
-            }
-        )
-    )
+    up_file = record_up(run, nats.url, nats.pids())
     typer.echo("services starting; `coevolve status` shows them, Ctrl-C stops everything")
     if watcher is not None:
         watcher.start()
@@ -304,8 +378,7 @@ def up(
             watcher.stop()
         if llm_server is not None:
             llm_server.stop()
-        if server is not None:
-            server.stop()
+        nats.stop()
         up_file.unlink(missing_ok=True)
         (run / SUPERVISOR_FILE).unlink(missing_ok=True)
         typer.echo("[up] stopped", err=True)
@@ -342,20 +415,3 @@ def run_lockstep_schedule(
         synthesize_every=synthesize_every,
         max_signals=max_signals,
     )
-
-
-def recorded_nats_url(run_dir: Path) -> str | None:
-    """The NATS URL of a `coevolve up` running on ``run_dir``, if any."""
-    try:
-        url = json.loads((run_dir / UP_FILE).read_text())["nats_url"]
-    except (OSError, ValueError, KeyError):
-        return None
-    return str(url)
-
-
-def supervised_services(run_dir: Path) -> dict[str, dict[str, object]]:
-    """The supervisor's state of each service of a `coevolve up` on ``run_dir`` (empty
-    when none runs there)."""
-    state = read_state(run_dir / SUPERVISOR_FILE)
-    children = state.get("children") if state else None
-    return dict(children) if isinstance(children, dict) else {}

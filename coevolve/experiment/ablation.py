@@ -55,9 +55,10 @@ import anyio
 import msgspec
 import yaml
 
-from coevolve.cli.explore_cmd import publish_requests
+from coevolve.code_version import code_version
 from coevolve.experiment import ARMS
 from coevolve.experiment.machine import machine_facts
+from coevolve.exploration import publish_requests
 from coevolve.processes import (
     CpuLedger,
     kill_leftovers,
@@ -627,32 +628,6 @@ def evaluate(
         options += ["--sample", str(tasks), "--seed", "0"]
     options += ["--classes", ",".join(classes) if classes is not None else "all"]
     return per_task(eval_report(weights, run, cache, options, os.cpu_count() or 1))
-
-
-CODE_DIRS = ("coevolve", "services", "shared", "bench")
-
-
-def code_version(commit: str = "HEAD") -> str | None:
-    """The code an arm ran: git's tree ids of the package directories at ``commit``
-    (shortened, ``+dirty`` when they have uncommitted changes), so a report can tell arms
-    that ran on different code apart, and a commit that changes only docs changes nothing
-    (an experiment may be resumed days later). None outside a git checkout."""
-    root = Path(__file__).resolve().parents[2]
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, check=True, timeout=10
-        ).stdout.strip()
-
-    try:
-        trees = [git("rev-parse", f"{commit}:{name}") for name in CODE_DIRS]
-        dirty = commit == "HEAD" and bool(
-            git("status", "--porcelain", "--untracked-files=no", "--", *CODE_DIRS)
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    version = hashlib.sha256(" ".join(trees).encode()).hexdigest()[:12]
-    return f"{version}+dirty" if dirty else version
 
 
 def run_arm(

@@ -29,9 +29,9 @@ from typing import Any
 
 import yaml
 
+from coevolve.code_version import code_version
 from coevolve.experiment.ablation import (
     arm_dir,
-    code_version,
     eval_report,
     merged,
     per_task,

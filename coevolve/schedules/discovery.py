@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from coevolve.code_version import code_version
 from coevolve.services.abstractor.config import AbstractorConfig
 from coevolve.services.abstractor.handler import AbstractorDeps, abstract, similarity_cache_dir
 from coevolve.services.explorer.config import ExplorerConfig
@@ -179,8 +180,6 @@ async def discover(
 ) -> D0File:
     """Build D0 into ``out`` (resuming ``<out>.partial.jsonl``) within the ``d0`` section's
     budgets; the partial file is removed once D0 is written."""
-    from coevolve.experiment.ablation import code_version
-
     config = settings.d0
     starts, classes = world_starts(settings)
     if not starts:

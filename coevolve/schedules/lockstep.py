@@ -31,7 +31,8 @@ import torch
 
 from coevolve.services.learner.config import LearnerConfig, LearnerServiceConfig, WarmStartConfig
 from coevolve.services.learner.preference_pairs import ExpertCache
-from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
+from coevolve.services.learner.step_metrics import StepMetrics
+from coevolve.services.learner.trainer import GrpoLearner
 from coevolve.services.learner.warm_start import (
     DEMONSTRATIONS_SEED,
     OVERSAMPLE,

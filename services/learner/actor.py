@@ -55,7 +55,8 @@ from coevolve.services.learner.handler import (
 )
 from coevolve.services.learner.preference_pairs import ExpertCache, PairSide
 from coevolve.services.learner.ranks import PolicySpec, Ranks, build_learner
-from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
+from coevolve.services.learner.step_metrics import StepMetrics
+from coevolve.services.learner.trainer import GrpoLearner
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import (
     GRPO_STEP_PHASE,

@@ -18,20 +18,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from coevolve.services.learner.trainer import GrpoLearner
+from coevolve.services.learner.learner_view import LearnerView
 
 
 class FailureAgent:
     """The failure agent's weights (same order as ``learner.trainable``), its optimizer,
     and its version and step count."""
 
-    def __init__(self, learner: GrpoLearner, version: int = 1) -> None:
+    def __init__(self, learner: LearnerView, version: int = 1) -> None:
         self.weights: list[Tensor] = [p.detach().clone() for p in learner.trainable]
         config = learner.config
         self.optimizer = torch.optim.AdamW(
@@ -41,7 +40,7 @@ class FailureAgent:
         self.step_count = 0
 
     @contextmanager
-    def swapped_in(self, learner: GrpoLearner) -> Iterator[None]:
+    def swapped_in(self, learner: LearnerView) -> Iterator[None]:
         """Inside, the learner's trainable parameters and optimizer are the failure
         agent's (its updates, exports and log-probs are the failure agent's)."""
         learner.optimizer.zero_grad(set_to_none=True)
@@ -54,14 +53,14 @@ class FailureAgent:
             learner.optimizer = target_optimizer
             self._exchange(learner)
 
-    def _exchange(self, learner: GrpoLearner) -> None:
+    def _exchange(self, learner: LearnerView) -> None:
         with torch.no_grad():
             for param, mine in zip(learner.trainable, self.weights, strict=True):
                 held = param.detach().clone()
                 param.copy_(mine)
                 mine.copy_(held)
 
-    def export(self, learner: GrpoLearner) -> bytes:
+    def export(self, learner: LearnerView) -> bytes:
         """The failure agent's weights in the target's export format (for rollout)."""
         with self.swapped_in(learner):
             return learner.export_weights()

@@ -22,7 +22,8 @@ import msgspec
 from coevolve.services.learner.grpo import filter_stale, group_version
 from coevolve.services.learner.preference_pairs import PairSide
 from coevolve.services.learner.ranks import Ranks
-from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
+from coevolve.services.learner.step_metrics import StepMetrics
+from coevolve.services.learner.trainer import GrpoLearner
 from coevolve.shared.messages import PolicyVersion, RolloutGroup, Task
 
 # one JSON line per GRPO step, under the run directory (see ``step_record``)

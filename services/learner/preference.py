@@ -29,19 +29,21 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from coevolve.services.learner.distributed import GradientSum, gathered, share, world
 from coevolve.services.learner.dpo import DpoStats, dpo_loss, summed_logprobs
+from coevolve.services.learner.failure_agent import FailureAgent
 from coevolve.services.learner.grpo import (
     SharedPrefix,
     filter_stale,
     group_version,
     shared_prompt_length,
 )
+from coevolve.services.learner.learner_view import LearnerView
 from coevolve.services.learner.memory import (
     activation_checkpointing,
     over_budget,
@@ -57,18 +59,21 @@ from coevolve.services.learner.preference_pairs import (
     preference_pairs,
     trajectory_side,
 )
+from coevolve.services.learner.step_metrics import StepMetrics
 from coevolve.shared.messages import RolloutGroup
 from coevolve.shared.policy.logprobs import sequence_logprobs
-
-if TYPE_CHECKING:
-    from coevolve.services.learner.failure_agent import FailureAgent
-    from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
 
 Indexed = tuple[int, PreferencePair]
 
 
+class PreferenceLearner(LearnerView, Protocol):
+    """The learner as a preference step uses it: with its failure agent, when on."""
+
+    failure_agent: FailureAgent | None
+
+
 def step_pairs(
-    learner: GrpoLearner, groups: Sequence[RolloutGroup], experts: Mapping[str, PairSide]
+    learner: PreferenceLearner, groups: Sequence[RolloutGroup], experts: Mapping[str, PairSide]
 ) -> list[PreferencePair]:
     """The pairs the target trains on from ``groups``, cut at ``max_tokens``."""
     config = learner.config
@@ -102,7 +107,7 @@ def pad_sides(
     return ids.to(device), attention.to(device), mask.to(device)
 
 
-def common_prompt(learner: GrpoLearner, sides: Sequence[PairSide]) -> int:
+def common_prompt(learner: PreferenceLearner, sides: Sequence[PairSide]) -> int:
     """The length of the prompt the sides share, to run once (0: none, or too short to
     be worth it)."""
     config = learner.config
@@ -112,7 +117,7 @@ def common_prompt(learner: GrpoLearner, sides: Sequence[PairSide]) -> int:
     return length if length >= config.min_shared_prompt else 0
 
 
-def pair_layout(learner: GrpoLearner, pair: PreferencePair) -> tuple[int, bool]:
+def pair_layout(learner: PreferenceLearner, pair: PreferencePair) -> tuple[int, bool]:
     """The length of the pair's common prompt to run once (0: none), and whether the pair
     is over the activation budget (then each side runs alone, checkpointed)."""
     sides = (pair.chosen, pair.rejected)
@@ -124,7 +129,7 @@ def pair_layout(learner: GrpoLearner, pair: PreferencePair) -> tuple[int, bool]:
 
 
 def pair_logprobs(
-    learner: GrpoLearner,
+    learner: PreferenceLearner,
     model: nn.Module,
     pair: PreferencePair,
     prompt_length: int,
@@ -153,7 +158,7 @@ def pair_logprobs(
 
 
 def side_prefix(
-    learner: GrpoLearner,
+    learner: PreferenceLearner,
     model: nn.Module,
     sides: Sequence[PairSide],
     prompt_length: int,
@@ -168,7 +173,7 @@ def side_prefix(
 
 
 @torch.no_grad()
-def reference_logprobs(learner: GrpoLearner, pair: PreferencePair) -> tuple[Tensor, int]:
+def reference_logprobs(learner: PreferenceLearner, pair: PreferencePair) -> tuple[Tensor, int]:
     """The pair's summed log-probs under the reference (no gradient), and the tokens run."""
     prompt_length, over = pair_layout(learner, pair)
     with learner.reference_model() as reference:
@@ -179,7 +184,7 @@ def reference_logprobs(learner: GrpoLearner, pair: PreferencePair) -> tuple[Tens
 
 
 def accumulate_pair(
-    learner: GrpoLearner,
+    learner: PreferenceLearner,
     pair: PreferencePair,
     reference: Tensor,
     pair_normalizer: float,
@@ -239,7 +244,7 @@ def distinct_sides(batch: Sequence[Indexed]) -> tuple[list[PairSide], list[tuple
 
 
 def side_chunks(
-    learner: GrpoLearner, sides: Sequence[PairSide], prompt_length: int
+    learner: PreferenceLearner, sides: Sequence[PairSide], prompt_length: int
 ) -> list[list[int]] | None:
     """The sides' indexes in runs of ``micro_batch_size`` (else one by one), each run
     within the activation budget beside the prompt; None: one side alone is over it."""
@@ -256,7 +261,7 @@ def side_chunks(
 
 
 def chunk_logprobs(
-    learner: GrpoLearner,
+    learner: PreferenceLearner,
     model: nn.Module,
     prompt: SharedPrefix | None,
     sides: Sequence[PairSide],
@@ -276,7 +281,7 @@ def chunk_logprobs(
 
 
 def sides_logprobs(
-    learner: GrpoLearner,
+    learner: PreferenceLearner,
     model: nn.Module,
     sides: Sequence[PairSide],
     prompt_length: int,
@@ -293,7 +298,7 @@ def sides_logprobs(
 
 
 def accumulate_task_pairs(
-    learner: GrpoLearner,
+    learner: PreferenceLearner,
     batch: Sequence[Indexed],
     references: dict[int, Tensor],
     pair_normalizer: float,
@@ -359,7 +364,7 @@ def expert_tokens(pairs: Sequence[Indexed]) -> int:
 
 
 def preference_step(
-    learner: GrpoLearner, groups: Sequence[RolloutGroup], experts: Mapping[str, PairSide]
+    learner: PreferenceLearner, groups: Sequence[RolloutGroup], experts: Mapping[str, PairSide]
 ) -> StepMetrics:
     """One step of the preference objective on ``groups`` (see the module); with the
     failure agent, one of the failure agent's too (``failure_agent_step``)."""
@@ -398,7 +403,7 @@ def preference_step(
 
 
 def train_pairs(
-    learner: GrpoLearner, pairs: Sequence[PreferencePair]
+    learner: PreferenceLearner, pairs: Sequence[PreferencePair]
 ) -> tuple[list[DpoStats], list[float], int]:
     """``ppo_epochs`` passes over ``pairs`` in ``mini_batches`` updates of the learner's
     trainable weights: each pair's stats, each update's gradient norm, the tokens run."""
@@ -440,7 +445,7 @@ def train_pairs(
 
 
 def failure_agent_step(
-    learner: GrpoLearner, agent: FailureAgent, groups: Sequence[RolloutGroup]
+    learner: PreferenceLearner, agent: FailureAgent, groups: Sequence[RolloutGroup]
 ) -> dict[str, Any]:
     """The failure agent's update on the failure pairs of ``groups`` (both agents' failures
     of each task), its weights swapped in; the ``StepMetrics`` fields that report it and
@@ -481,7 +486,7 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def step_metrics(
-    learner: GrpoLearner,
+    learner: PreferenceLearner,
     kept: Sequence[RolloutGroup],
     stale: tuple[int, list[int]],
     pairs: Sequence[PreferencePair],
@@ -492,8 +497,6 @@ def step_metrics(
     """What the step did, in GRPO's ``StepMetrics`` (its PPO diagnostics left at 0):
     ``stale`` is the groups dropped and each kept group's staleness, ``work`` the tokens
     run and the step's start (``time.perf_counter``)."""
-    from coevolve.services.learner.trainer import StepMetrics
-
     dropped, staleness = stale
     tokens, started = work
     rewards = torch.tensor([r for g in kept for r in g.rewards()], dtype=torch.float32)

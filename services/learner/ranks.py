@@ -32,7 +32,8 @@ from coevolve.services.learner.distributed import (
 )
 from coevolve.services.learner.memory import map_large_blocks
 from coevolve.services.learner.preference_pairs import PairSide
-from coevolve.services.learner.trainer import GrpoLearner, StepMetrics
+from coevolve.services.learner.step_metrics import StepMetrics
+from coevolve.services.learner.trainer import GrpoLearner
 from coevolve.shared.messages import RolloutGroup
 from coevolve.shared.runtime.child_process import terminate_with_parent
 from coevolve.shared.runtime.nats_server import free_port

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from coevolve.services.learner.learner_view import LearnerView
 from coevolve.services.learner.memory import release_freed_memory
 from coevolve.services.learner.sft import (
     Progress,
@@ -26,7 +27,6 @@ from coevolve.shared.policy import LoadedPolicy
 
 if TYPE_CHECKING:
     from coevolve.services.learner.config import WarmStartConfig
-    from coevolve.services.learner.trainer import GrpoLearner
 
 # the pool mixes grains: sample this many times ``tasks`` and keep the wanted grain
 OVERSAMPLE = 4
@@ -93,7 +93,7 @@ def run_warm_start(
         release_freed_memory()
 
 
-def adopt_warm_start(learner: GrpoLearner, path: str | Path, sha256: str | None = None) -> str:
+def adopt_warm_start(learner: LearnerView, path: str | Path, sha256: str | None = None) -> str:
     """Make ``learner`` the warm-started policy exported to ``path`` (both adapters, as
     ``export_weights`` writes them) at version 1, in place of the SFT; returns the file's
     sha256. Refused (``WeightsMismatch``) when it differs from ``sha256`` or does not fit

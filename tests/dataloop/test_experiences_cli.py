@@ -15,7 +15,7 @@ from coevolve.cli.experiences_cmd import experiences_app
 from coevolve.report.run_data import load_run
 from coevolve.report.run_report import run_markdown, summarize_run
 from coevolve.services.learner.handler import STEPS_FILE, record_step
-from coevolve.services.learner.trainer import StepMetrics
+from coevolve.services.learner.step_metrics import StepMetrics
 from coevolve.services.pool_store.config import PoolStoreConfig
 from coevolve.services.pool_store.handler import keep_experience, rollout_jobs
 from coevolve.services.pool_store.sampling import SamplingConfig

@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from coevolve.shared.llm.server import LlamaServer, llama_cpp_installed, start_for_run
+from coevolve.shared.llm.run_server import start_for_run
+from coevolve.shared.llm.server import LlamaServer, llama_cpp_installed
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,8 @@ from coevolve.shared.llm import (
     role_settings_from_yaml,
 )
 from coevolve.shared.llm.roles import ROLES, OwnServerBackend, make_backend, parse_llm_section
-from coevolve.shared.llm.server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV, start_for_run
+from coevolve.shared.llm.run_server import start_for_run
+from coevolve.shared.llm.server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV
 from coevolve.shared.structured import Rejection, json_schema_of_parameter, parse_structured
 from tests.support.fake_llm import FakeOpenAI, completion
 

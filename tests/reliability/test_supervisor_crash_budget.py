@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from coevolve.cli import app
-from coevolve.cli.up import SUPERVISOR_FILE, supervised_services
 from coevolve.shared.runtime.nats_server import NatsServer
 from coevolve.shared.runtime.supervisor import ChildSpec, Supervisor, read_state
+from coevolve.up_state import SUPERVISOR_FILE, supervised_services
 from tests.support.wait import wait_until_sync
 
 # exits at once with code 3: a crash loop

@@ -17,6 +17,7 @@ import yaml
 from typer.testing import CliRunner
 
 from coevolve.cli import app
+from coevolve.code_version import code_version
 from coevolve.experiment import ablation
 from coevolve.experiment.ablation import (
     RUN_RECORD,
@@ -26,7 +27,6 @@ from coevolve.experiment.ablation import (
     WarmStart,
     arm_dir,
     arm_settings,
-    code_version,
     committed_warm_start,
     pending,
     result_path,

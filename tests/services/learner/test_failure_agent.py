@@ -20,7 +20,8 @@ from coevolve.services.learner.preference_pairs import (
     PreferencePair,
     failure_agent_pairs,
 )
-from coevolve.services.learner.trainer import FAILURE_AGENT_METRICS, GrpoLearner
+from coevolve.services.learner.step_metrics import FAILURE_AGENT_METRICS
+from coevolve.services.learner.trainer import GrpoLearner
 from coevolve.shared.config import ConfigError, Settings
 from coevolve.shared.messages import RolloutGroup
 from coevolve.shared.policy import LoadedPolicy

@@ -26,12 +26,8 @@ from coevolve.services.learner.preference import (
     task_batches,
 )
 from coevolve.services.learner.preference_pairs import PairSide
-from coevolve.services.learner.trainer import (
-    PREFERENCE_METRICS,
-    GrpoLearner,
-    ObjectiveMismatch,
-    pad_batch,
-)
+from coevolve.services.learner.step_metrics import PREFERENCE_METRICS
+from coevolve.services.learner.trainer import GrpoLearner, ObjectiveMismatch, pad_batch
 from coevolve.shared.config import ConfigError, Settings
 from coevolve.shared.messages import RolloutGroup
 from coevolve.shared.policy import LoadedPolicy

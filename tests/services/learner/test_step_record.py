@@ -14,7 +14,7 @@ from coevolve.services.learner.handler import (
     record_step,
     step_record,
 )
-from coevolve.services.learner.trainer import StepMetrics
+from coevolve.services.learner.step_metrics import StepMetrics
 from tests.support.messages import rewarded_group
 
 
