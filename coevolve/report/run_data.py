@@ -10,7 +10,9 @@ Sources, each optional (a missing one leaves its part empty):
   ``tensorboard/``.
 - ``traces/*.jsonl``: finished spans; their durations per service give the time per
   stage, and the explorer's spans for ``coevolve.signals.<kind>`` give signals over time
-  (the signals stream is a work queue, so its messages are gone once handled).
+  (the signals stream is a work queue, so its messages are gone once handled); a span's
+  ``coevolve.outcome`` attribute says what became of its work (the distiller's advice:
+  kept, or why not).
 - ``signal_monitor/state.json``: signals emitted and suppressed per kind, in total, and
   which tasks raised a signal of which kind (its rate-limit record, ``last_signal_at``).
 - ``learner/steps.jsonl``: one line per GRPO step, the groups it trained on and those it
@@ -31,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+
+from coevolve.services.distiller.config import OUTCOME_ATTRIBUTE
 
 POOL_FILE = "pool.duckdb"
 TENSORBOARD = "tensorboard"
@@ -152,6 +156,8 @@ class SpanRow:
     name: str
     start_s: float
     seconds: float
+    # its OUTCOME_ATTRIBUTE, where the service set one
+    outcome: str | None = None
 
 
 @dataclass
@@ -395,12 +401,14 @@ def read_spans(directory: Path) -> list[SpanRow]:
                 try:
                     record = json.loads(line)
                     start, end = int(record["start_ns"]), int(record["end_ns"])
+                    outcome = (record.get("attributes") or {}).get(OUTCOME_ATTRIBUTE)
                     spans.append(
                         SpanRow(
                             str(record.get("service") or file.name.split("-", 1)[0]),
                             str(record["name"]),
                             start / 1e9,
                             max(0.0, (end - start) / 1e9),
+                            None if outcome is None else str(outcome),
                         )
                     )
                 except (ValueError, KeyError, TypeError):
