@@ -65,11 +65,17 @@ class TaskRow:
     depth: int = 0
     # the policy version whose rollout raised the signal (a child of a signal, when known)
     signal_version: int | None = None
+    # a labelled turn the experiment's labelled_control arm added during the run (its
+    # added_at: when it joined)
+    labelled_control: bool = False
 
     @property
     def from_start(self) -> bool:
         """In the pool before the run's data loop added anything: a seed task, or a task
-        no verdict of this run added (a committed D0 task of the no-label setting)."""
+        no verdict of this run added (a committed D0 task of the no-label setting); not a
+        labelled-control turn, which joined during the run."""
+        if self.labelled_control:
+            return False
         return self.origin == "seed" or self.added_at == 0
 
 
@@ -297,11 +303,13 @@ def load_pool(data: RunData, *, copy_when_locked: bool = True) -> None:
             # one clock for every pool event: the judge's verdict time (a task's own
             # created_at is when the abstractor drafted it, before any verdict); a task
             # no verdict added (a seed, a D0 task drafted days before the run) is there
-            # from the start: 0
+            # from the start: 0; a labelled-control turn joined at its created_at
             data.tasks = [
                 TaskRow(float(at), str(origin), str(task_id), *_lineage_fields(lineage))
                 for at, origin, task_id, lineage in db.execute(
-                    "SELECT coalesce(min(v.created_at), 0) AS added_at, t.origin, "
+                    "SELECT coalesce(min(v.created_at), CASE WHEN coalesce(json_extract("
+                    "any_value(t.lineage), '$.labelled_control')::BOOLEAN, false) "
+                    "THEN t.created_at ELSE 0 END) AS added_at, t.origin, "
                     "t.id, any_value(t.lineage) "
                     "FROM tasks t LEFT JOIN verdicts v ON v.pool_task_id = t.id AND v.added "
                     "GROUP BY t.id, t.origin, t.created_at ORDER BY added_at, t.id"
@@ -417,8 +425,11 @@ def read_spans(directory: Path) -> list[SpanRow]:
     return spans
 
 
-def _lineage_fields(lineage: str | None) -> tuple[str | None, str | None, int, int | None]:
-    """(parent task id, signal kind, depth, signal version) of a stored lineage (JSON)."""
+def _lineage_fields(
+    lineage: str | None,
+) -> tuple[str | None, str | None, int, int | None, bool]:
+    """(parent task id, signal kind, depth, signal version, labelled control) of a stored
+    lineage (JSON)."""
     try:
         chain = json.loads(lineage) if lineage else {}
     except ValueError:
@@ -436,6 +447,7 @@ def _lineage_fields(lineage: str | None) -> tuple[str | None, str | None, int, i
         str(kind) if kind else None,
         depth,
         version if isinstance(version, int) and not isinstance(version, bool) else None,
+        chain.get("labelled_control") is True,
     )
 
 

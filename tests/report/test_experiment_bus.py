@@ -20,6 +20,8 @@ from coevolve.experiment.ablation import (
     control_arm,
     labelled_control_tasks,
 )
+from coevolve.report.run_data import load_run
+from coevolve.report.run_report import summarize_run
 from coevolve.services.pool_store.config import PoolStoreConfig
 from coevolve.services.pool_store.handler import labelled_tasks_in, rollout_jobs
 from coevolve.services.pool_store.store import PoolStore
@@ -230,3 +232,6 @@ def test_the_labelled_control_arm_adds_labelled_turns_at_the_pace_and_they_are_f
         assert [job.task.id for job in jobs[:4]] == added  # fed first, as fresh children are
         assert all(job.task.lineage.labelled_control for job in jobs[:4])
         assert all(job.task.origin == "explored" for job in jobs[4:])  # then D0's tasks
+    # the run's report counts them as tasks the run added, D0 as its starting pool
+    summary = summarize_run(load_run(settings.run_dir))
+    assert summary.tasks_added == 4 and summary.pool_by_origin["seed"] == 4
