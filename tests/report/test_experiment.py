@@ -678,3 +678,15 @@ def test_the_warm_start_evaluation_records_where_and_what_it_scored(
     assert {"commit", "cpu", "dtype"} <= record.keys()
     # the report still finds the warm start's scores with its provenance beside them
     assert load_results(results).warm_eval == record
+
+
+def test_the_report_sets_the_labelled_control_against_none_and_coevolve(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    for seed in (0, 1):
+        write_result(results, "none", seed, {"t1": 0.25, "t2": 0.25})
+        write_result(results, "coevolve", seed, {"t1": 0.5, "t2": 0.25})
+        write_result(results, "labelled_control", seed, {"t1": 0.75, "t2": 0.5})
+    text = render_experiment_report(results).read_text()
+    assert "| labelled_control - none | success | end |" in text
+    assert "| coevolve - labelled_control | success | end |" in text
+    assert text.startswith("# Experiment: none vs coevolve vs labelled_control\n")
