@@ -155,6 +155,10 @@ class Lineage(Part):
     composed_from: list[str] = msgspec.field(default_factory=list)
     # a state variant: the parent's turn on another initial state
     varied_state: bool = False
+    # a labelled train turn (origin "seed") that the experiment's labelled_control arm
+    # added while a run with no labels trained: new to the run, so the job feed gives it
+    # the fresh-first share a synthesized task gets (pool_store.sampling.fresh_share)
+    labelled_control: bool = False
 
 
 class Task(Part):

@@ -37,7 +37,9 @@ _log = logging.getLogger(__name__)
 class Rejection:
     """Why an LLM output was not used. ``kind`` is one of: empty, too_large, truncated,
     invalid_json, wrong_schema, bad_response, http_error, prompt_too_long, repeated_call
-    (an action that already failed, see the explorer)."""
+    (an action that already failed, see the explorer); the distiller's advice also
+    too_short, too_long, incomplete, unknown_function, unknown_argument, unknown_name and
+    no_tools (``shared/experience/checks.py``)."""
 
     kind: str
     reason: str

@@ -52,7 +52,8 @@ def ablation(
         typer.Option(
             help="Comma-separated arms: none, random, coevolve (synthesis); navigate, "
             "attribute, both (mechanisms, on top of coevolve); eto, coevolving_dpo "
-            "(learner objectives instead of GRPO, on top of coevolve)."
+            "(learner objectives instead of GRPO, on top of coevolve); labelled_control "
+            "(no-label setting only: none plus labelled train turns at the pacing rate)."
         ),
     ] = "none,random,coevolve",
     seeds: Annotated[int, typer.Option(help="Seeds per arm (0 .. S-1).", min=1)] = 3,
@@ -137,6 +138,10 @@ def ablation(
         eval_max_steps=eval_max_steps,
         steps=steps,
     )
+    try:
+        spec.check()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--arms") from exc
     results = results or out / "results"
     try:
         run_experiment(spec, out, results, base_run_dir, log=typer.echo, max_runs=max_runs)

@@ -10,4 +10,7 @@ MECHANISM_ARMS: Final = ("navigate", "attribute", "both")
 # the defaults with another learner objective: ETO's DPO of the expert against the
 # target's failures; co-evolving DPO with its failure agent (docs/learning.md)
 OBJECTIVE_ARMS: Final = ("eto", "coevolving_dpo")
-ARMS: Final = (*SYNTHESIS_ARMS, *MECHANISM_ARMS, *OBJECTIVE_ARMS)
+# the no-label setting's upper reference: none's D0, plus BFCL's labelled train turns
+# entering the pool at the pace and with the exposure synthesized tasks get
+CONTROL_ARMS: Final = ("labelled_control",)
+ARMS: Final = (*SYNTHESIS_ARMS, *MECHANISM_ARMS, *OBJECTIVE_ARMS, *CONTROL_ARMS)

@@ -20,7 +20,12 @@ first in the job feed), paced by :class:`Pacer` to add as many tasks as the coev
 of the same seed did by the same minute. ``navigate``, ``attribute`` and ``both`` are
 ``coevolve`` with self-navigating (``distiller.enabled``), step credit
 (``rollout.step_credit.enabled``) or both turned on (docs/navigation.md,
-docs/learning.md). Every arm's learner adopts the committed warm
+docs/learning.md). ``labelled_control`` (the no-label setting only) is ``none`` plus
+BFCL's labelled train turns of the run's world, added to the pool in a seeded order at
+the pacing contract's rate (``pacing.tasks_per_step`` per learner step, counted from the
+learner's published policies) and fed first as fresh synthesized tasks are
+(``Lineage.labelled_control``): what the best data could do at this budget. Every arm's
+learner adopts the committed warm
 start (``services.learner.warm_start.from_policy``, digest checked), so arms differ only
 from there, wherever they run. An arm ends after ``minutes``, or once its learner has
 taken ``steps`` steps (equal compute for the learner), whichever comes first; with
@@ -29,7 +34,9 @@ taken ``steps`` steps (equal compute for the learner), whichever comes first; wi
 The setting is the base configuration's: ``labels: none`` (with ``d0.file``) trains
 every arm on discovered tasks alone, and the random arm then varies D0's tasks, never a
 labelled turn. Each result records its
-``setting`` (``no_labels`` or ``labelled``), ``arm``, ``seed`` and ``ended_by``.
+``setting`` (``no_labels`` or ``labelled``), ``arm``, ``seed``, ``ended_by``, ``steps``,
+``scored_version`` (the policy its end mark scored: the run's last), ``commit``, ``cpu``,
+``dtype`` and ``warm_start_sha256``; ``eval-v1.json`` the same of the warm start.
 """
 
 from __future__ import annotations
@@ -49,15 +56,16 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
 import yaml
+from nats.errors import Error as NatsError
 
 from coevolve.code_version import code_version
 from coevolve.experiment import ARMS
-from coevolve.experiment.machine import machine_facts
+from coevolve.experiment.machine import provenance
 from coevolve.exploration import publish_requests
 from coevolve.processes import (
     CpuLedger,
@@ -71,17 +79,22 @@ from coevolve.report.run_data import load_run, policy_files
 from coevolve.report.run_report import summarize_run
 from coevolve.services.learner.warm_start import demonstration_origin
 from coevolve.shared.messages import DecodeError, Exploration, Task, TaskAdded, decode
-from coevolve.shared.pool_client import PoolClient
+from coevolve.shared.pacing import PacingSettings
+from coevolve.shared.pool_client import PoolClient, PoolError
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.credentials import run_bus_settings
 from coevolve.shared.runtime.nats_server import free_port
 from coevolve.shared.runtime.subjects import EXPLORATIONS, TASK_ADDED
+
+if TYPE_CHECKING:
+    from coevolve.services.pool_store.config import PoolStoreConfig
 
 # coevolve first: random is paced on its curve
 RUN_ORDER = (
     "coevolve",
     "random",
     "none",
+    "labelled_control",
     "navigate",
     "attribute",
     "both",
@@ -112,6 +125,23 @@ RUN_RECORD = "run-record.json"
 # the key of an arm's last mark: where it ended (its minutes, or its learner steps)
 END_MARK = "end"
 TICK_S = 10.0
+LABELLED_CONTROL_REFUSED = (
+    "the labelled_control arm belongs to the no-label setting (labels: none with a d0.file "
+    "in the base configuration, --config): it adds labelled turns to a pool that has none. "
+    "In the labelled setting every arm's pool already starts with them"
+)
+# what eval-v1.json and an arm's marks keep of an evaluation report (besides per-task
+# scores): eval-v1.json adds the provenance of the warm start beside them
+EVAL_FIELDS = (
+    "suite",
+    "split",
+    "n",
+    "accuracy",
+    "partial_credit_mean",
+    "gt_logprob_per_token",
+    "s_per_task",
+    "total_seconds",
+)
 # how often a running arm prints where it is
 PROGRESS_EVERY_MINUTES = 5.0
 
@@ -173,10 +203,23 @@ class ExperimentSpec:
 
     def world(self) -> list[str] | None:
         """The API classes the runs train in (``pool_store.seed_classes``; None: all)."""
+        return self.pool_store().seed_classes
+
+    def pool_store(self) -> PoolStoreConfig:
+        """The runs' ``services.pool_store`` section."""
         from coevolve.services.pool_store.config import PoolStoreConfig
 
         section = self.base_settings().get("services", {}).get("pool_store", {})
-        return msgspec.convert(section, PoolStoreConfig).seed_classes
+        return msgspec.convert(section, PoolStoreConfig)
+
+    def pacing(self) -> PacingSettings:
+        """The runs' pacing contract (the ``pacing`` section)."""
+        return msgspec.convert(self.base_settings().get("pacing", {}), PacingSettings)
+
+    def check(self) -> None:
+        """ValueError when an arm does not belong to the setting."""
+        if "labelled_control" in self.arms and self.setting() != "no_labels":
+            raise ValueError(LABELLED_CONTROL_REFUSED)
 
     def marks(self) -> list[float]:
         """Minute marks before the end at which the current policy is kept for
@@ -265,6 +308,51 @@ class Pacer:
         return due
 
 
+@dataclass
+class LabelledFeed:
+    """What the labelled_control arm adds next: its labelled turns in their seeded order,
+    as many as the pacing contract owes once the learner has taken ``steps_done`` steps
+    (``PacingSettings.owed``: what a coevolve arm's data loop must have delivered by
+    then, at ``pacing.tasks_per_step`` a step after ``pacing.grace_steps``)."""
+
+    tasks: Sequence[Task]
+    pacing: PacingSettings
+    # turns sent to pool-store so far, and of them those now in the pool
+    sent: int = 0
+    delivered: int = 0
+
+    def due(self, steps_done: int) -> list[Task]:
+        """The next turns to add, each stamped with the minute it joins."""
+        missing = self.pacing.owed(steps_done) - self.delivered
+        chosen = self.tasks[self.sent : self.sent + max(0, missing)]
+        return [msgspec.structs.replace(task, created_at=time.time()) for task in chosen]
+
+    def answered(self, sent: int, in_pool: int) -> None:
+        self.sent += sent
+        self.delivered += in_pool
+
+
+def labelled_control_tasks(spec: ExperimentSpec, seed: int) -> list[Task]:
+    """The labelled train turns of the runs' world that a pool seeds with ``labels: bfcl``
+    (``seed_tasks_for`` with the base configuration's pool-store section: per-turn tasks by
+    default), in an order the seed fixes, each marked ``lineage.labelled_control``."""
+    from coevolve.services.pool_store.handler import seed_tasks_for
+
+    config = spec.pool_store()
+    tasks = [
+        task
+        for environment in config.seed_environments
+        for task in seed_tasks_for(environment, config.seed_grains, config.seed_classes)
+    ]
+    random.Random(seed).shuffle(tasks)
+    return [
+        msgspec.structs.replace(
+            task, lineage=msgspec.structs.replace(task.lineage, labelled_control=True)
+        )
+        for task in tasks
+    ]
+
+
 # ---------------------------------------------------------------------- processes
 
 
@@ -329,7 +417,9 @@ def arm_settings(
     """(config file contents, --scale values) of an arm, over the ``base`` settings."""
     detectors: dict[str, Any] = {"reservoir_seed": seed}
     scale: list[str] = []
-    if arm == "none":
+    if arm == "labelled_control" and (base or {}).get("labels") != "none":
+        raise ValueError(LABELLED_CONTROL_REFUSED)
+    if arm in ("none", "labelled_control"):  # the control's turns come from the controller
         scale.append("explorer=0")
     elif arm == "random":
         detectors["kinds"] = []
@@ -413,7 +503,7 @@ def ensure_warm_start(
         "sha256": sha256,
         "bytes": len(blob),
         "code_version": code_version(),
-        "machine": machine_facts(),
+        **provenance(),
         "made_at": time.time(),
         "seconds": round(time.monotonic() - started, 1),
     }
@@ -444,6 +534,7 @@ class ArmLive:
     mark_versions: dict[float, int] = field(default_factory=dict)
     added_minutes: list[float] = field(default_factory=list)
     requests_sent: int = 0
+    labelled_sent: int = 0
     end_minute: float = 0.0
     end_version: int = 0
     ended_by: str = "minutes"
@@ -476,13 +567,17 @@ async def control_arm(
     up_pid: int | None = None,
     progress: Callable[[str], None] | None = None,
     progress_every_minutes: float = PROGRESS_EVERY_MINUTES,
+    labelled_feed: LabelledFeed | None = None,
+    tick_s: float = TICK_S,
 ) -> ArmLive:
     """Until ``spec.minutes`` (or ``spec.steps`` learner steps): keep the policy file
     current at each mark and at the end, count tasks added, sample the CPU time of the
-    run's processes, (random arm) send the paced exploration requests, and every
+    run's processes, (random arm) send the paced exploration requests, (labelled_control
+    arm) add the labelled turns the learner's steps so far are owed, and every
     ``progress_every_minutes`` tell ``progress`` where the arm is."""
     live = ArmLive()
     labelled = spec.setting() == "labelled"  # no labels: vary D0's tasks
+    say = progress if progress is not None else print
     bus = await Bus.connect(run_bus_settings(run, url), name="experiment")
     rng = random.Random(seed)
     # policy v(N+1) is the one the learner publishes after its N-th step
@@ -539,8 +634,11 @@ async def control_arm(
                         tasks = await unguided_parents(bus, due, rng.randrange(1 << 30), labelled)
                         await publish_requests(bus, tasks, rounds=1, vary=True)
                         live.requests_sent += len(tasks)
+                if labelled_feed is not None:
+                    joined = await add_labelled_turns(bus, labelled_feed, run, live, say)
+                    live.added_minutes += [round(now, 3)] * joined
                 next_mark = min([*marks[:1], spec.minutes])
-                await anyio.sleep(min(TICK_S, max(0.5, (next_mark - minute()) * 60)))
+                await anyio.sleep(min(tick_s, max(0.5, (next_mark - minute()) * 60)))
             tg.cancel_scope.cancel()
     finally:
         with anyio.move_on_after(5, shield=True):
@@ -556,6 +654,29 @@ async def unguided_parents(bus: Bus, count: int, seed: int, labelled: bool) -> l
     with anyio.fail_after(30):
         drawn = await PoolClient(bus).sample(count, mix={origin: 1.0}, seed=seed)
     return [task for task in drawn if task.ground_truth][:count]
+
+
+async def add_labelled_turns(
+    bus: Bus, feed: LabelledFeed, run: Path, live: ArmLive, log: Callable[[str], None]
+) -> int:
+    """Send pool-store the labelled turns owed for the learner's steps so far (policy
+    v(N+1) is published after N steps); returns how many joined the pool. A turn
+    pool-store already holds (an add whose reply was lost) counts as joined; one not
+    answered is sent again at the next tick."""
+    steps_done = max(max(policy_files(run), default=1) - 1, 0)
+    tasks = feed.due(steps_done)
+    if not tasks:
+        return 0
+    try:
+        with anyio.fail_after(30):
+            reply = await PoolClient(bus).add_tasks(tasks)
+    except (TimeoutError, PoolError, NatsError) as exc:
+        log(f"labelled turns not added, sent again at the next tick: {exc!r}")
+        return 0
+    joined = len(reply.added) + len(reply.duplicates)
+    feed.answered(len(tasks), joined)
+    live.labelled_sent += len(tasks)
+    return joined
 
 
 def keep_current_policy(run: Path, marks_dir: Path, at_most: int | None = None) -> int:
@@ -575,19 +696,7 @@ def keep_current_policy(run: Path, marks_dir: Path, at_most: int | None = None) 
 def per_task(report: Mapping[str, Any]) -> dict[str, Any]:
     """What the results keep of an eval report: the headline and, per task, [success,
     partial credit, ground-truth log-likelihood per token]."""
-    kept = {
-        key: report.get(key)
-        for key in (
-            "suite",
-            "split",
-            "n",
-            "accuracy",
-            "partial_credit_mean",
-            "gt_logprob_per_token",
-            "s_per_task",
-            "total_seconds",
-        )
-    }
+    kept = {key: report.get(key) for key in EVAL_FIELDS}
     kept["tasks"] = {
         str(e["entry_id"]): [e.get("score"), e.get("partial_credit"), e.get("gt_logprob")]
         for e in report.get("entries", [])
@@ -656,8 +765,8 @@ def run_arm(
     for key, minute, version in record["mark_versions"]:
         score, error = None, None
         if version == 1:  # the adopted warm start, scored once for every arm
-            score = read_json(results / WARM_EVAL_FILE)
-            score.pop("warm_start_sha256", None)
+            warm_eval = read_json(results / WARM_EVAL_FILE)
+            score = {k: warm_eval[k] for k in (*EVAL_FIELDS, "tasks") if k in warm_eval}
         elif version > 0:
             log(f"[experiment] {arm} seed {seed}: evaluating v{version} ({key})")
             weights = directory / "marks" / f"v{version}.safetensors"
@@ -683,9 +792,24 @@ def run_arm(
         if error is not None:
             mark["eval_error"] = error
         result["marks"].append(mark)
+    # the end mark is the run's last policy (run_arm_until_end)
+    result["scored_version"] = record["mark_versions"][-1][2]
     result["summary"] = asdict(summarize_run(load_run(directory / "run")))
     write_json(result_path(results, arm, seed), result)
     return result
+
+
+def settle_end(live: ArmLive, run: Path, marks_dir: Path, steps: int | None) -> None:
+    """Make the end mark the run's last policy: one the learner published between the
+    controller's last look and the run's stop is kept and scored instead (with ``steps``,
+    the last within them: v(steps+1)), and a run that reached its steps that way ended by
+    them."""
+    last_version = None if steps is None else steps + 1
+    final = keep_current_policy(run, marks_dir, last_version)
+    if final > live.end_version:
+        live.end_version = final
+    if last_version is not None and live.end_version >= last_version:
+        live.ended_by = "steps"
 
 
 def run_arm_until_end(
@@ -710,10 +834,13 @@ def run_arm_until_end(
         reference = result_path(results, "coevolve", seed)
         curve = read_json(reference)["added_minutes"] if reference.exists() else []
         pacer = Pacer(curve)
+    feed = None
+    if arm == "labelled_control":
+        feed = LabelledFeed(labelled_control_tasks(spec, seed), spec.pacing())
     until = f"{spec.minutes:g} min" + (f" or {spec.steps} steps" if spec.steps else "")
     log(f"[experiment] {arm} seed {seed}: {until} in {run}")
     # read as the services start: the working tree may change while the arm runs
-    started_code = code_version()
+    started_code, started_from = code_version(), provenance()
     process = start_up(run, free_port(), directory / "up.log", config, scale)
     started = time.monotonic()
     wall_started = time.time()
@@ -723,6 +850,7 @@ def run_arm_until_end(
             functools.partial(
                 control_arm,
                 progress=lambda line: log(f"[experiment] {arm} seed {seed}: {line}"),
+                labelled_feed=feed,
             ),
             url,
             run,
@@ -735,6 +863,7 @@ def run_arm_until_end(
         )
     finally:
         stop_up(process, run)
+    settle_end(live, run, directory / "marks", spec.steps)
     marks = [(f"{m:g}", m, v) for m, v in sorted(live.mark_versions.items())]
     marks.append((END_MARK, live.end_minute, live.end_version))
     return {
@@ -746,10 +875,11 @@ def run_arm_until_end(
         "ended_by": live.ended_by,
         "end_minute": live.end_minute,
         "code_version": started_code,
-        "machine": machine_facts(),
+        **started_from,
         "warm_start_sha256": warm.sha256,
         "started_at": wall_started,
         "requests_sent": live.requests_sent,
+        "labelled_sent": live.labelled_sent,
         "added_minutes": live.added_minutes,
         "cpu_seconds": live.cpu.totals(),
         "mark_versions": marks,
@@ -766,6 +896,7 @@ def run_experiment(
 ) -> list[tuple[str, int]]:
     """The warm start (committed, or made once), v1's scores once, then every pending arm
     x seed (the first ``max_runs`` of them, when given); returns those run."""
+    spec.check()
     # absolute: the run directory in every command line is what finds leftover processes
     out, results = out.resolve(), results.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -794,7 +925,17 @@ def run_experiment(
             spec.eval_max_steps,
             spec.world(),
         )
-        write_json(results / WARM_EVAL_FILE, {**scores, "warm_start_sha256": warm.sha256})
+        record = {
+            "setting": spec.setting(),
+            "arm": "warm_start",  # v1, adopted by every arm
+            "seed": None,
+            "ended_by": "v1",  # the warm start stops once it has written v1
+            "steps": 0,
+            "scored_version": 1,
+            **provenance(),
+            "warm_start_sha256": warm.sha256,
+        }
+        write_json(results / WARM_EVAL_FILE, {**scores, **record})
     for arm, seed in todo:
         run_arm(spec, out, results, arm, seed, warm, base_run_dir, log)
     return todo

@@ -44,6 +44,9 @@ COMPARISONS = (
     ("random", "none"),
     ("coevolve", "none"),
     *((arm, "coevolve") for arm in (*MECHANISM_ARMS, *OBJECTIVE_ARMS)),
+    # no labels: what labelled turns at the same pace add, and how far coevolve is from it
+    ("labelled_control", "none"),
+    ("coevolve", "labelled_control"),
 )
 # (name, index in a task's [success, partial credit, log-likelihood] record)
 MEASURES = (("success", 0), ("partial credit", 1), ("log-likelihood", 2))
@@ -52,7 +55,12 @@ RESULT_NAME = re.compile(r"[a-z_]+-s\d+\.json")
 # the optional mechanisms' LLM roles, as RunSummary.role_llm_seconds names them
 MECHANISM_ROLES = ("attributor", "distiller")
 ARM_ORDER = {arm: index for index, arm in enumerate(ARMS)}
-ARM_COLORS = {"none": "tab:grey", "random": "tab:orange", "coevolve": "tab:green"}
+ARM_COLORS = {
+    "none": "tab:grey",
+    "random": "tab:orange",
+    "coevolve": "tab:green",
+    "labelled_control": "tab:blue",
+}
 SEED_STYLES = ("-", "--", ":", "-.")
 # below this many seeds the report gives no interval over seeds
 MIN_SEEDS_FOR_INTERVAL = 3
@@ -609,19 +617,28 @@ def render_experiment_report(results_dir: Path, report_dir: Path | None = None) 
     return report_dir / REPORT_FILE
 
 
+def machine_line(result: dict[str, Any]) -> str | None:
+    """The CPU and dtype a result was measured with: its ``cpu`` and ``dtype``, or the
+    ``machine`` of a result written before those (None: neither recorded)."""
+    cpu, dtype = result.get("cpu"), result.get("dtype")
+    if isinstance(cpu, dict):
+        model = cpu.get("model")
+    elif isinstance(machine := result.get("machine"), dict):
+        cpu, model, dtype = machine, machine.get("cpu"), machine.get("dtype")
+    else:
+        return None
+    return (
+        f"{model} ({cpu.get('cores')} cores, avx512_bf16 {cpu.get('avx512_bf16')}, "
+        f"amx_bf16 {cpu.get('amx_bf16')}, {dtype})"
+    )
+
+
 def _header_section(found: Results, spec: dict[str, Any]) -> list[str]:
     """The title, the spec, the warm start, what finished, on which code and machines."""
     results = found.kept
     done = ", ".join(f"{r['arm']} s{r['seed']}" for r in results) or "none yet"
     versions = sorted({str(r.get("code_version")) for r in results})
-    machines = sorted(
-        {
-            f"{m.get('cpu')} ({m.get('cores')} cores, avx512_bf16 {m.get('avx512_bf16')}, "
-            f"{m.get('dtype')})"
-            for r in results
-            if (m := r.get("machine"))
-        }
-    )
+    machines = sorted({line for r in results if (line := machine_line(r))})
     warm = found.warm_start
     arms = spec.get("arms") or sorted(
         {r["arm"] for r in results}, key=lambda arm: ARM_ORDER.get(arm, 99)

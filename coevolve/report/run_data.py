@@ -10,7 +10,9 @@ Sources, each optional (a missing one leaves its part empty):
   ``tensorboard/``.
 - ``traces/*.jsonl``: finished spans; their durations per service give the time per
   stage, and the explorer's spans for ``coevolve.signals.<kind>`` give signals over time
-  (the signals stream is a work queue, so its messages are gone once handled).
+  (the signals stream is a work queue, so its messages are gone once handled); a span's
+  ``coevolve.outcome`` attribute says what became of its work (the distiller's advice:
+  kept, or why not).
 - ``signal_monitor/state.json``: signals emitted and suppressed per kind, in total, and
   which tasks raised a signal of which kind (its rate-limit record, ``last_signal_at``).
 - ``learner/steps.jsonl``: one line per GRPO step, the groups it trained on and those it
@@ -31,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+
+from coevolve.services.distiller.config import OUTCOME_ATTRIBUTE
 
 POOL_FILE = "pool.duckdb"
 TENSORBOARD = "tensorboard"
@@ -61,11 +65,17 @@ class TaskRow:
     depth: int = 0
     # the policy version whose rollout raised the signal (a child of a signal, when known)
     signal_version: int | None = None
+    # a labelled turn the experiment's labelled_control arm added during the run (its
+    # added_at: when it joined)
+    labelled_control: bool = False
 
     @property
     def from_start(self) -> bool:
         """In the pool before the run's data loop added anything: a seed task, or a task
-        no verdict of this run added (a committed D0 task of the no-label setting)."""
+        no verdict of this run added (a committed D0 task of the no-label setting); not a
+        labelled-control turn, which joined during the run."""
+        if self.labelled_control:
+            return False
         return self.origin == "seed" or self.added_at == 0
 
 
@@ -152,6 +162,8 @@ class SpanRow:
     name: str
     start_s: float
     seconds: float
+    # its OUTCOME_ATTRIBUTE, where the service set one
+    outcome: str | None = None
 
 
 @dataclass
@@ -291,11 +303,13 @@ def load_pool(data: RunData, *, copy_when_locked: bool = True) -> None:
             # one clock for every pool event: the judge's verdict time (a task's own
             # created_at is when the abstractor drafted it, before any verdict); a task
             # no verdict added (a seed, a D0 task drafted days before the run) is there
-            # from the start: 0
+            # from the start: 0; a labelled-control turn joined at its created_at
             data.tasks = [
                 TaskRow(float(at), str(origin), str(task_id), *_lineage_fields(lineage))
                 for at, origin, task_id, lineage in db.execute(
-                    "SELECT coalesce(min(v.created_at), 0) AS added_at, t.origin, "
+                    "SELECT coalesce(min(v.created_at), CASE WHEN coalesce(json_extract("
+                    "any_value(t.lineage), '$.labelled_control')::BOOLEAN, false) "
+                    "THEN t.created_at ELSE 0 END) AS added_at, t.origin, "
                     "t.id, any_value(t.lineage) "
                     "FROM tasks t LEFT JOIN verdicts v ON v.pool_task_id = t.id AND v.added "
                     "GROUP BY t.id, t.origin, t.created_at ORDER BY added_at, t.id"
@@ -395,12 +409,14 @@ def read_spans(directory: Path) -> list[SpanRow]:
                 try:
                     record = json.loads(line)
                     start, end = int(record["start_ns"]), int(record["end_ns"])
+                    outcome = (record.get("attributes") or {}).get(OUTCOME_ATTRIBUTE)
                     spans.append(
                         SpanRow(
                             str(record.get("service") or file.name.split("-", 1)[0]),
                             str(record["name"]),
                             start / 1e9,
                             max(0.0, (end - start) / 1e9),
+                            None if outcome is None else str(outcome),
                         )
                     )
                 except (ValueError, KeyError, TypeError):
@@ -409,8 +425,11 @@ def read_spans(directory: Path) -> list[SpanRow]:
     return spans
 
 
-def _lineage_fields(lineage: str | None) -> tuple[str | None, str | None, int, int | None]:
-    """(parent task id, signal kind, depth, signal version) of a stored lineage (JSON)."""
+def _lineage_fields(
+    lineage: str | None,
+) -> tuple[str | None, str | None, int, int | None, bool]:
+    """(parent task id, signal kind, depth, signal version, labelled control) of a stored
+    lineage (JSON)."""
     try:
         chain = json.loads(lineage) if lineage else {}
     except ValueError:
@@ -428,6 +447,7 @@ def _lineage_fields(lineage: str | None) -> tuple[str | None, str | None, int, i
         str(kind) if kind else None,
         depth,
         version if isinstance(version, int) and not isinstance(version, bool) else None,
+        chain.get("labelled_control") is True,
     )
 
 

@@ -45,6 +45,7 @@ from coevolve.report.run_data import (
     StepGroup,
     load_run,
 )
+from coevolve.services.distiller.config import DISTIL_SPAN, KEPT
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -63,8 +64,6 @@ HELD_OUT_TAG = f"{EVAL_PREFIX}accuracy"
 HELD_OUT_BAND = (f"{EVAL_PREFIX}ci95_low", f"{EVAL_PREFIX}ci95_high")
 KL_NOT_COMPUTED = "KL not computed (kl_beta 0)"
 TOP_REASONS = 8
-# the distiller's span around one distillation (services/distiller/actor.py)
-DISTIL_SPAN = "distiller distil"
 NONE_YET = "none yet"
 CHILD_ROWS = 100  # accepted tasks listed in the repair section at most
 
@@ -111,6 +110,8 @@ class RunSummary:
     # self-navigating's distillation) and the experiences the distiller drew
     role_llm_seconds: dict[str, float] = field(default_factory=dict)
     experiences: int = 0
+    # advice the distiller did not keep, by reason (its spans' outcomes)
+    experiences_dropped: dict[str, int] = field(default_factory=dict)
     # the failure agent's failures against the target's on the same tasks (None: no
     # failure agent, or none of its failures on a task the target failed)
     hard_negatives: HardNegatives | None = None
@@ -181,6 +182,7 @@ def summarize_run(data: RunData) -> RunSummary:
         held_out_last=HeldOut(*held_out[-1]) if held_out else None,
         role_llm_seconds=role_llm_seconds(data),
         experiences=len(data.experiences),
+        experiences_dropped=experiences_dropped(data),
         hard_negatives=hard_negatives(data),
         tasks_added=len(grown),
     )
@@ -195,6 +197,14 @@ def role_llm_seconds(data: RunData) -> dict[str, float]:
         "distiller": sum(s.seconds for s in data.spans if s.name == DISTIL_SPAN),
     }
     return {role: round(value, 1) for role, value in seconds.items() if value}
+
+
+def experiences_dropped(data: RunData) -> dict[str, int]:
+    """Advice the distiller drew but did not keep, by reason, most frequent first."""
+    dropped = Counter(
+        s.outcome for s in data.spans if s.name == DISTIL_SPAN and s.outcome not in (None, KEPT)
+    )
+    return {str(reason): count for reason, count in dropped.most_common()}
 
 
 def learner_intake(data: RunData) -> tuple[int, int] | None:
@@ -658,7 +668,11 @@ def run_markdown(
         "",
         repair_text(data, measured),
         "",
-        *(["## Experiences", "", experiences_text(data), ""] if data.experiences else []),
+        *(
+            ["## Experiences", "", experiences_text(data, summary.experiences_dropped), ""]
+            if data.experiences or summary.experiences_dropped
+            else []
+        ),
         *(["## Step credit", "", step_credit_text(data), ""] if _labelled(data) else []),
         *(
             ["## Failure agent", "", hard_negatives_text(summary.hard_negatives), ""]
@@ -699,22 +713,33 @@ def step_credit_text(data: RunData) -> str:
     )
 
 
-def experiences_text(data: RunData) -> str:
+def experiences_text(data: RunData, dropped: dict[str, int] | None = None) -> str:
     """Self-navigating: how many experiences the distiller drew, how often rollout jobs
-    carried them, and the most carried one."""
+    carried them, the most carried one, and the advice it did not keep, by reason."""
     rows = data.experiences
-    carried = sum(row.retrieved for row in rows)
-    jobs = len(data.groups)
-    used = sum(1 for row in rows if row.retrieved)
-    top = max(rows, key=lambda row: (row.retrieved, row.created_at))
-    share = f" ({carried / jobs:.2f} a recorded group)" if jobs else ""
-    return (
-        f"The distiller drew {len(rows)} experiences from rollout groups; rollout jobs "
-        f"carried them {carried} times{share}, {used} of them at least once "
-        "(`coevolve experiences list`). The most carried "
-        f"({top.retrieved} jobs, from task `{top.task_id}`, "
-        f"minute {data.minutes(top.created_at):.1f}):\n\n> {top.text}"
-    )
+    text = f"The distiller kept no experience from rollout groups{dropped_text(dropped)}."
+    if rows:
+        carried = sum(row.retrieved for row in rows)
+        jobs = len(data.groups)
+        used = sum(1 for row in rows if row.retrieved)
+        top = max(rows, key=lambda row: (row.retrieved, row.created_at))
+        share = f" ({carried / jobs:.2f} a recorded group)" if jobs else ""
+        text = (
+            f"The distiller drew {len(rows)} experiences from rollout groups"
+            f"{dropped_text(dropped)}; rollout jobs carried them {carried} times{share}, "
+            f"{used} of them at least once (`coevolve experiences list`). The most carried "
+            f"({top.retrieved} jobs, from task `{top.task_id}`, "
+            f"minute {data.minutes(top.created_at):.1f}):\n\n> {top.text}"
+        )
+    return text
+
+
+def dropped_text(dropped: dict[str, int] | None) -> str:
+    """ ", and dropped 5 (incomplete 3, unknown_argument 2)": advice not kept, by reason."""
+    if not dropped:
+        return ""
+    reasons = ", ".join(f"{reason} {count}" for reason, count in dropped.items())
+    return f", and dropped {sum(dropped.values())} ({reasons})"
 
 
 def learning_text(data: RunData) -> str:

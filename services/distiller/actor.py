@@ -5,6 +5,10 @@ Optional (``services.distiller.enabled``). A group whose plain attempts differ e
 reward waits in a small queue (a new one pushes out the oldest); one at a time, the
 distiller asks pool-store for the group's task and the distiller role for the advice
 the better attempt holds, and publishes it as an ``Experience`` for pool-store to keep.
+Advice it does not keep (not advice, cut off, naming a function or argument the task's
+environment lacks) is counted by reason: the ``llm_rejections`` metric (role distiller),
+a log line, and the ``coevolve.outcome`` attribute of its ``distiller distil`` span,
+which ``coevolve report`` counts.
 A group missed while the service is down is not distilled: experiences are an extra.
 """
 
@@ -17,7 +21,12 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from coevolve.services.distiller.config import DistillerConfig
+from coevolve.services.distiller.config import (
+    DISTIL_SPAN,
+    KEPT,
+    OUTCOME_ATTRIBUTE,
+    DistillerConfig,
+)
 from coevolve.services.distiller.handler import contrast, distil
 from coevolve.shared.config import Settings
 from coevolve.shared.llm.client import LLMUnavailable
@@ -99,10 +108,12 @@ class DistillerActor(RoleActor):
         try:
             # the span's seconds are the distiller's role-LLM cost in the run report
             with (
-                self.tracer.start_as_current_span("distiller distil"),
+                self.tracer.start_as_current_span(DISTIL_SPAN) as span,
                 anyio.fail_after(self.config.timeout_s),
             ):
                 outcome = await distil(group, task, self.llm["distiller"], self.config)
+                if outcome is not None:
+                    span.set_attribute(OUTCOME_ATTRIBUTE, outcome_name(outcome))
         except TimeoutError:
             outcome = Rejection("timed_out", f"over {self.config.timeout_s} s")
         except LLMUnavailable as exc:
@@ -122,6 +133,11 @@ class DistillerActor(RoleActor):
         self.published += 1
         await self.metric("experiences", float(self.published))
         log.info("experience from group %s (task %s): %s", group.id, task.id, outcome.text)
+
+
+def outcome_name(outcome: Experience | Rejection) -> str:
+    """``kept``, or the kind of rejection that dropped the advice."""
+    return outcome.kind if isinstance(outcome, Rejection) else KEPT
 
 
 def build(settings: Settings) -> Actor:

@@ -7,6 +7,11 @@ import msgspec
 from coevolve.shared.config import Settings
 
 SECTION = "distiller"
+# the span of one distillation (its seconds: the role-LLM cost in `coevolve report`), and
+# its attribute naming what became of the advice: KEPT or the rejection's kind
+DISTIL_SPAN = "distiller distil"
+OUTCOME_ATTRIBUTE = "coevolve.outcome"
+KEPT = "kept"
 
 
 class DistillerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):

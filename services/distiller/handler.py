@@ -1,17 +1,22 @@
 """The distiller's work without the bus: a rollout group and its task in, an experience
-out (or why none)."""
+out (or why none). Advice that is cut off or names a function or argument the task's
+environment does not have is not kept (``shared/experience/checks.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import anyio
+
 from coevolve.services.distiller.config import DistillerConfig
+from coevolve.shared.envs import initial_tools
 from coevolve.shared.experience import (
     distil_messages,
     insight_schema,
     parse_insight,
     task_request,
 )
+from coevolve.shared.experience.checks import advice_problem
 from coevolve.shared.experience.prompt import INSIGHT_TOKENS
 from coevolve.shared.llm.client import LLMOutputError
 from coevolve.shared.llm.roles import RoleLLM
@@ -46,7 +51,8 @@ async def distil(
 ) -> Experience | Rejection | None:
     """The experience the distiller draws from ``group``: None when the group shows no
     contrast (only plain, unadvised attempts are compared), a rejection when the role's
-    answer cannot be used. Raises only ``LLMUnavailable``."""
+    answer cannot be used (not advice, cut off, or naming what the task's environment
+    does not have). Raises only ``LLMUnavailable``."""
     pair = contrast(group, config)
     if pair is None:
         return None
@@ -63,6 +69,9 @@ async def distil(
     insight = parse_insight(response.text, response.finish_reason)
     if isinstance(insight, Rejection):
         return insight
+    problem = await checked_against_environment(insight, task)
+    if problem is not None:
+        return problem
     return Experience(
         id=derived_id("experience", group.id),
         text=insight,
@@ -75,3 +84,13 @@ async def distil(
         rewards=[better.reward, worse.reward],
         policy_version=group.policy_version,
     )
+
+
+async def checked_against_environment(insight: str, task: Task) -> Rejection | None:
+    """Why ``insight`` may not be kept for ``task`` (see ``advice_problem``), or None; a
+    task whose environment cannot be set up to list its functions keeps nothing."""
+    try:
+        tools = await anyio.to_thread.run_sync(initial_tools, task)
+    except Exception as exc:  # whatever the environment raises, the advice goes unchecked
+        return Rejection("no_tools", f"task {task.id}: its functions are unknown: {exc}")
+    return advice_problem(insight, tools)

@@ -271,5 +271,6 @@ def unlabelled_seed(path: Path) -> list[Task]:
 
 
 def labelled_tasks_in(store: PoolStore) -> int:
-    """How many tasks of the pool came from a labelled dataset (origin "seed")."""
-    return store.stats().tasks_by_origin.get("seed", 0)
+    """How many tasks of the pool were seeded from a labelled dataset (origin "seed"; the
+    turns the labelled_control arm adds during a run with no labels are that arm's own)."""
+    return store.seeded_labelled_tasks()

@@ -21,7 +21,7 @@ import itertools
 import math
 import random
 from collections import Counter, deque
-from collections.abc import Sequence, Set
+from collections.abc import Collection, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeVar
 
@@ -444,23 +444,26 @@ class JobShares:
 class FreshTask:
     task_id: str
     environment: str
+    origin: str
 
 
 class FreshTasks:
-    """Synthesized tasks (children of signals, or of the same machinery unguided) never
-    fed as a rollout job, by sample key: a task's key grows with the order it joined the
-    pool, so the smallest keys are the oldest. Kept in memory by the store and rebuilt
-    when the file opens (the active ones of them without recorded results)."""
+    """Tasks new to the run that were never fed as a rollout job: synthesized tasks
+    (children of signals, or of the same machinery unguided) and labelled turns the
+    experiment's labelled_control arm added during the run, by sample key, in the order
+    they joined the pool (oldest first). Kept in memory by the store and rebuilt when the
+    file opens (the active ones of them without recorded results)."""
 
     def __init__(self) -> None:
+        # insertion-ordered: a sample key orders only within its origin
         self._by_key: dict[int, FreshTask] = {}
         self._key_of: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._by_key)
 
-    def add(self, task_id: str, sample_key: int, environment: str) -> None:
-        self._by_key[sample_key] = FreshTask(task_id, environment)
+    def add(self, task_id: str, sample_key: int, environment: str, origin: str) -> None:
+        self._by_key[sample_key] = FreshTask(task_id, environment, origin)
         self._key_of[task_id] = sample_key
 
     def drop_tasks(self, task_ids: Sequence[str]) -> None:
@@ -477,14 +480,17 @@ class FreshTasks:
 
     def task_ids(self) -> list[str]:
         """Oldest first."""
-        return [self._by_key[key].task_id for key in sorted(self._by_key)]
+        return [fresh.task_id for fresh in self._by_key.values()]
 
-    def oldest(self, count: int, environment: str | None) -> list[int]:
-        """The keys of the ``count`` oldest (in ``environment``)."""
+    def origin_of(self, key: int) -> str:
+        return self._by_key[key].origin
+
+    def oldest(self, count: int, environment: str | None, origins: Collection[str]) -> list[int]:
+        """The keys of the ``count`` oldest (in ``environment``, of ``origins``)."""
         keys = (
             key
-            for key in sorted(self._by_key)
-            if environment in (None, self._by_key[key].environment)
+            for key, fresh in self._by_key.items()
+            if environment in (None, fresh.environment) and fresh.origin in origins
         )
         return list(itertools.islice(keys, max(0, count)))
 

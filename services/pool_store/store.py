@@ -74,8 +74,10 @@ _open_files_lock = threading.Lock()
 
 _TASK_SELECT: Final = ", ".join(TASK_COLUMNS)
 _RESULTS_HANDLER: Final = "rollout_results"
-# the origin of what the synthesis machinery makes: the only tasks that are ever fresh
+# the origin of what the synthesis machinery makes: fresh until first fed as a job, as
+# are the labelled turns the experiment's labelled_control arm adds (Lineage.labelled_control)
 _FRESH_ORIGIN: Final = "synthesized"
+_LABELLED_CONTROL: Final = "coalesce(json_extract(t.lineage, '$.labelled_control')::BOOLEAN, false)"
 
 _json_encoder = msgspec.json.Encoder()
 _turns_decoder = msgspec.json.Decoder(list[str])
@@ -334,7 +336,7 @@ class PoolStore:
 
     def _load_fresh(self, task_ids: Sequence[str] | None = None) -> None:
         """Rebuild the fresh tasks (all, or those of ``task_ids``): active synthesized tasks
-        with no recorded results."""
+        and labelled-control turns with no recorded results, in the order they joined."""
         if task_ids is not None:
             if not task_ids:
                 return
@@ -342,20 +344,22 @@ class PoolStore:
         id_filter, params = _ids_clause("t.id", task_ids)
         rows = self._connection.execute(
             f"""
-            SELECT t.id, t.sample_key, t.environment FROM tasks AS t
-            WHERE t.origin = ? AND t.status = 'active'
+            SELECT t.id, t.sample_key, t.environment, t.origin FROM tasks AS t
+            WHERE (t.origin = ? OR (t.origin = 'seed' AND {_LABELLED_CONTROL}))
+              AND t.status = 'active'
               AND NOT EXISTS (SELECT 1 FROM rollout_results AS r WHERE r.task_id = t.id)
               {id_filter}
+            ORDER BY t.created_at, t.sample_key
             """,
             [_FRESH_ORIGIN, *params],
         ).fetchall()
-        for task_id, sample_key, environment in rows:
-            self._fresh.add(str(task_id), int(sample_key), str(environment))
+        for task_id, sample_key, environment, origin in rows:
+            self._fresh.add(str(task_id), int(sample_key), str(environment), str(origin))
 
     def _note_added(self, added: Sequence[tuple[Task, int]]) -> None:
         for task, sample_key in added:
-            if _is_fresh_child(task):
-                self._fresh.add(task.id, sample_key, task.environment)
+            if _is_fresh(task):
+                self._fresh.add(task.id, sample_key, task.environment, task.origin)
 
     def __enter__(self) -> PoolStore:
         return self
@@ -641,9 +645,10 @@ class PoolStore:
         when there are fewer candidates than slots are some repeated. Returns [] when no
         task matches.
 
-        ``jobs``: the tasks become rollout jobs (the job feed). Fresh synthesized tasks
-        (never fed as a job) then come first, oldest first, in up to ``fresh_share`` of
-        the slots, whatever the sampler, and are fresh no more; the sampler draws the rest.
+        ``jobs``: the tasks become rollout jobs (the job feed). Fresh tasks (synthesized
+        or labelled-control, never fed as a job) then come first, oldest first, in up to
+        ``fresh_share`` of the slots, whatever the sampler, and are fresh no more; the
+        sampler draws the rest.
         Under the learnability sampler a task then is not drawn while it holds its capped
         share of the last ``share_window`` jobs, nothing is repeated (the batch may come
         back shorter than ``size``), and the batch is counted in that window.
@@ -659,7 +664,8 @@ class PoolStore:
                 return []
             fresh = self._fresh_picks(size, weights, environment) if jobs else []
             if fresh:
-                available[_FRESH_ORIGIN] -= len(fresh)
+                for key in fresh:
+                    available[self._fresh.origin_of(key)] -= 1
                 left = any(available[origin] for origin in weights)
                 weights = origin_weights(mix, available) if left else {}
             rest = size - len(fresh)
@@ -682,15 +688,14 @@ class PoolStore:
     def _fresh_picks(
         self, size: int, weights: dict[str, float], environment: str | None
     ) -> list[int]:
-        """The keys of the fresh tasks a job batch of ``size`` starts with, oldest first;
-        none when the origin weights leave synthesized tasks out."""
-        if _FRESH_ORIGIN not in weights:
-            return []
-        return self._fresh.oldest(fresh_slots(self.sampling.fresh_share, size), environment)
+        """The keys of the fresh tasks a job batch of ``size`` starts with, oldest first,
+        of the origins the weights give a share (none of an origin they leave out)."""
+        slots = fresh_slots(self.sampling.fresh_share, size)
+        return self._fresh.oldest(slots, environment, weights.keys())
 
     def fresh_tasks(self) -> list[str]:
-        """Ids of the synthesized tasks never fed as a job, oldest first: those the next
-        job feeds draw before the sampler does."""
+        """Ids of the fresh tasks (synthesized or labelled-control) never fed as a job,
+        oldest first: those the next job feeds draw before the sampler does."""
         with self._lock:
             return self._fresh.task_ids()
 
@@ -1153,6 +1158,14 @@ class PoolStore:
             rejected_candidates=int(rejected),
         )
 
+    def seeded_labelled_tasks(self) -> int:
+        """Labelled tasks the pool was seeded with (origin "seed"), leaving out the
+        labelled-control turns an experiment added during the run."""
+        ((count,),) = self._query(
+            f"SELECT count(*) FROM tasks AS t WHERE t.origin = 'seed' AND NOT {_LABELLED_CONTROL}"
+        )
+        return int(count)
+
     def lineage(self, task_id: str) -> dict[str, Any]:
         """The chain signal -> context -> exploration -> candidate -> verdict of a task.
 
@@ -1200,10 +1213,13 @@ class PoolStore:
         }
 
 
-def _is_fresh_child(task: Task) -> bool:
-    """A synthesized task (a child of a signal, or the same machinery's unguided child),
-    active: fresh until it is first fed as a job."""
-    return task.origin == _FRESH_ORIGIN and task.status == "active"
+def _is_fresh(task: Task) -> bool:
+    """A synthesized task (a child of a signal, or the same machinery's unguided child) or
+    a labelled turn the labelled_control arm added, active: fresh until first fed as a job."""
+    new_to_run = task.origin == _FRESH_ORIGIN or (
+        task.origin == "seed" and task.lineage.labelled_control
+    )
+    return new_to_run and task.status == "active"
 
 
 def _stage(stage_id: str | None, **details: Any) -> dict[str, Any] | None:

@@ -66,6 +66,17 @@ def make_environment(name: str, **options: Any) -> Environment:
     return factory(**options)
 
 
+def initial_tools(task: Task) -> list[dict[str, Any]]:
+    """The function schemas ``task``'s environment offers from its initial state (resets
+    a fresh environment on the task: blocking, run it in a worker thread)."""
+    environment = make_environment(task.environment)
+    try:
+        environment.reset(task)
+        return environment.tools()
+    finally:
+        environment.close()
+
+
 def _make_bfcl(**options: Any) -> Environment:
     # Imported on first use so that importing the registry stays cheap.
     from coevolve.shared.envs.bfcl.environment import BfclEnvironment
@@ -89,6 +100,7 @@ __all__ = [
     "StepResult",
     "UnknownEnvironmentError",
     "available_environments",
+    "initial_tools",
     "make_environment",
     "register_environment",
     "start_tasks",

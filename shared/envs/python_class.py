@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import re
 import sys
 import types
@@ -432,6 +433,23 @@ def _load_file(spec: str, path: Path) -> Any:
     return module
 
 
+def _import_from_working_directory(spec: str, module_name: str) -> types.ModuleType:
+    """The module, from the installed packages or the working directory, as ``python -m``
+    would find it (the ``coevolve`` script and the services it starts do not put the
+    working directory on the import path themselves)."""
+    working = os.getcwd()
+    if working not in sys.path:
+        sys.path.append(working)
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        file_form = module_name.replace(".", "/") + ".py:" + spec.rpartition(":")[2]
+        raise ValueError(
+            f"{spec!r}: cannot import {module_name!r} from the installed packages or the "
+            f"working directory {working}: {exc}; or name its file: {file_form!r}"
+        ) from exc
+
+
 def load_class(spec: str) -> type:
     """``"package.module:ClassName"`` (imported) or ``"path/to/file.py:ClassName"``."""
     module_name, _, class_name = spec.rpartition(":")
@@ -440,10 +458,7 @@ def load_class(spec: str) -> type:
     if module_name.endswith(".py") or "/" in module_name:
         module = _load_file(spec, Path(module_name).expanduser().resolve())
     else:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ValueError(f"{spec!r}: cannot import {module_name!r}: {exc}") from exc
+        module = _import_from_working_directory(spec, module_name)
     found = getattr(module, class_name, None)
     if not isinstance(found, type):
         raise ValueError(f"{spec!r}: {module_name} has no class {class_name!r}")

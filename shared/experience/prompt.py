@@ -90,4 +90,6 @@ def parse_insight(text: str, finish_reason: str = "stop") -> str | Rejection:
     insight = " ".join(parsed.insight.split())
     if len(insight) < INSIGHT_MIN_CHARS:
         return Rejection("too_short", f"{len(insight)} characters: {insight!r}")
-    return clip(insight, INSIGHT_MAX_CHARS)
+    if len(insight) > INSIGHT_MAX_CHARS:  # clipped, it would end mid-sentence
+        return Rejection("too_long", f"{len(insight)} characters: {insight[:80]!r}...")
+    return insight

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any, Literal
@@ -364,6 +366,20 @@ def test_load_class_from_a_file(tmp_path: Path) -> None:
 
 def test_load_class_from_a_module() -> None:
     assert load_class(f"{MODULE}:Shop") is Shop
+
+
+def test_load_class_from_a_package_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "my_notes_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "notes_env.py").write_text(textwrap.dedent(NOTES_SOURCE))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert load_class("my_notes_pkg.notes_env:Notes").__name__ == "Notes"
+    with pytest.raises(ValueError, match=re.escape("or name its file: 'no_such_pkg/shop.py:Shop'")):
+        load_class("no_such_pkg.shop:Shop")
 
 
 @pytest.mark.parametrize(

@@ -572,3 +572,121 @@ def test_the_mechanism_columns_show_only_when_a_mechanism_spent_time(results_dir
 
     assert "| arm | seeds | uniform-group share |\n" in text
     assert "LLM s per step" not in text and "experiences drawn" not in text
+
+
+NO_LABELS = "labels: none\nd0: {file: docs/results/d0-20261129.json}\n"
+
+
+def test_the_labelled_control_arm_is_refused_in_the_labelled_setting(tmp_path: Path) -> None:
+    labelled = ExperimentSpec(("none", "labelled_control"), (0,), 10.0)
+    with pytest.raises(ValueError, match="belongs to the no-label setting"):
+        labelled.check()
+    with pytest.raises(ValueError, match="belongs to the no-label setting"):
+        arm_settings("labelled_control", 0, {"labels": "bfcl"})
+    with pytest.raises(ValueError, match="belongs to the no-label setting"):
+        run_experiment(labelled, tmp_path / "out", tmp_path / "results", tmp_path)
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+    refused = CliRunner().invoke(
+        app, ["experiment", "ablation", "--arms", "labelled_control", "--out", str(tmp_path)]
+    )
+    said = " ".join(refused.output.replace("│", " ").split())  # rich wraps it in a box
+    assert refused.exit_code == 2 and "belongs to the no-label setting" in said, said
+
+    config = tmp_path / "base.yaml"
+    config.write_text(NO_LABELS)
+    no_labels = ExperimentSpec(("none", "labelled_control"), (0,), 10.0, base_config=str(config))
+    no_labels.check()
+    settings, scale = arm_settings("labelled_control", 0, no_labels.base_settings())
+    assert scale == ["explorer=0"]  # like none: its turns come from the controller
+    assert settings["labels"] == "none"
+    assert no_labels.plan() == [("none", 0), ("labelled_control", 0)]
+
+
+def test_an_arm_scores_the_runs_last_policy_and_records_where_it_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A policy the learner publishes between the controller's last look and the run's
+    stop is the run's last: the end mark scores it (with --steps, the last within them)."""
+    scored: list[Path] = []
+
+    def stopped_after_one_more_policy(process: object, run: Path) -> None:
+        for version in (2, 3):
+            (run / "policies" / f"v{version}.safetensors").write_bytes(b"weights")
+
+    async def ended_at_v2(*args: object, **kwargs: object) -> ablation.ArmLive:
+        return ablation.ArmLive(end_minute=3.0, end_version=2, ended_by="minutes")
+
+    def evaluate(weights: Path, *args: object) -> dict[str, Any]:
+        scored.append(weights)
+        return {"n": 1, "tasks": {"t1": [1.0, 1.0, -0.5]}}
+
+    def start_up(run: Path, *args: object) -> subprocess.Popen[bytes]:
+        (run / "policies").mkdir(parents=True)
+        return subprocess.Popen(["true"])
+
+    monkeypatch.setattr(ablation, "start_up", start_up)
+    monkeypatch.setattr(ablation, "wait_for_nats_url", lambda *args: "nats://127.0.0.1:1")
+    monkeypatch.setattr(ablation, "stop_up", stopped_after_one_more_policy)
+    monkeypatch.setattr(ablation, "control_arm", ended_at_v2)
+    monkeypatch.setattr(ablation, "evaluate", evaluate)
+    warm = WarmStart(tmp_path / "warm-start.safetensors", WARM)
+    results = tmp_path / "results"
+
+    spec = ExperimentSpec(("none",), (0,), minutes=3.0)
+    result = run_arm(spec, tmp_path / "out", results, "none", 0, warm, tmp_path, lambda _: None)
+    assert result["marks"][-1]["policy_version"] == result["scored_version"] == 3
+    assert scored == [arm_dir(tmp_path / "out", "none", 0) / "marks" / "v3.safetensors"]
+    assert result["ended_by"] == "minutes"
+    assert json.loads(result_path(results, "none", 0).read_text()) == result
+    commit = result["commit"]
+    assert commit is None or re.fullmatch(r"[0-9a-f]{7,40}(\+dirty)?", commit)
+    assert set(result["cpu"]) == {"model", "cores", "avx512_bf16", "amx_bf16"}
+    assert result["dtype"] in ("float32", "bfloat16")
+    expected = {"setting": "labelled", "arm": "none", "seed": 0, "steps": None}
+    assert expected.items() <= result.items() and result["warm_start_sha256"] == WARM
+
+    scored.clear()
+    steps = ExperimentSpec(("none",), (0,), minutes=3.0, steps=1)  # v2: after its one step
+    result = run_arm(steps, tmp_path / "out", results, "none", 1, warm, tmp_path, lambda _: None)
+    assert (result["scored_version"], result["ended_by"], result["steps"]) == (2, "steps", 1)
+    assert scored == [arm_dir(tmp_path / "out", "none", 1) / "marks" / "v2.safetensors"]
+
+
+def test_the_warm_start_evaluation_records_where_and_what_it_scored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    blob = b"weights of v1"
+    (results / "warm-start.safetensors").write_bytes(blob)
+    digest = hashlib.sha256(blob).hexdigest()
+    (results / "warm-start.json").write_text(json.dumps({"sha256": digest}))
+    monkeypatch.setattr(ablation, "evaluate", lambda *args: {"n": 1, "tasks": {"t1": [0, 0, -1]}})
+    monkeypatch.setattr(ablation, "run_arm", lambda *args: None)
+
+    spec = ExperimentSpec(("none",), (0,), minutes=10.0)
+    run_experiment(spec, tmp_path / "out", results, tmp_path, log=lambda _: None)
+
+    record = json.loads((results / "eval-v1.json").read_text())
+    assert record["tasks"] == {"t1": [0, 0, -1]} and record["warm_start_sha256"] == digest
+    assert (record["scored_version"], record["setting"], record["arm"]) == (
+        1,
+        "labelled",
+        "warm_start",
+    )
+    assert (record["ended_by"], record["steps"], record["seed"]) == ("v1", 0, None)
+    assert {"commit", "cpu", "dtype"} <= record.keys()
+    # the report still finds the warm start's scores with its provenance beside them
+    assert load_results(results).warm_eval == record
+
+
+def test_the_report_sets_the_labelled_control_against_none_and_coevolve(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    for seed in (0, 1):
+        write_result(results, "none", seed, {"t1": 0.25, "t2": 0.25})
+        write_result(results, "coevolve", seed, {"t1": 0.5, "t2": 0.25})
+        write_result(results, "labelled_control", seed, {"t1": 0.75, "t2": 0.5})
+    text = render_experiment_report(results).read_text()
+    assert "| labelled_control - none | success | end |" in text
+    assert "| coevolve - labelled_control | success | end |" in text
+    assert text.startswith("# Experiment: none vs coevolve vs labelled_control\n")

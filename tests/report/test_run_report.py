@@ -11,12 +11,17 @@ from coevolve.cli import app
 from coevolve.report import plots
 from coevolve.report.run_data import RunData, SpanRow, StepGroup, StepRecord, TaskRow, load_run
 from coevolve.report.run_report import (
-    DISTIL_SPAN,
     _uniform_share_series,
     render_run_report,
     role_llm_seconds,
+    run_markdown,
     summarize_run,
 )
+from coevolve.services.distiller.actor import outcome_name
+from coevolve.services.distiller.config import DISTIL_SPAN, OUTCOME_ATTRIBUTE
+from coevolve.shared.messages import Experience
+from coevolve.shared.runtime.telemetry import JsonlSpanExporter
+from coevolve.shared.structured import Rejection
 from tests.report.conftest import SyntheticRun
 
 PLOTS = ("learning.png", "signals.png", "pool.png", "verdicts.png", "stages.png")
@@ -173,3 +178,47 @@ def test_a_no_label_runs_starting_pool_is_not_growth(tmp_path: Path) -> None:
 
     assert summary.pool_by_origin == {"explored": 2, "synthesized": 1}
     assert summary.tasks_added == summary.pool_growth == 1
+
+
+def test_the_report_counts_the_advice_the_distiller_dropped_by_reason(tmp_path: Path) -> None:
+    """The distiller's spans, written by the real exporter, name what became of each
+    piece of advice; the report counts those it did not keep."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "distiller"}))
+    exporter = JsonlSpanExporter(tmp_path / "traces" / "distiller-1-abcdef.jsonl")
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    kept = Experience(
+        text="When asked to list, call ls.",
+        task_id="t",
+        environment="bfcl",
+        request="List the files.",
+        group_id="g",
+        trajectory_ids=["best", "worst"],
+        rewards=[1.0, 0.0],
+        policy_version=3,
+    )
+    outcomes: list[Experience | Rejection] = [
+        Rejection("incomplete", "it ends mid-sentence"),
+        Rejection("unknown_argument", "send_message has no argument symbol"),
+        kept,
+        Rejection("incomplete", "an unclosed bracket"),
+    ]
+    for outcome in outcomes:
+        with tracer.start_as_current_span(DISTIL_SPAN) as span:
+            span.set_attribute(OUTCOME_ATTRIBUTE, outcome_name(outcome))
+    provider.shutdown()
+
+    data = load_run(tmp_path)
+    summary = summarize_run(data)
+    assert summary.experiences_dropped == {"incomplete": 2, "unknown_argument": 1}
+    assert (
+        "kept no experience from rollout groups, and dropped 3 (incomplete 2, "
+        "unknown_argument 1)." in run_markdown(data, summary)
+    )
+    assert "## Experiences" not in run_markdown(
+        RunData(run_dir=tmp_path), summarize_run(RunData(run_dir=tmp_path))
+    )

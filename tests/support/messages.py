@@ -23,6 +23,8 @@ NOTES_TASK = Task(
     environment="bfcl",
     user_turns=["Go to documents and create notes.txt."],
     ground_truth=[[CD, TOUCH]],
+    # the file system's functions: what the distiller checks advice against
+    env_config={"involved_classes": ["GorillaFileSystem"]},
 )
 
 

@@ -164,3 +164,54 @@ def test_fresh_share_must_lie_between_zero_and_one() -> None:
         with pytest.raises(ValueError, match="fresh_share"):
             SamplingConfig(fresh_share=share)
     assert SamplingConfig().fresh_share == 0.5
+
+
+def labelled_control_turn(make_task: TaskFactory, joined_at: float) -> Task:
+    """A labelled train turn the labelled_control arm adds during a run: origin seed, its
+    ground truth kept, marked in its lineage."""
+    return make_task(origin="seed", lineage=Lineage(labelled_control=True), created_at=joined_at)
+
+
+def test_labelled_control_turns_are_fresh_like_synthesized_ones_in_the_order_they_joined(
+    db_path: Path, make_task: TaskFactory
+) -> None:
+    with PoolStore(db_path, sampling=no_unseen_floor()) as store:
+        learnable_seeds(store, make_task)
+        child = accept_child(store, make_task)
+        control = [labelled_control_turn(make_task, joined_at=1e10 + n) for n in range(2)]
+        store.add_tasks(control)
+        # a seed task without the mark, added late, is not new data: never fresh
+        store.add_tasks([make_task(origin="seed", created_at=2e10)])
+        # the synthesized child joined first, though its origin's sample keys sort last
+        assert store.fresh_tasks() == [child.id, control[0].id, control[1].id]
+
+        config = PoolStoreConfig(sampling=store.sampling)
+        jobs = rollout_jobs(store, 6, config, queue_seq=0, first_round=0)
+        assert [job.task.id for job in jobs[:3]] == [child.id, control[0].id, control[1].id]
+        assert all(job.task.ground_truth for job in jobs[1:3])  # labels kept
+        assert store.fresh_tasks() == []
+        # a mix that leaves an origin out leaves its fresh tasks waiting
+        late = labelled_control_turn(make_task, joined_at=3e10)
+        store.add_tasks([late])
+        store.sample_batch(4, mix={"synthesized": 1.0, "explored": 1.0}, seed=0, jobs=True)
+        assert store.fresh_tasks() == [late.id]
+
+
+def test_labelled_control_turns_stay_fresh_across_a_reopen_and_are_not_the_seeded_labels(
+    db_path: Path, make_task: TaskFactory
+) -> None:
+    from coevolve.services.pool_store.handler import labelled_tasks_in
+
+    with PoolStore(db_path, sampling=no_unseen_floor()) as store:
+        explored = [make_task(origin="explored") for _ in range(3)]
+        store.add_tasks(explored)
+        control = labelled_control_turn(make_task, joined_at=1e10)
+        store.add_tasks([control])
+    with PoolStore(db_path, sampling=no_unseen_floor()) as store:
+        assert store.fresh_tasks() == [control.id]
+        assert store.stats().tasks_by_origin["seed"] == 1
+        # a no-label run's pool-store refuses a pool seeded with labels, not this one
+        assert labelled_tasks_in(store) == 0
+        store.add_tasks([make_task(origin="seed")])
+        assert labelled_tasks_in(store) == 1
+        assert store.sample_batch(1, seed=0, jobs=True)[0].id == control.id
