@@ -10,6 +10,7 @@ their runs on; the figures a stopped run leaves are read by ``coevolve.run_figur
   :func:`learner_steps`, :func:`files_exist`, or any predicate over the run), a time has
   passed, ``up`` has exited or the user pressed Ctrl-C; the run's CPU use is sampled
   meanwhile (:class:`~coevolve.processes.CpuLedger`);
+- :meth:`UpRun.expect`: a wait's end that was not the one wanted as an exception;
 - :meth:`UpRun.stop`: SIGINT to the group, SIGKILL after a grace period, then every
   process it had started and any process that carries the run directory in its command
   line (``with UpRun.start(...) as run:`` stops it on the way out too);
@@ -282,6 +283,23 @@ class UpRun:
                     on_poll(self)
         except KeyboardInterrupt:
             return "interrupted"
+
+    def expect(self, ended: Ended, wanted: Ended, waiting_for: str = "the condition") -> None:
+        """Raise unless a :meth:`wait` ended as ``wanted``: KeyboardInterrupt on Ctrl-C (the
+        caller stops as if :meth:`wait` had not caught it), RuntimeError when ``up`` exited
+        (its return code and log named), TimeoutError when the time ran out before
+        ``waiting_for``."""
+        if ended == wanted:
+            return
+        if ended == "interrupted":
+            raise KeyboardInterrupt
+        if ended == "exited":
+            raise RuntimeError(
+                f"coevolve up exited with {self.process.returncode} (see {self.log_path})"
+            )
+        raise TimeoutError(
+            f"no {waiting_for} within {self.elapsed_s():.0f} s (see {self.log_path})"
+        )
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> Stopped:
         """Stop ``up`` and everything it started (see the module's docstring)."""

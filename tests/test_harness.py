@@ -39,6 +39,7 @@ from coevolve.processes import (
 )
 from coevolve.report.run_data import LEARNER_STEPS
 from coevolve.services.learner.handler import append_step_record, step_record
+from tests.support.harness import standin_up
 from tests.support.messages import rewarded_group
 from tests.support.wait import wait_until_sync
 
@@ -59,9 +60,7 @@ time.sleep(120)
 
 
 def fake_up(tmp_path: Path, code: str = FAKE_UP, **options: Any) -> UpRun:
-    run_dir = tmp_path / "run"
-    argv = [sys.executable, "-c", code, str(run_dir)]
-    return UpRun.start(run_dir, tmp_path / "up.log", argv=argv, base=tmp_path / "base", **options)
+    return standin_up(tmp_path / "run", tmp_path / "up.log", code, **options)
 
 
 def test_a_run_is_started_waited_on_and_stopped_whole(tmp_path: Path) -> None:
@@ -89,6 +88,21 @@ def test_a_run_that_exits_ends_the_wait(tmp_path: Path) -> None:
             run.nats_url(timeout_s=5)
     assert run.stopped is not None and run.stopped.exited_early
     assert run.stopped.returncode == 3
+
+
+def test_a_wait_that_did_not_end_as_wanted_is_an_error(tmp_path: Path) -> None:
+    with fake_up(tmp_path) as run:
+        run.expect(run.wait(policy_version(1), seconds=30, poll_s=0.05), "condition")
+        with pytest.raises(TimeoutError, match="no policy v9 within"):
+            run.expect(run.wait(policy_version(9), seconds=0.0), "condition", "policy v9")
+        ended = run.wait(seconds=run.elapsed_s() + 0.1, poll_s=0.05)
+        run.expect(ended, "time")  # waited its time out, as wanted
+        with pytest.raises(KeyboardInterrupt):
+            run.expect("interrupted", "time")
+    with fake_up(tmp_path / "second", "raise SystemExit(3)") as run:
+        ended = run.wait(seconds=30, poll_s=0.05)
+        with pytest.raises(RuntimeError, match=r"exited with 3 \(see .*up\.log\)"):
+            run.expect(ended, "time")
 
 
 def test_a_wait_needs_a_condition_or_a_time(tmp_path: Path) -> None:
