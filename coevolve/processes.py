@@ -1,6 +1,7 @@
 """``coevolve up`` as a child process, and the process trees it leaves (through psutil,
-so no ``/proc`` is read by hand): what the experiment's arms and the benchmarks use to
-start a run, stop it whole and make sure nothing of it is left running."""
+so no ``/proc`` is read by hand): what the harness (``coevolve.harness``), on which the
+experiments and the benchmarks run, uses to wait for a run, stop it whole and make sure
+nothing of it is left running."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,25 +20,6 @@ from coevolve.up_state import recorded_nats_url
 
 UP_START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 60.0
-
-
-def spawn_up(
-    options: Sequence[str], env: Mapping[str, str], log_path: Path
-) -> subprocess.Popen[bytes]:
-    """``coevolve up OPTIONS`` in its own process group (so it can be stopped whole), one
-    torch thread per service and no hub access, its output appended to ``log_path``."""
-    argv = [sys.executable, "-m", "coevolve", "up", *options]
-    environment = {**env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=environment,
-            start_new_session=True,
-        )
 
 
 def wait_for_nats_url(

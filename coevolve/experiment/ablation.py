@@ -67,14 +67,8 @@ from coevolve.code_version import code_version
 from coevolve.experiment import ARMS
 from coevolve.experiment.machine import provenance
 from coevolve.exploration import publish_requests
-from coevolve.processes import (
-    CpuLedger,
-    kill_leftovers,
-    share_model_cache,
-    spawn_up,
-    stop_process_group,
-    wait_for_nats_url,
-)
+from coevolve.harness import EXTERNAL_ENDPOINTS, UpRun, files_exist
+from coevolve.processes import CpuLedger
 from coevolve.report.run_data import load_run, policy_files
 from coevolve.report.run_report import summarize_run
 from coevolve.services.learner.warm_start import demonstration_origin
@@ -83,7 +77,6 @@ from coevolve.shared.pacing import PacingSettings
 from coevolve.shared.pool_client import PoolClient, PoolError
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.credentials import run_bus_settings
-from coevolve.shared.runtime.nats_server import free_port
 from coevolve.shared.runtime.subjects import EXPLORATIONS, TASK_ADDED
 
 if TYPE_CHECKING:
@@ -115,6 +108,9 @@ MECHANISM_SETTINGS: dict[str, dict[str, Any]] = {
 EVAL_SUITE = "bfcl-turns-base"
 EVAL_SPLIT = "eval"
 WARM_START_TIMEOUT_S = 3 * 3600.0
+WARM_POLL_S = 5.0
+# the groups file follows the checkpoint: how long the warm start runs on once v1 is there
+GROUPS_AFTER_CHECKPOINT_S = 5.0
 # what says the warm start is done: v1 is announced only after its checkpoint is written
 WARM_DONE_FILES = ("checkpoints/learner.pt", "policies/v1.safetensors")
 WARM_START_FILE = "warm-start.safetensors"
@@ -358,26 +354,23 @@ def labelled_control_tasks(spec: ExperimentSpec, seed: int) -> list[Task]:
 
 def start_up(
     run_dir: Path,
-    nats_port: int,
     log_path: Path,
+    base_run_dir: Path,
     config: Path | None = None,
     scale: Sequence[str] = (),
-) -> subprocess.Popen[bytes]:
-    """``coevolve up`` in its own process group, with an optional config and scale."""
-    env = dict(os.environ)
-    for inherited in ("NATS_URL", "COEVOLVE_CONFIG", "COEVOLVE_RUN_DIR"):
-        env.pop(inherited, None)
-    options = ["--quiet", "--run-dir", str(run_dir), "--nats-port", str(nats_port)]
-    if config is not None:
-        options += ["--config", str(config)]
-    for value in scale:
-        options += ["--scale", value]
-    return spawn_up(options, env, log_path)
-
-
-def stop_up(process: subprocess.Popen[bytes], run_dir: Path) -> None:
-    stop_process_group(process)
-    kill_leftovers(str(run_dir.resolve()))
+) -> UpRun:
+    """``coevolve up`` on ``run_dir`` as every run of an experiment starts (the harness's
+    :meth:`~coevolve.harness.UpRun.start`): quiet, on a NATS server of its own, with the
+    caller's LLM endpoint and credentials, the base run's converted models linked in."""
+    return UpRun.start(
+        run_dir,
+        log_path,
+        config=config,
+        scale=scale,
+        quiet=True,
+        keep_env=EXTERNAL_ENDPOINTS,
+        base=base_run_dir,
+    )
 
 
 def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -447,25 +440,16 @@ def run_until_v1(
     done = directory / "done.json"
     if done.exists():
         return run
-    share_model_cache(run, base_run_dir)
-    process = start_up(run, free_port(), directory / "up.log", config)
-    started = time.monotonic()
-    try:
-        wait_for_nats_url(run, process)
+    with start_up(run, directory / "up.log", base_run_dir, config) as up:
+        up.nats_url()
         log(f"[experiment] warm start in {run}")
-        while not all((run / name).exists() for name in WARM_DONE_FILES):
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"coevolve up exited with {process.returncode} (see {directory / 'up.log'})"
-                )
-            if time.monotonic() - started > WARM_START_TIMEOUT_S:
-                raise TimeoutError("no policy v1 within the warm-start timeout")
-            time.sleep(5)
-        time.sleep(5)  # the groups file follows the checkpoint
-    finally:
-        stop_up(process, run)
-    write_json(done, {"seconds": round(time.monotonic() - started, 1)})
-    log(f"[experiment] warm start done in {time.monotonic() - started:.0f} s")
+        v1_written = files_exist(*WARM_DONE_FILES)
+        ended = up.wait(v1_written, seconds=WARM_START_TIMEOUT_S, poll_s=WARM_POLL_S)
+        up.expect(ended, "condition", "policy v1")
+        time.sleep(GROUPS_AFTER_CHECKPOINT_S)
+    seconds = time.monotonic() - up.started
+    write_json(done, {"seconds": round(seconds, 1)})
+    log(f"[experiment] warm start done in {seconds:.0f} s")
     return run
 
 
@@ -511,7 +495,7 @@ def ensure_warm_start(
     return WarmStart(results / WARM_START_FILE, sha256)
 
 
-def prepare_arm(out: Path, arm: str, seed: int, base_run_dir: Path) -> Path:
+def prepare_arm(out: Path, arm: str, seed: int) -> Path:
     """A fresh arm directory. An arm interrupted before its run was over starts over: its
     run, kept policies and cached scores are removed (a new run's v3 is not the old
     run's v3)."""
@@ -520,7 +504,6 @@ def prepare_arm(out: Path, arm: str, seed: int, base_run_dir: Path) -> Path:
         shutil.rmtree(directory)
     run = directory / "run"
     run.mkdir(parents=True)
-    share_model_cache(run, base_run_dir)
     return run
 
 
@@ -564,7 +547,7 @@ async def control_arm(
     started: float,
     pacer: Pacer | None,
     seed: int,
-    up_pid: int | None = None,
+    up: UpRun | None = None,
     progress: Callable[[str], None] | None = None,
     progress_every_minutes: float = PROGRESS_EVERY_MINUTES,
     labelled_feed: LabelledFeed | None = None,
@@ -572,10 +555,10 @@ async def control_arm(
 ) -> ArmLive:
     """Until ``spec.minutes`` (or ``spec.steps`` learner steps): keep the policy file
     current at each mark and at the end, count tasks added, sample the CPU time of the
-    run's processes, (random arm) send the paced exploration requests, (labelled_control
-    arm) add the labelled turns the learner's steps so far are owed, and every
-    ``progress_every_minutes`` tell ``progress`` where the arm is."""
-    live = ArmLive()
+    run's processes (``up``'s, into its ledger), (random arm) send the paced exploration
+    requests, (labelled_control arm) add the labelled turns the learner's steps so far are
+    owed, and every ``progress_every_minutes`` tell ``progress`` where the arm is."""
+    live = ArmLive() if up is None else ArmLive(cpu=up.cpu)
     labelled = spec.setting() == "labelled"  # no labels: vary D0's tasks
     say = progress if progress is not None else print
     bus = await Bus.connect(run_bus_settings(run, url), name="experiment")
@@ -615,8 +598,8 @@ async def control_arm(
             next_progress = progress_every_minutes
             while True:
                 now = minute()
-                if up_pid is not None:
-                    live.cpu.sample(up_pid)
+                if up is not None:
+                    up.sample_cpu()
                 if progress is not None and now >= next_progress:
                     progress(progress_line(now, spec, max(policy_files(run), default=0), live))
                     next_progress = now + progress_every_minutes
@@ -739,36 +722,48 @@ def evaluate(
     return per_task(eval_report(weights, run, cache, options, os.cpu_count() or 1))
 
 
-def run_arm(
-    spec: ExperimentSpec,
-    out: Path,
-    results: Path,
-    arm: str,
-    seed: int,
-    warm: WarmStart,
-    base_run_dir: Path,
-    log: Callable[[str], None] = print,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ArmRun:
+    """One arm x seed of an experiment, and where it runs and reports."""
+
+    spec: ExperimentSpec
+    out: Path
+    results: Path
+    arm: str
+    seed: int
+    warm: WarmStart
+    base_run_dir: Path
+    log: Callable[[str], None] = print
+
+    @property
+    def directory(self) -> Path:
+        return arm_dir(self.out, self.arm, self.seed)
+
+    def say(self, text: str) -> None:
+        self.log(f"[experiment] {self.arm} seed {self.seed}: {text}")
+
+
+def run_arm(job: ArmRun) -> dict[str, Any]:
     """One arm x seed, start to result file. Once its run is over, what the run saw is
     kept in the arm's directory (``RUN_RECORD``), so an arm stopped during its held-out
     evaluation resumes there instead of running again."""
-    directory = arm_dir(out, arm, seed)
+    spec, directory = job.spec, job.directory
     record_path = directory / RUN_RECORD
     if record_path.exists():
-        log(f"[experiment] {arm} seed {seed}: its run is over; evaluating its policies")
+        job.say("its run is over; evaluating its policies")
         record = read_json(record_path)
     else:
-        record = run_arm_until_end(spec, out, results, arm, seed, warm, base_run_dir, log)
+        record = run_arm_until_end(job)
         write_json(record_path, record)
     result = {key: value for key, value in record.items() if key != "mark_versions"}
     result["marks"] = []
     for key, minute, version in record["mark_versions"]:
         score, error = None, None
         if version == 1:  # the adopted warm start, scored once for every arm
-            warm_eval = read_json(results / WARM_EVAL_FILE)
+            warm_eval = read_json(job.results / WARM_EVAL_FILE)
             score = {k: warm_eval[k] for k in (*EVAL_FIELDS, "tasks") if k in warm_eval}
         elif version > 0:
-            log(f"[experiment] {arm} seed {seed}: evaluating v{version} ({key})")
+            job.say(f"evaluating v{version} ({key})")
             weights = directory / "marks" / f"v{version}.safetensors"
             cache = directory / "eval" / f"v{version}.json"
             try:
@@ -782,7 +777,7 @@ def run_arm(
                 )
             except (RuntimeError, ValueError, KeyError) as exc:  # recorded, not fatal
                 error = str(exc)
-                log(f"[experiment] {arm} seed {seed}: evaluation of v{version} failed: {exc}")
+                job.say(f"evaluation of v{version} failed: {exc}")
         mark: dict[str, Any] = {
             "mark": key,
             "minute": minute,
@@ -795,7 +790,7 @@ def run_arm(
     # the end mark is the run's last policy (run_arm_until_end)
     result["scored_version"] = record["mark_versions"][-1][2]
     result["summary"] = asdict(summarize_run(load_run(directory / "run")))
-    write_json(result_path(results, arm, seed), result)
+    write_json(result_path(job.results, job.arm, job.seed), result)
     return result
 
 
@@ -812,57 +807,37 @@ def settle_end(live: ArmLive, run: Path, marks_dir: Path, steps: int | None) -> 
         live.ended_by = "steps"
 
 
-def run_arm_until_end(
-    spec: ExperimentSpec,
-    out: Path,
-    results: Path,
-    arm: str,
-    seed: int,
-    warm: WarmStart,
-    base_run_dir: Path,
-    log: Callable[[str], None] = print,
-) -> dict[str, Any]:
+def run_arm_until_end(job: ArmRun) -> dict[str, Any]:
     """The arm's run, from a fresh directory until its minutes or steps: what it saw, with
     ``mark_versions`` (mark, minute, policy version) still to be evaluated."""
-    directory = arm_dir(out, arm, seed)
-    run = prepare_arm(out, arm, seed, base_run_dir)
-    settings, scale = arm_settings(arm, seed, spec.base_settings(), warm)
+    spec, arm, seed, directory = job.spec, job.arm, job.seed, job.directory
+    run = prepare_arm(job.out, arm, seed)
+    settings, scale = arm_settings(arm, seed, spec.base_settings(), job.warm)
     config = directory / "coevolve.yaml"
     config.write_text(yaml.safe_dump(settings))
     pacer = None
     if arm == "random":
-        reference = result_path(results, "coevolve", seed)
+        reference = result_path(job.results, "coevolve", seed)
         curve = read_json(reference)["added_minutes"] if reference.exists() else []
         pacer = Pacer(curve)
     feed = None
     if arm == "labelled_control":
         feed = LabelledFeed(labelled_control_tasks(spec, seed), spec.pacing())
     until = f"{spec.minutes:g} min" + (f" or {spec.steps} steps" if spec.steps else "")
-    log(f"[experiment] {arm} seed {seed}: {until} in {run}")
+    job.say(f"{until} in {run}")
     # read as the services start: the working tree may change while the arm runs
     started_code, started_from = code_version(), provenance()
-    process = start_up(run, free_port(), directory / "up.log", config, scale)
-    started = time.monotonic()
-    wall_started = time.time()
-    try:
-        url = wait_for_nats_url(run, process)
+    with start_up(run, directory / "up.log", job.base_run_dir, config, scale) as up:
         live = anyio.run(
-            functools.partial(
-                control_arm,
-                progress=lambda line: log(f"[experiment] {arm} seed {seed}: {line}"),
-                labelled_feed=feed,
-            ),
-            url,
+            functools.partial(control_arm, up=up, progress=job.say, labelled_feed=feed),
+            up.nats_url(),
             run,
             directory / "marks",
             spec,
-            started,
+            up.started,
             pacer,
             seed,
-            process.pid,
         )
-    finally:
-        stop_up(process, run)
     settle_end(live, run, directory / "marks", spec.steps)
     marks = [(f"{m:g}", m, v) for m, v in sorted(live.mark_versions.items())]
     marks.append((END_MARK, live.end_minute, live.end_version))
@@ -876,12 +851,13 @@ def run_arm_until_end(
         "end_minute": live.end_minute,
         "code_version": started_code,
         **started_from,
-        "warm_start_sha256": warm.sha256,
-        "started_at": wall_started,
+        "warm_start_sha256": job.warm.sha256,
+        "started_at": up.started_at,
         "requests_sent": live.requests_sent,
         "labelled_sent": live.labelled_sent,
         "added_minutes": live.added_minutes,
-        "cpu_seconds": live.cpu.totals(),
+        # sampled while it ran and once more as it stopped
+        "cpu_seconds": up.cpu.totals(),
         "mark_versions": marks,
     }
 
@@ -937,5 +913,5 @@ def run_experiment(
         }
         write_json(results / WARM_EVAL_FILE, {**scores, **record})
     for arm, seed in todo:
-        run_arm(spec, out, results, arm, seed, warm, base_run_dir, log)
+        run_arm(ArmRun(spec, out, results, arm, seed, warm, base_run_dir, log))
     return todo

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,16 +38,12 @@ from coevolve.experiment.ablation import (
     read_json,
     run_until_v1,
     start_up,
-    stop_up,
-    wait_for_nats_url,
     write_json,
 )
 from coevolve.experiment.machine import machine_facts
-from coevolve.processes import share_model_cache
 from coevolve.report.compare import compare_reports
 from coevolve.report.run_data import load_run, policy_files
 from coevolve.report.run_report import summarize_run
-from coevolve.shared.runtime.nats_server import free_port
 
 TUNE_SPLIT = "train"
 # points run their seed 0 (``<point>-s0``): the ablation's directory helpers name arms so
@@ -120,7 +115,7 @@ def point_dir(out: Path, name: str) -> Path:
     return arm_dir(out, name, SEED)
 
 
-def prepare_point(out: Path, name: str, base_run_dir: Path) -> Path:
+def prepare_point(out: Path, name: str) -> Path:
     """A fresh point directory whose run holds copies of the warm start's checkpoint, v1
     and pool (an interrupted point starts over)."""
     directory = point_dir(out, name)
@@ -131,7 +126,6 @@ def prepare_point(out: Path, name: str, base_run_dir: Path) -> Path:
         if (warm / file).exists():
             (run / file).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(warm / file, run / file)
-    share_model_cache(run, base_run_dir)
     return run
 
 
@@ -191,19 +185,14 @@ def run_point(
 ) -> dict[str, Any]:
     """One point, start to result file: the run, then its last policy on the tuning set."""
     directory = point_dir(out, point.name)
-    run = prepare_point(out, point.name, base_run_dir)
+    run = prepare_point(out, point.name)
     config = directory / "coevolve.yaml"
     config.write_text(yaml.safe_dump(merged(spec.base_settings(), point.settings())))
     log(f"[sweep] {point.name}: {spec.minutes:g} min in {run}")
-    process = start_up(run, free_port(), directory / "up.log", config, ["explorer=0"])
-    wall_started = time.time()
-    try:
-        wait_for_nats_url(run, process)
-        time.sleep(spec.minutes * 60.0)
-        if process.poll() is not None:
-            raise RuntimeError(f"coevolve up exited early (see {directory / 'up.log'})")
-    finally:
-        stop_up(process, run)
+    with start_up(run, directory / "up.log", base_run_dir, config, ["explorer=0"]) as up:
+        up.nats_url()
+        # its minutes count from its bus being up; up exiting before them fails the point
+        up.expect(up.wait(seconds=up.elapsed_s() + spec.minutes * 60.0), "time")
     last = max(policy_files(run), default=1)
     log(f"[sweep] {point.name}: scoring v{last} on the tuning set")
     weights = run / "policies" / f"v{last}.safetensors"
@@ -214,7 +203,7 @@ def run_point(
         "overrides": dict(point.overrides),
         "service": point.service,
         "minutes": spec.minutes,
-        "started_at": wall_started,
+        "started_at": up.started_at,
         "code_version": code_version(),
         "machine": machine_facts(),
         "last_version": last,

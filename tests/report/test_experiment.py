@@ -21,6 +21,7 @@ from coevolve.code_version import code_version
 from coevolve.experiment import ablation
 from coevolve.experiment.ablation import (
     RUN_RECORD,
+    ArmRun,
     ExperimentSpec,
     Pacer,
     ResultsMismatchError,
@@ -44,7 +45,9 @@ from coevolve.experiment.aggregate import (
     render_experiment_report,
     turn_differences,
 )
+from coevolve.harness import UpRun
 from coevolve.report.stats import mean_interval, paired_bootstrap_interval
+from tests.support.harness import IDLE_UP, standin_up
 
 T_975_1DF = 12.706204736
 
@@ -366,7 +369,7 @@ def test_an_arm_whose_run_is_over_resumes_at_its_evaluation(
     monkeypatch.setattr(ablation, "start_up", no_second_run)
     spec = ExperimentSpec(("none",), (0,), minutes=140.0)
     warm = WarmStart(results / "warm-start.safetensors", WARM)
-    result = run_arm(spec, out, results, "none", 0, warm, tmp_path / "base", log=lambda _: None)
+    result = run_arm(ArmRun(spec, out, results, "none", 0, warm, tmp_path / "base", lambda _: None))
 
     assert json.loads(result_path(results, "none", 0).read_text()) == result
     assert result["cpu_seconds"] == {"learner": 1.0} and "mark_versions" not in result
@@ -374,6 +377,51 @@ def test_an_arm_whose_run_is_over_resumes_at_its_evaluation(
         {"mark": "end", "minute": 140.0, "policy_version": 1, "eval": {"tasks": warm_tasks}}
     ]
     assert result["summary"]["pool_by_origin"] == {"seed": 4}
+
+
+# a stand-in for up that has written policy v1 and its checkpoint
+WRITES_V1 = """
+import json, pathlib, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+run = pathlib.Path(sys.argv[1])
+for name in ("checkpoints/learner.pt", "policies/v1.safetensors"):
+    (run / name).parent.mkdir(parents=True, exist_ok=True)
+    (run / name).write_bytes(b"v1")
+(run / "up.json").write_text(json.dumps({"nats_url": "nats://127.0.0.1:4999"}))
+time.sleep(120)
+"""
+
+
+def test_the_warm_start_runs_up_until_v1_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ablation, "WARM_POLL_S", 0.05)
+    monkeypatch.setattr(ablation, "GROUPS_AFTER_CHECKPOINT_S", 0.0)
+    started: list[UpRun] = []
+
+    def writes_v1(run: Path, log_path: Path, *args: object) -> UpRun:
+        started.append(standin_up(run, log_path, WRITES_V1))
+        return started[-1]
+
+    monkeypatch.setattr(ablation, "start_up", writes_v1)
+    lines: list[str] = []
+    run = ablation.run_until_v1(tmp_path / "warm", tmp_path, lines.append)
+
+    assert (run / "policies" / "v1.safetensors").read_bytes() == b"v1"
+    assert started[0].stopped is not None and not started[0].running
+    assert json.loads((tmp_path / "warm" / "done.json").read_text())["seconds"] >= 0.0
+    assert lines[0] == f"[experiment] warm start in {run}"
+    assert re.fullmatch(r"\[experiment\] warm start done in \d+ s", lines[1])
+    assert ablation.run_until_v1(tmp_path / "warm", tmp_path, lines.append) == run
+    assert len(started) == 1  # done once: not run again
+
+    def exits(run: Path, log_path: Path, *args: object) -> UpRun:
+        return standin_up(run, log_path, IDLE_UP.replace("time.sleep(120)", "sys.exit(3)"))
+
+    monkeypatch.setattr(ablation, "start_up", exits)
+    with pytest.raises(RuntimeError, match=r"exited with 3 \(see .*up\.log\)"):
+        ablation.run_until_v1(tmp_path / "failed", tmp_path, lines.append)
+    assert not (tmp_path / "failed" / "done.json").exists()
 
 
 def test_a_committed_warm_start_is_adopted_and_checked(tmp_path: Path) -> None:
@@ -481,17 +529,21 @@ def test_code_version_names_the_package_trees() -> None:
     assert code_version("no-such-commit") is None
 
 
+def standin(run: Path, log_path: Path, *args: object) -> UpRun:
+    """What ``ablation.start_up`` starts in these tests: a stand-in for up."""
+    return standin_up(run, log_path)
+
+
 def test_an_arm_records_the_code_its_services_started_from(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A commit made while an arm runs does not become the arm's code version."""
     versions = iter(["started-code", "later-code"])
     monkeypatch.setattr(ablation, "code_version", lambda: next(versions))
-    monkeypatch.setattr(ablation, "start_up", lambda *args: subprocess.Popen(["true"]))
-    monkeypatch.setattr(ablation, "wait_for_nats_url", lambda *args: "nats://127.0.0.1:1")
-    monkeypatch.setattr(ablation, "stop_up", lambda *args: None)
+    monkeypatch.setattr(ablation, "start_up", standin)
 
-    async def finished_arm(*args: object, **kwargs: object) -> ablation.ArmLive:
+    async def finished_arm(url: str, *args: object, **kwargs: object) -> ablation.ArmLive:
+        assert url == "nats://127.0.0.1:4999"  # the one its up recorded
         assert ablation.code_version() == "later-code"  # the tree changed meanwhile
         return ablation.ArmLive(end_minute=3.0, end_version=2, ended_by="steps")
 
@@ -499,9 +551,12 @@ def test_an_arm_records_the_code_its_services_started_from(
     spec = ExperimentSpec(("none",), (0,), minutes=140.0, steps=1)
     warm = WarmStart(tmp_path / "warm-start.safetensors", WARM)
     record = ablation.run_arm_until_end(
-        spec, tmp_path / "out", tmp_path / "results", "none", 0, warm, tmp_path, lambda _: None
+        ArmRun(
+            spec, tmp_path / "out", tmp_path / "results", "none", 0, warm, tmp_path, lambda _: None
+        )
     )
     assert record["code_version"] == "started-code"
+    assert record["cpu_seconds"]  # its stand-in for up, sampled as it stopped
     assert record["mark_versions"][-1] == ("end", 3.0, 2)
 
 
@@ -602,16 +657,30 @@ def test_the_labelled_control_arm_is_refused_in_the_labelled_setting(tmp_path: P
     assert no_labels.plan() == [("none", 0), ("labelled_control", 0)]
 
 
+# a stand-in for up whose learner publishes v2 and v3 as the run stops (after the
+# controller's last look)
+PUBLISHES_AS_IT_STOPS = """
+import json, pathlib, signal, sys, time
+run = pathlib.Path(sys.argv[1])
+
+def stop(*_):
+    (run / "policies").mkdir(exist_ok=True)
+    for version in (2, 3):
+        (run / "policies" / f"v{version}.safetensors").write_bytes(b"weights")
+    raise SystemExit(0)
+
+signal.signal(signal.SIGINT, stop)
+(run / "up.json").write_text(json.dumps({"nats_url": "nats://127.0.0.1:4999"}))
+time.sleep(120)
+"""
+
+
 def test_an_arm_scores_the_runs_last_policy_and_records_where_it_ran(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A policy the learner publishes between the controller's last look and the run's
     stop is the run's last: the end mark scores it (with --steps, the last within them)."""
     scored: list[Path] = []
-
-    def stopped_after_one_more_policy(process: object, run: Path) -> None:
-        for version in (2, 3):
-            (run / "policies" / f"v{version}.safetensors").write_bytes(b"weights")
 
     async def ended_at_v2(*args: object, **kwargs: object) -> ablation.ArmLive:
         return ablation.ArmLive(end_minute=3.0, end_version=2, ended_by="minutes")
@@ -620,20 +689,19 @@ def test_an_arm_scores_the_runs_last_policy_and_records_where_it_ran(
         scored.append(weights)
         return {"n": 1, "tasks": {"t1": [1.0, 1.0, -0.5]}}
 
-    def start_up(run: Path, *args: object) -> subprocess.Popen[bytes]:
-        (run / "policies").mkdir(parents=True)
-        return subprocess.Popen(["true"])
+    def publishes_as_it_stops(run: Path, log_path: Path, *args: object) -> UpRun:
+        return standin_up(run, log_path, PUBLISHES_AS_IT_STOPS)
 
-    monkeypatch.setattr(ablation, "start_up", start_up)
-    monkeypatch.setattr(ablation, "wait_for_nats_url", lambda *args: "nats://127.0.0.1:1")
-    monkeypatch.setattr(ablation, "stop_up", stopped_after_one_more_policy)
+    monkeypatch.setattr(ablation, "start_up", publishes_as_it_stops)
     monkeypatch.setattr(ablation, "control_arm", ended_at_v2)
     monkeypatch.setattr(ablation, "evaluate", evaluate)
     warm = WarmStart(tmp_path / "warm-start.safetensors", WARM)
     results = tmp_path / "results"
 
     spec = ExperimentSpec(("none",), (0,), minutes=3.0)
-    result = run_arm(spec, tmp_path / "out", results, "none", 0, warm, tmp_path, lambda _: None)
+    result = run_arm(
+        ArmRun(spec, tmp_path / "out", results, "none", 0, warm, tmp_path, lambda _: None)
+    )
     assert result["marks"][-1]["policy_version"] == result["scored_version"] == 3
     assert scored == [arm_dir(tmp_path / "out", "none", 0) / "marks" / "v3.safetensors"]
     assert result["ended_by"] == "minutes"
@@ -647,7 +715,9 @@ def test_an_arm_scores_the_runs_last_policy_and_records_where_it_ran(
 
     scored.clear()
     steps = ExperimentSpec(("none",), (0,), minutes=3.0, steps=1)  # v2: after its one step
-    result = run_arm(steps, tmp_path / "out", results, "none", 1, warm, tmp_path, lambda _: None)
+    result = run_arm(
+        ArmRun(steps, tmp_path / "out", results, "none", 1, warm, tmp_path, lambda _: None)
+    )
     assert (result["scored_version"], result["ended_by"], result["steps"]) == (2, "steps", 1)
     assert scored == [arm_dir(tmp_path / "out", "none", 1) / "marks" / "v2.safetensors"]
 

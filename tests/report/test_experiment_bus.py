@@ -4,7 +4,6 @@ labelled_control arm's turns paced by the learner's steps, into a real pool-stor
 from __future__ import annotations
 
 import functools
-import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +30,7 @@ from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.nats_server import NatsServer
 from coevolve.shared.runtime.subjects import EXPLORATION_REQUESTS, TASK_ADDED
 from coevolve.shared.task_sets import load_d0
+from tests.support.harness import standin_up
 from tests.support.pool_store import pool_answering, pool_store_in_portal
 from tests.support.wait import wait_until
 
@@ -126,22 +126,24 @@ def test_an_arm_ends_after_its_learner_steps(nats_server: NatsServer, tmp_path: 
     spec = ExperimentSpec(("none",), (0,), minutes=30.0, steps=2)
 
     lines: list[str] = []
-    live = anyio.run(
-        functools.partial(control_arm, progress=lines.append, progress_every_minutes=0.0),
-        nats_server.url,
-        run,
-        run / "marks",
-        spec,
-        time.monotonic(),
-        None,
-        0,
-        os.getpid(),
-    )
+    with standin_up(tmp_path / "up-run", tmp_path / "up.log") as up:
+        live = anyio.run(
+            functools.partial(
+                control_arm, up=up, progress=lines.append, progress_every_minutes=0.0
+            ),
+            nats_server.url,
+            run,
+            run / "marks",
+            spec,
+            time.monotonic(),
+            None,
+            0,
+        )
 
     assert (live.ended_by, live.end_version) == ("steps", 3)
     assert live.end_minute < 1.0
     assert (run / "marks" / "v3.safetensors").read_bytes() == b"v3"
-    assert live.cpu.totals()  # this process, sampled as the run's root
+    assert live.cpu is up.cpu and live.cpu.totals()  # the run's processes, sampled
     assert lines and re.fullmatch(
         r"minute \d+\.\d of 30: policy v3 after 2 of 2 learner steps, 0 tasks added, "
         r"\d+\.\d CPU minutes",

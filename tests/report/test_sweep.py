@@ -13,21 +13,27 @@ import pytest
 from typer.testing import CliRunner
 
 from coevolve.cli import app
+from coevolve.experiment import sweep
 from coevolve.experiment.ablation import per_task
 from coevolve.experiment.machine import machine_facts
 from coevolve.experiment.sweep import (
     POINTS,
+    POINTS_BY_NAME,
+    WARM_FILES,
     SweepMismatchError,
     SweepPoint,
     SweepSpec,
     parse_points,
     point_result,
     render_sweep_report,
+    run_point,
     run_sweep,
 )
+from coevolve.harness import UpRun
 from coevolve.report.compare import compare_reports
 from coevolve.services.learner.config import LearnerServiceConfig
 from coevolve.services.rollout.config import RolloutConfig
+from tests.support.harness import IDLE_UP, standin_up
 
 
 def test_every_point_is_a_valid_section_of_its_service() -> None:
@@ -146,3 +152,50 @@ def test_the_help_names_every_point() -> None:
     text = " ".join(shown.output.replace("│", " ").split())
     for point in POINTS:
         assert re.search(rf"(?<![\w.-]){re.escape(point.name)}(?![\w-])", text), point.name
+
+
+def test_a_point_runs_its_minutes_from_the_warm_start_and_scores_its_last_policy(
+    tmp_path: Path, pool_only_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "sweep"
+    warm = out / "warm" / "run"
+    warm.parent.mkdir(parents=True)
+    pool_only_run.rename(warm)
+    for name in WARM_FILES:
+        (warm / name).parent.mkdir(parents=True, exist_ok=True)
+        (warm / name).write_bytes(name.encode())
+    tasks = {"t1": (0, 0.2, -1.0), "t2": (1, 1.0, -0.5)}
+    (out / "warm" / "tune-v1.json").write_text(json.dumps(report(tasks, "v1")))
+    started: list[UpRun] = []
+    scored: list[Path] = []
+
+    def start(run: Path, log_path: Path, *args: object) -> UpRun:
+        started.append(standin_up(run, log_path))
+        return started[-1]
+
+    def score(weights: Path, *args: object) -> dict[str, Any]:
+        scored.append(weights)
+        return report(tasks, "last")
+
+    monkeypatch.setattr(sweep, "start_up", start)
+    monkeypatch.setattr(sweep, "score_on_tuning_set", score)
+    spec = SweepSpec(points=("lr-1e-4",), minutes=0.01, tune_tasks=2)
+    lines: list[str] = []
+    result = run_point(spec, out, POINTS_BY_NAME["lr-1e-4"], tmp_path, lines.append)
+
+    run = point_result(out, "lr-1e-4").parent / "run"
+    assert json.loads(point_result(out, "lr-1e-4").read_text()) == result
+    assert started[0].elapsed_s() >= 0.6 and not started[0].running  # its minutes, stopped
+    assert (run / "checkpoints" / "learner.pt").read_bytes() == b"checkpoints/learner.pt"
+    assert scored == [run / "policies" / "v1.safetensors"] and result["last_version"] == 1
+    assert result["summary"]["pool_by_origin"] == {"seed": 4}
+    assert result["started_at"] == started[0].started_at
+    assert lines[0] == f"[sweep] lr-1e-4: 0.01 min in {run}"
+
+    def exits(run: Path, log_path: Path, *args: object) -> UpRun:
+        return standin_up(run, log_path, IDLE_UP.replace("time.sleep(120)", "sys.exit(3)"))
+
+    monkeypatch.setattr(sweep, "start_up", exits)
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        run_point(spec, out, POINTS_BY_NAME["default"], tmp_path, lines.append)
+    assert not point_result(out, "default").exists()
