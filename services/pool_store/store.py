@@ -105,6 +105,23 @@ class UniformGroupShare:
         return self.uniform / self.groups if self.groups else None
 
 
+@dataclass(frozen=True)
+class SlotsToDraw:
+    """What the sampler fills of one ``sample_batch``: ``size`` slots (those the fresh
+    tasks left) among the origins ``weights`` gives a share (``mix`` as asked), with
+    ``available`` tasks of each; ``skip``: keys already in the batch (fresh), not counted in
+    ``available``; ``jobs``: the batch is a job feed."""
+
+    size: int
+    mix: dict[str, float] | None
+    weights: dict[str, float]
+    available: dict[str, int]
+    environment: str | None
+    rng: random.Random
+    jobs: bool
+    skip: frozenset[int]
+
+
 def _json(value: object) -> str:
     return _json_encoder.encode(value).decode()
 
@@ -671,13 +688,13 @@ class PoolStore:
             rest = size - len(fresh)
             drawn: list[int] = []
             if rest and weights:
-                skip = frozenset(fresh)
+                asked = SlotsToDraw(
+                    rest, mix, weights, available, environment, rng, jobs, frozenset(fresh)
+                )
                 if self.sampling.learnability:
-                    drawn = self._learnability_batch(
-                        rest, mix, weights, available, environment, rng, jobs, skip
-                    )
+                    drawn = self._learnability_batch(asked)
                 else:
-                    drawn = self._mix_batch(rest, mix, weights, available, environment, rng, skip)
+                    drawn = self._mix_batch(asked)
             batch = fresh + drawn
             tasks = self._fetch_by_keys(list(dict.fromkeys(batch)))
             if jobs:  # in the order the jobs are fed: the window slides job by job
@@ -699,31 +716,25 @@ class PoolStore:
         with self._lock:
             return self._fresh.task_ids()
 
-    def _mix_batch(
-        self,
-        size: int,
-        mix: dict[str, float] | None,
-        weights: dict[str, float],
-        available: dict[str, int],
-        environment: str | None,
-        rng: random.Random,
-        skip: frozenset[int],
-    ) -> list[int]:
+    def _mix_batch(self, asked: SlotsToDraw) -> list[int]:
         """The keys ``sample_batch`` draws under the dynamic and uniform samplers (the
         store's lock held): the origin mix picks each slot's origin, the sampler the task
-        within it; ``skip``: keys already in the batch, not counted in ``available``."""
-        quotas = origin_quotas(weights, size, rng)
+        within it."""
+        available, rng = asked.available, asked.rng
+        quotas = origin_quotas(asked.weights, asked.size, rng)
         picked: dict[str, list[int]] = defaultdict(list)
         if self.sampling.dynamic:
-            draws = self._dynamic_draws(quotas, available, environment, rng, picked, skip)
+            draws = self._dynamic_draws(
+                quotas, available, asked.environment, rng, picked, asked.skip
+            )
         else:
             draws = [
                 self._origin_draw(
-                    origin, min(quota, available[origin]), available[origin], rng, skip
+                    origin, min(quota, available[origin]), available[origin], rng, asked.skip
                 )
                 for origin, quota in quotas.items()
             ]
-        self._run_draws(draws, environment)
+        self._run_draws(draws, asked.environment)
         for draw in draws:
             picked[draw.origin].extend(draw.picked)
         batch: list[int] = []
@@ -734,45 +745,37 @@ class PoolStore:
         rng.shuffle(batch)
         return batch
 
-    def _learnability_batch(
-        self,
-        size: int,
-        mix: dict[str, float] | None,
-        weights: dict[str, float],
-        available: dict[str, int],
-        environment: str | None,
-        rng: random.Random,
-        jobs: bool,
-        skip: frozenset[int],
-    ) -> list[int]:
+    def _learnability_batch(self, asked: SlotsToDraw) -> list[int]:
         """The keys ``sample_batch`` draws under the learnability sampler (the store's
         lock held).
 
         The candidates are the tasks of the origins ``weights`` names: all of them as one
         set without a mix, one set per origin (with the mix's quotas) with one. In each
         set a slot goes to an unseen task with ``unseen_probability``, otherwise to a seen
-        task drawn by weight; for jobs, tasks at their capped share are left out. ``skip``:
-        keys already in the batch (fresh, so unseen), not counted in ``available``.
+        task drawn by weight; for jobs, tasks at their capped share are left out. The
+        skipped keys are fresh, so unseen.
         """
-        origins = list(weights)
+        available, rng = asked.available, asked.rng
+        environment, skip = asked.environment, asked.skip
+        origins = list(asked.weights)
         seen = {origin: self._recent.of(origin, environment) for origin in origins}
         excluded = {origin: self._recent.keys(origin) for origin in origins}
         unseen = {origin: max(0, available[origin] - len(seen[origin])) for origin in origins}
-        if jobs:
+        if asked.jobs:
             limit = self._shares.limit(sum(available[origin] for origin in origins))
             capped = self._shares.capped(limit) - skip
             if capped:
                 self._leave_out(capped, seen, excluded, unseen, environment)
         if skip:
             excluded = {origin: keys | skip for origin, keys in excluded.items()}
-        if mix:
+        if asked.mix:
             allowed = {origin: len(seen[origin]) + unseen[origin] for origin in origins}
             if not any(allowed.values()):
                 return []
-            quotas = origin_quotas(origin_weights(mix, allowed), size, rng)
+            quotas = origin_quotas(origin_weights(asked.mix, allowed), asked.size, rng)
             sets = [([origin], quota) for origin, quota in quotas.items()]
         else:
-            sets = [(origins, size)]
+            sets = [(origins, asked.size)]
         picked: list[list[int]] = []
         draws: list[list[OriginDraw]] = []
         for set_origins, slots in sets:
@@ -809,7 +812,7 @@ class PoolStore:
         batch: list[int] = []
         for keys, (_, slots) in zip(picked, sets, strict=True):
             batch.extend(keys)
-            if not jobs and keys:
+            if not asked.jobs and keys:
                 batch.extend(rng.choices(keys, k=slots - len(keys)))
         rng.shuffle(batch)
         return batch
