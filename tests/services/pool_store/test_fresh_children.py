@@ -8,7 +8,7 @@ through ``record_results``, jobs through the job feed's own function
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -61,6 +61,14 @@ def no_unseen_floor(sampler: Sampler = "learnability", **fields: float) -> Sampl
     return SamplingConfig(sampler=sampler, unseen_share=0.0, **fields)  # type: ignore[arg-type]
 
 
+@pytest.fixture
+def seeded_store(db_path: Path, make_task: TaskFactory) -> Iterator[PoolStore]:
+    """A store without the unseen tasks' floor share whose seed tasks are learnable."""
+    with PoolStore(db_path, sampling=no_unseen_floor()) as store:
+        learnable_seeds(store, make_task)
+        yield store
+
+
 @pytest.mark.parametrize("sampler", ["learnability", "dynamic", "uniform"])
 def test_the_next_job_feed_draws_a_fresh_child_first_and_only_once(
     db_path: Path, make_task: TaskFactory, sampler: Sampler
@@ -86,15 +94,17 @@ def test_the_next_job_feed_draws_a_fresh_child_first_and_only_once(
         assert store.fresh_tasks() == []
 
 
-def test_a_child_fed_once_competes_by_learnability(db_path: Path, make_task: TaskFactory) -> None:
-    with PoolStore(db_path, sampling=no_unseen_floor()) as store:
-        learnable_seeds(store, make_task)
-        child = accept_child(store, make_task)
-        assert store.sample_batch(4, seed=0, jobs=True)[0].id == child.id
-        assert store.recent_jobs(child.id) == 1  # the cap counts its job
-        # fresh no more: an unseen task weighing 0.05 against 40 weighing 1
-        later = [t.id for seed in range(1, 11) for t in store.sample_batch(4, seed=seed, jobs=True)]
-        assert child.id not in later
+def test_a_child_fed_once_competes_by_learnability(
+    seeded_store: PoolStore, make_task: TaskFactory
+) -> None:
+    child = accept_child(seeded_store, make_task)
+    assert seeded_store.sample_batch(4, seed=0, jobs=True)[0].id == child.id
+    assert seeded_store.recent_jobs(child.id) == 1  # the cap counts its job
+    # fresh no more: an unseen task weighing 0.05 against 40 weighing 1
+    later = [
+        t.id for seed in range(1, 11) for t in seeded_store.sample_batch(4, seed=seed, jobs=True)
+    ]
+    assert child.id not in later
 
 
 def test_fresh_share_zero_gives_the_sampler_every_slot(
@@ -112,31 +122,27 @@ def test_fresh_share_zero_gives_the_sampler_every_slot(
 
 
 def test_fresh_children_take_at_most_their_share_of_a_feed_oldest_first(
-    db_path: Path, make_task: TaskFactory
+    seeded_store: PoolStore, make_task: TaskFactory
 ) -> None:
-    with PoolStore(db_path, sampling=no_unseen_floor()) as store:
-        learnable_seeds(store, make_task)
-        children = [accept_child(store, make_task, f"signal-{n}") for n in range(3)]
-        first = [t.id for t in store.sample_batch(4, seed=0, jobs=True)]
-        assert first[:2] == [children[0].id, children[1].id]  # half of 4 slots
-        assert children[2].id not in first
-        # a feed of one slot still gives it to a waiting child
-        assert [t.id for t in store.sample_batch(1, seed=1, jobs=True)] == [children[2].id]
-        assert store.fresh_tasks() == []
+    children = [accept_child(seeded_store, make_task, f"signal-{n}") for n in range(3)]
+    first = [t.id for t in seeded_store.sample_batch(4, seed=0, jobs=True)]
+    assert first[:2] == [children[0].id, children[1].id]  # half of 4 slots
+    assert children[2].id not in first
+    # a feed of one slot still gives it to a waiting child
+    assert [t.id for t in seeded_store.sample_batch(1, seed=1, jobs=True)] == [children[2].id]
+    assert seeded_store.fresh_tasks() == []
 
 
 def test_a_mix_without_synthesized_weight_leaves_children_waiting(
-    db_path: Path, make_task: TaskFactory
+    seeded_store: PoolStore, make_task: TaskFactory
 ) -> None:
-    with PoolStore(db_path, sampling=no_unseen_floor()) as store:
-        learnable_seeds(store, make_task)
-        child = accept_child(store, make_task)
-        seeds_only = store.sample_batch(4, mix={"seed": 1.0}, seed=0, jobs=True)
-        assert all(t.origin == "seed" for t in seeds_only)
-        # still fresh: the next feed whose mix weighs synthesized tasks starts with it
-        mixed = store.sample_batch(4, mix={"seed": 1.0, "synthesized": 0.01}, seed=0, jobs=True)
-        assert mixed[0].id == child.id
-        assert len({t.id for t in mixed}) == 4
+    child = accept_child(seeded_store, make_task)
+    seeds_only = seeded_store.sample_batch(4, mix={"seed": 1.0}, seed=0, jobs=True)
+    assert all(t.origin == "seed" for t in seeds_only)
+    # still fresh: the next feed whose mix weighs synthesized tasks starts with it
+    mixed = seeded_store.sample_batch(4, mix={"seed": 1.0, "synthesized": 0.01}, seed=0, jobs=True)
+    assert mixed[0].id == child.id
+    assert len({t.id for t in mixed}) == 4
 
 
 def test_a_fresh_child_is_still_fresh_after_the_store_reopens(
@@ -173,28 +179,26 @@ def labelled_control_turn(make_task: TaskFactory, joined_at: float) -> Task:
 
 
 def test_labelled_control_turns_are_fresh_like_synthesized_ones_in_the_order_they_joined(
-    db_path: Path, make_task: TaskFactory
+    seeded_store: PoolStore, make_task: TaskFactory
 ) -> None:
-    with PoolStore(db_path, sampling=no_unseen_floor()) as store:
-        learnable_seeds(store, make_task)
-        child = accept_child(store, make_task)
-        control = [labelled_control_turn(make_task, joined_at=1e10 + n) for n in range(2)]
-        store.add_tasks(control)
-        # a seed task without the mark, added late, is not new data: never fresh
-        store.add_tasks([make_task(origin="seed", created_at=2e10)])
-        # the synthesized child joined first, though its origin's sample keys sort last
-        assert store.fresh_tasks() == [child.id, control[0].id, control[1].id]
+    child = accept_child(seeded_store, make_task)
+    control = [labelled_control_turn(make_task, joined_at=1e10 + n) for n in range(2)]
+    seeded_store.add_tasks(control)
+    # a seed task without the mark, added late, is not new data: never fresh
+    seeded_store.add_tasks([make_task(origin="seed", created_at=2e10)])
+    # the synthesized child joined first, though its origin's sample keys sort last
+    assert seeded_store.fresh_tasks() == [child.id, control[0].id, control[1].id]
 
-        config = PoolStoreConfig(sampling=store.sampling)
-        jobs = rollout_jobs(store, 6, config, queue_seq=0, first_round=0)
-        assert [job.task.id for job in jobs[:3]] == [child.id, control[0].id, control[1].id]
-        assert all(job.task.ground_truth for job in jobs[1:3])  # labels kept
-        assert store.fresh_tasks() == []
-        # a mix that leaves an origin out leaves its fresh tasks waiting
-        late = labelled_control_turn(make_task, joined_at=3e10)
-        store.add_tasks([late])
-        store.sample_batch(4, mix={"synthesized": 1.0, "explored": 1.0}, seed=0, jobs=True)
-        assert store.fresh_tasks() == [late.id]
+    config = PoolStoreConfig(sampling=seeded_store.sampling)
+    jobs = rollout_jobs(seeded_store, 6, config, queue_seq=0, first_round=0)
+    assert [job.task.id for job in jobs[:3]] == [child.id, control[0].id, control[1].id]
+    assert all(job.task.ground_truth for job in jobs[1:3])  # labels kept
+    assert seeded_store.fresh_tasks() == []
+    # a mix that leaves an origin out leaves its fresh tasks waiting
+    late = labelled_control_turn(make_task, joined_at=3e10)
+    seeded_store.add_tasks([late])
+    seeded_store.sample_batch(4, mix={"synthesized": 1.0, "explored": 1.0}, seed=0, jobs=True)
+    assert seeded_store.fresh_tasks() == [late.id]
 
 
 def test_labelled_control_turns_stay_fresh_across_a_reopen_and_are_not_the_seeded_labels(

@@ -178,33 +178,36 @@ def test_unseen_tasks_keep_their_floor_share(store: PoolStore, make_task: TaskFa
     assert share == pytest.approx(0.25, abs=0.03)
 
 
-def test_a_fresh_pool_is_explored_first(store: PoolStore, make_task: TaskFactory) -> None:
-    seen = [make_task() for _ in range(20)]
-    unseen = [make_task(origin="synthesized") for _ in range(40)]
+@pytest.mark.parametrize(
+    ("seen_count", "seen_scores", "unseen_origin", "counted", "share_above"),
+    [
+        # each unseen task weighs unseen_weight 0.05, each always-failed one 0.005: 2 / 2.1
+        pytest.param(20, FAILED, "synthesized", "unseen", 0.93, id="a fresh pool is explored"),
+        # 4 tasks weighing 1 against 40 unseen weighing 0.05 each: 1 - max(0.25, 2 / 6);
+        # with an unseen task weighing as much as a learnable one it was 4 / 44
+        pytest.param(4, HALF, "seed", "seen", 0.55, id="a spread of scores is drawn again"),
+    ],
+)
+def test_the_share_of_unseen_tasks_follows_what_the_seen_ones_can_teach(
+    store: PoolStore,
+    make_task: TaskFactory,
+    seen_count: int,
+    seen_scores: list[float],
+    unseen_origin: str,
+    counted: str,
+    share_above: float,
+) -> None:
+    """A fresh pool is explored first; a task with a spread of scores is drawn again
+    before new ones."""
+    seen = [make_task() for _ in range(seen_count)]
+    unseen = [make_task(origin=unseen_origin) for _ in range(40)]
     store.add_tasks([*seen, *unseen])
     for task in seen:
-        record(store, task.id, FAILED)
-    unseen_ids = {t.id for t in unseen}
+        record(store, task.id, seen_scores)
+    counted_ids = {t.id for t in (seen if counted == "seen" else unseen)}
     drawn = [t.id for seed in range(200) for t in store.sample_batch(4, seed=seed)]
-    share = sum(task_id in unseen_ids for task_id in drawn) / len(drawn)
-    # each unseen task weighs unseen_weight 0.05, each always-failed one 0.005: 2 / 2.1
-    assert share > 0.93
-
-
-def test_a_task_with_a_spread_of_scores_is_drawn_again_before_new_ones(
-    store: PoolStore, make_task: TaskFactory
-) -> None:
-    learnable = [make_task() for _ in range(4)]
-    unseen = [make_task() for _ in range(40)]
-    store.add_tasks([*learnable, *unseen])
-    for task in learnable:
-        record(store, task.id, HALF)
-    learnable_ids = {t.id for t in learnable}
-    drawn = [t.id for seed in range(200) for t in store.sample_batch(4, seed=seed)]
-    share = sum(task_id in learnable_ids for task_id in drawn) / len(drawn)
-    # 4 tasks weighing 1 against 40 unseen weighing 0.05 each: 1 - max(0.25, 2 / 6);
-    # with an unseen task weighing as much as a learnable one it was 4 / 44
-    assert share > 0.55
+    share = sum(task_id in counted_ids for task_id in drawn) / len(drawn)
+    assert share > share_above
 
 
 def test_an_explicit_mix_still_splits_the_slots_by_origin(
