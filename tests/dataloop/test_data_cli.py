@@ -15,7 +15,6 @@ import typer
 from coevolve.cli.data_cmds import signals, tasks_app
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import (
-    ExplorationContext,
     Lineage,
     Signal,
     Task,
@@ -26,6 +25,7 @@ from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import signal_subject
 from tests.dataloop.cli_harness import invoker, seeded_pool_file
 from tests.dataloop.dataloop_harness import filesystem_seed_tasks, mixed_group
+from tests.support.messages import EXPLORATION_CONTEXT
 from tests.support.pool_store import pool_store_in_portal
 
 
@@ -43,13 +43,7 @@ def accepted_verdict(parent: Task) -> Verdict:
         signal_kind="boundary",
         signal_evidence={"successes": 2, "failures": 2},
         parent_task_id=parent.id,
-        context=ExplorationContext(
-            summary="Half the attempts created the file in the wrong folder.",
-            failure_cause="touch before cd",
-            instability_pattern="order of cd and touch",
-            focus_pattern=["cd before touch"],
-            mistakes_to_avoid=["writing in the root"],
-        ),
+        context=EXPLORATION_CONTEXT,
         exploration_id="exp-1",
         exploration_mode="guided",
         exploration_steps=3,
@@ -97,7 +91,7 @@ def test_tasks_from_the_duckdb_file_when_no_pool_store_answers(
     assert chain["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
     assert chain["signal"]["kind"] == "boundary" and chain["exploration"]["steps"] == 3
     assert chain["candidate"]["id"] == "cand-1" and chain["verdict"]["accepted"] is True
-    assert chain["context"]["focus_pattern"] == ["cd before touch"]
+    assert chain["context"]["focus_pattern"] == EXPLORATION_CONTEXT.focus_pattern
 
     code, out, _ = invoke(settings, "tasks", "lineage", "synth-1")
     assert code == 0

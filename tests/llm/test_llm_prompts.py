@@ -59,6 +59,7 @@ from coevolve.shared.messages import (
     Trajectory,
 )
 from coevolve.shared.structured import Rejection, function_call_schema, parse_structured
+from tests.support.messages import EXPLORATION_CONTEXT as CONTEXT
 from tests.support.messages import untokenized_trajectory
 
 
@@ -80,15 +81,6 @@ def grammar(schema: dict[str, Any]) -> xgr.Grammar:
 
 def compact(value: Any) -> str:
     return json.dumps(msgspec.to_builtins(value), separators=(",", ":"), ensure_ascii=False)
-
-
-CONTEXT = ExplorationContext(
-    summary="The agent listed files but never moved the report.",
-    failure_cause="It called mv with a path instead of a file name.",
-    instability_pattern="Path arguments confuse it.",
-    focus_pattern=["mv with plain file names", "cd before mv"],
-    mistakes_to_avoid=["passing paths to mv"],
-)
 
 
 def flagged_trajectory(task: Task) -> Trajectory:
@@ -184,7 +176,7 @@ def test_render_trajectory_keeps_short_episodes_whole(bfcl: tuple[Task, list[Any
 def test_exploration_goal_per_kind(kind: SignalKind, bfcl: tuple[Task, list[Any]]) -> None:
     task, _ = bfcl
     goal = exploration_goal(kind, CONTEXT, task)
-    assert CONTEXT.failure_cause in goal and "mv with plain file names" in goal
+    assert CONTEXT.failure_cause in goal and CONTEXT.focus_pattern[0] in goal
     assert task.user_turns[0][:40] in goal
     assert goal.startswith(GOAL_TEMPLATES[kind].split("\n", 1)[0])
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from coevolve.shared.messages import (
     ChatMessage,
+    ExplorationContext,
     Heartbeat,
     Origin,
     PolicyVersion,
@@ -25,6 +26,14 @@ NOTES_TASK = Task(
     ground_truth=[[CD, TOUCH]],
     # the file system's functions: what the distiller checks advice against
     env_config={"involved_classes": ["GorillaFileSystem"]},
+)
+# what the abstractor made of a boundary signal on such a turn: an exploration's context
+EXPLORATION_CONTEXT = ExplorationContext(
+    summary="Half the attempts created the file in the wrong folder.",
+    failure_cause="touch before cd",
+    instability_pattern="order of cd and touch",
+    focus_pattern=["cd before touch"],
+    mistakes_to_avoid=["writing in the root"],
 )
 
 

@@ -102,55 +102,41 @@ NVDA = {"name": "get_stock_info", "arguments": {"symbol": "NVDA"}}
 AAPL = {"name": "get_stock_info", "arguments": {"symbol": "AAPL"}}
 
 
+@pytest.mark.parametrize(
+    ("answers", "first_function", "ran", "asked_again"),
+    [
+        pytest.param([NVDA, NVDA, AAPL], "get_stock_info", [NVDA, AAPL], True, id="another value"),
+        # one valid value (one order to cancel): the variant cannot differ, the round goes on
+        pytest.param(
+            [NVDA, NVDA, NVDA], "get_stock_info", [NVDA, NVDA], True, id="the same when asked twice"
+        ),
+        pytest.param(
+            [WATCHLIST, WATCHLIST], "get_watchlist", [WATCHLIST] * 2, False, id="no arguments"
+        ),
+    ],
+)
 def test_an_aimed_round_asks_again_for_an_earlier_rounds_first_call_with_its_values(
-    endpoint: FakeOpenAI, trading_task: Task
+    endpoint: FakeOpenAI,
+    trading_task: Task,
+    answers: list[dict[str, Any]],
+    first_function: str,
+    ran: list[dict[str, Any]],
+    asked_again: bool,
 ) -> None:
-    (rounds, _), counter = run(
-        endpoint,
-        [NVDA, NVDA, AAPL],
-        trading_task,
-        steps=1,
-        rounds=2,
-        first_functions=["get_stock_info"],
+    """The repeat is asked again, warmer, with the earlier rounds' calls in the prompt; one
+    asked twice runs all the same; a first call without arguments may repeat at once."""
+    (rounds, stats), counter = run(
+        endpoint, answers, trading_task, steps=1, rounds=2, first_functions=[first_function]
     )
-    assert [r.steps[0].action.arguments for r in rounds] == [{"symbol": "NVDA"}, {"symbol": "AAPL"}]
-    first_round_prompt = endpoint.requests[0]["messages"][-1]["content"]
-    second_round_prompt = endpoint.requests[1]["messages"][-1]["content"]
-    assert "Earlier rounds" not in first_round_prompt
-    assert "Earlier rounds" in second_round_prompt and '"symbol": "NVDA"' in second_round_prompt
+    first = [r.steps[0].action for r in rounds]
+    assert [{"name": call.name, "arguments": call.arguments} for call in first] == ran
+    assert len(endpoint.requests) == 2 + asked_again and not stats.rejections
     assert counter.accepted == 2
-
-
-def test_an_aimed_round_runs_the_earlier_first_call_when_asked_twice(
-    endpoint: FakeOpenAI, trading_task: Task
-) -> None:
-    # one valid value (one order to cancel): the variant cannot differ, the round goes on
-    (rounds, stats), _ = run(
-        endpoint,
-        [NVDA, NVDA, NVDA],
-        trading_task,
-        steps=1,
-        rounds=2,
-        first_functions=["get_stock_info"],
-    )
-    assert [r.steps[0].action.arguments for r in rounds] == [{"symbol": "NVDA"}] * 2
-    assert len(endpoint.requests) == 3 and not stats.rejections
-    assert endpoint.requests[2]["temperature"] > endpoint.requests[1]["temperature"]
-
-
-def test_a_first_call_without_arguments_may_repeat_across_aimed_rounds(
-    endpoint: FakeOpenAI, trading_task: Task
-) -> None:
-    (rounds, _), _ = run(
-        endpoint,
-        [WATCHLIST, WATCHLIST],
-        trading_task,
-        steps=1,
-        rounds=2,
-        first_functions=["get_watchlist"],
-    )
-    assert [r.steps[0].action.name for r in rounds] == ["get_watchlist"] * 2
-    assert len(endpoint.requests) == 2
+    prompts = [request["messages"][-1]["content"] for request in endpoint.requests]
+    assert "Earlier rounds" not in prompts[0]
+    if asked_again:
+        assert "Earlier rounds" in prompts[1] and '"symbol": "NVDA"' in prompts[1]
+        assert endpoint.requests[2]["temperature"] > endpoint.requests[1]["temperature"]
 
 
 def test_an_aimed_round_offers_only_the_other_values_the_state_holds(

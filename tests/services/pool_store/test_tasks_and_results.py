@@ -11,13 +11,13 @@ import pytest
 
 from coevolve.services.pool_store.store import PoolStore, ReadOnlyStoreError, Transaction
 from coevolve.shared.messages import (
-    ExplorationContext,
     Lineage,
     RolloutResults,
     ScoreSample,
     Task,
     ToolCall,
 )
+from tests.support.messages import EXPLORATION_CONTEXT
 
 TaskFactory = Callable[..., Task]
 
@@ -43,13 +43,7 @@ def test_task_round_trips_every_field(store: PoolStore, make_task: TaskFactory) 
             signal_id="sig-1",
             signal_kind="rare",
             signal_evidence={"pattern": "rm", "share": 0.01},
-            context=ExplorationContext(
-                summary="s",
-                failure_cause="f",
-                instability_pattern="i",
-                focus_pattern=["rm"],
-                mistakes_to_avoid=["skipping ls"],
-            ),
+            context=EXPLORATION_CONTEXT,
             exploration_id="exp-1",
             exploration_mode="guided",
             exploration_steps=3,

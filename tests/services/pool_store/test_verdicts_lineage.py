@@ -10,24 +10,16 @@ import duckdb
 
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.messages import (
-    ExplorationContext,
     Lineage,
     RolloutResults,
     ScoreSample,
     Task,
     Verdict,
 )
+from tests.support.messages import EXPLORATION_CONTEXT as CONTEXT
 
 TaskFactory = Callable[..., Task]
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "pool-store.md"
-
-CONTEXT = ExplorationContext(
-    summary="the agent deleted the wrong file",
-    failure_cause="skipped ls before rm",
-    instability_pattern="half the group succeeds",
-    focus_pattern=["ls", "rm"],
-    mistakes_to_avoid=["guessing file names"],
-)
 
 
 def candidate_verdict(make_task: TaskFactory, accepted: bool, **task_fields: object) -> Verdict:
@@ -81,7 +73,7 @@ def test_accepted_verdict_adds_task_with_lineage_chain(
         "evidence": {"rewards": [0.0, 1.0, 1.0, 0.0]},
         "parent_task_id": "seed-task-3",
     }
-    assert chain["context"]["failure_cause"] == "skipped ls before rm"
+    assert chain["context"]["failure_cause"] == CONTEXT.failure_cause
     assert chain["exploration"] == {"id": "exploration-2", "mode": "guided", "steps": 5}
     assert chain["candidate"] == {"id": "candidate-9"}
     assert chain["verdict"]["id"] == verdict.id
