@@ -15,7 +15,6 @@ import typer
 from coevolve.cli.data_cmds import signals, tasks_app
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import (
-    Lineage,
     Signal,
     Task,
     ToolCall,
@@ -25,7 +24,7 @@ from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import signal_subject
 from tests.dataloop.cli_harness import invoker, seeded_pool_file
 from tests.dataloop.dataloop_harness import filesystem_seed_tasks, mixed_group
-from tests.support.messages import EXPLORATION_CONTEXT
+from tests.support.messages import EXPLORATION_CONTEXT, GUIDED_TRACE_ID, guided_lineage
 from tests.support.pool_store import pool_store_in_portal
 
 
@@ -38,18 +37,7 @@ def cli() -> typer.Typer:
 
 
 def accepted_verdict(parent: Task) -> Verdict:
-    lineage = Lineage(
-        signal_id="sig-1",
-        signal_kind="boundary",
-        signal_evidence={"successes": 2, "failures": 2},
-        parent_task_id=parent.id,
-        context=EXPLORATION_CONTEXT,
-        exploration_id="exp-1",
-        exploration_mode="guided",
-        exploration_steps=3,
-        candidate_id="cand-1",
-        trace_id="0af7651916cd43dd8448eb211c80319c",
-    )
+    lineage = guided_lineage(parent_task_id=parent.id)
     task = Task(
         id="synth-1",
         environment="bfcl",
@@ -63,7 +51,7 @@ def accepted_verdict(parent: Task) -> Verdict:
     )
     return Verdict(
         id="verdict-1",
-        candidate_id="cand-1",
+        candidate_id=lineage.candidate_id,
         accepted=True,
         reasons=["all criteria hold"],
         task=task,
@@ -88,7 +76,7 @@ def test_tasks_from_the_duckdb_file_when_no_pool_store_answers(
     assert code == 0, err
     assert "no pool-store answering" in err
     chain = json.loads(out)
-    assert chain["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
+    assert chain["trace_id"] == GUIDED_TRACE_ID
     assert chain["signal"]["kind"] == "boundary" and chain["exploration"]["steps"] == 3
     assert chain["candidate"]["id"] == "cand-1" and chain["verdict"]["accepted"] is True
     assert chain["context"]["focus_pattern"] == EXPLORATION_CONTEXT.focus_pattern
@@ -96,7 +84,7 @@ def test_tasks_from_the_duckdb_file_when_no_pool_store_answers(
     code, out, _ = invoke(settings, "tasks", "lineage", "synth-1")
     assert code == 0
     assert "signal       sig-1  boundary" in out and "verdict      verdict-1  accepted" in out
-    assert "trace        0af7651916cd43dd8448eb211c80319c" in out
+    assert f"trace        {GUIDED_TRACE_ID}" in out
 
     code, out, _ = invoke(settings, "tasks", "show", "synth-1")
     assert code == 0 and 'mkdir({"dir_name": "drafts"})' in out

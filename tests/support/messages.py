@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from coevolve.shared.messages import (
     ChatMessage,
     ExplorationContext,
     Heartbeat,
+    Lineage,
     Origin,
     PolicyVersion,
     RolloutGroup,
@@ -35,6 +37,25 @@ EXPLORATION_CONTEXT = ExplorationContext(
     focus_pattern=["cd before touch"],
     mistakes_to_avoid=["writing in the root"],
 )
+# the trace a guided exploration's task carries from its signal to its verdict
+GUIDED_TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+
+
+def guided_lineage(**fields: Any) -> Lineage:
+    """The lineage of a task a guided exploration found: its boundary signal, the
+    context, the exploration, the candidate and the trace; ``fields`` replace any of them."""
+    found: dict[str, Any] = {
+        "signal_id": "sig-1",
+        "signal_kind": "boundary",
+        "signal_evidence": {"successes": 2, "failures": 2},
+        "context": EXPLORATION_CONTEXT,
+        "exploration_id": "exp-1",
+        "exploration_mode": "guided",
+        "exploration_steps": 3,
+        "candidate_id": "cand-1",
+        "trace_id": GUIDED_TRACE_ID,
+    }
+    return Lineage(**{**found, **fields})
 
 
 def policy_version(

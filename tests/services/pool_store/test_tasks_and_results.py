@@ -11,13 +11,12 @@ import pytest
 
 from coevolve.services.pool_store.store import PoolStore, ReadOnlyStoreError, Transaction
 from coevolve.shared.messages import (
-    Lineage,
     RolloutResults,
     ScoreSample,
     Task,
     ToolCall,
 )
-from tests.support.messages import EXPLORATION_CONTEXT
+from tests.support.messages import guided_lineage
 
 TaskFactory = Callable[..., Task]
 
@@ -39,15 +38,8 @@ def test_task_round_trips_every_field(store: PoolStore, make_task: TaskFactory) 
         ],
         description="list then delete",
         source_entry="multi_turn_base_7",
-        lineage=Lineage(
-            signal_id="sig-1",
-            signal_kind="rare",
-            signal_evidence={"pattern": "rm", "share": 0.01},
-            context=EXPLORATION_CONTEXT,
-            exploration_id="exp-1",
-            exploration_mode="guided",
-            exploration_steps=3,
-            trace_id="0af7651916cd43dd8448eb211c80319c",
+        lineage=guided_lineage(
+            signal_kind="rare", signal_evidence={"pattern": "rm", "share": 0.01}
         ),
         created_at=1_700_000_000.123456,
     )

@@ -10,34 +10,25 @@ import duckdb
 
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.messages import (
-    Lineage,
     RolloutResults,
     ScoreSample,
     Task,
     Verdict,
 )
 from tests.support.messages import EXPLORATION_CONTEXT as CONTEXT
+from tests.support.messages import GUIDED_TRACE_ID, guided_lineage
 
 TaskFactory = Callable[..., Task]
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "pool-store.md"
 
 
 def candidate_verdict(make_task: TaskFactory, accepted: bool, **task_fields: object) -> Verdict:
-    lineage = Lineage(
-        signal_id="signal-7",
-        signal_kind="boundary",
-        signal_evidence={"rewards": [0.0, 1.0, 1.0, 0.0]},
-        parent_task_id="seed-task-3",
-        context=CONTEXT,
-        exploration_id="exploration-2",
-        exploration_mode="guided",
-        exploration_steps=5,
-        candidate_id="candidate-9",
-        trace_id="4bf92f3577b34da6a3ce929d0e0e4736",
+    lineage = guided_lineage(
+        signal_evidence={"rewards": [0.0, 1.0, 1.0, 0.0]}, parent_task_id="seed-task-3"
     )
     task = make_task(origin="explored", lineage=lineage, **task_fields)
     return Verdict(
-        candidate_id="candidate-9",
+        candidate_id=lineage.candidate_id,
         accepted=accepted,
         reasons=["ground truth replays and reaches the final state"]
         if accepted
@@ -66,16 +57,16 @@ def test_accepted_verdict_adds_task_with_lineage_chain(
     assert stored.lineage.context == CONTEXT
 
     chain = store.lineage(verdict.task.id)
-    assert chain["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert chain["trace_id"] == GUIDED_TRACE_ID
     assert chain["signal"] == {
-        "id": "signal-7",
+        "id": "sig-1",
         "kind": "boundary",
         "evidence": {"rewards": [0.0, 1.0, 1.0, 0.0]},
         "parent_task_id": "seed-task-3",
     }
     assert chain["context"]["failure_cause"] == CONTEXT.failure_cause
-    assert chain["exploration"] == {"id": "exploration-2", "mode": "guided", "steps": 5}
-    assert chain["candidate"] == {"id": "candidate-9"}
+    assert chain["exploration"] == {"id": "exp-1", "mode": "guided", "steps": 3}
+    assert chain["candidate"] == {"id": "cand-1"}
     assert chain["verdict"]["id"] == verdict.id
     assert chain["verdict"]["accepted"] is True
     assert chain["verdict"]["criteria"]["final_result"] is True
