@@ -13,4 +13,12 @@ OBJECTIVE_ARMS: Final = ("eto", "coevolving_dpo")
 # the no-label setting's upper reference: none's D0, plus BFCL's labelled train turns
 # entering the pool at the pace and with the exposure synthesized tasks get
 CONTROL_ARMS: Final = ("labelled_control",)
-ARMS: Final = (*SYNTHESIS_ARMS, *MECHANISM_ARMS, *OBJECTIVE_ARMS, *CONTROL_ARMS)
+# self-navigating apart from synthesis: no explorer in either, the distiller on or off
+NAVIGATION_ARMS: Final = ("navigate_off", "navigate_on")
+ARMS: Final = (
+    *SYNTHESIS_ARMS,
+    *MECHANISM_ARMS,
+    *OBJECTIVE_ARMS,
+    *CONTROL_ARMS,
+    *NAVIGATION_ARMS,
+)

@@ -64,7 +64,7 @@ import yaml
 from nats.errors import Error as NatsError
 
 from coevolve.code_version import code_version
-from coevolve.experiment import ARMS
+from coevolve.experiment import ARMS, NAVIGATION_ARMS
 from coevolve.experiment.machine import provenance
 from coevolve.exploration import publish_requests
 from coevolve.harness import EXTERNAL_ENDPOINTS, UpRun, files_exist
@@ -93,6 +93,8 @@ RUN_ORDER = (
     "both",
     "eto",
     "coevolving_dpo",
+    "navigate_off",
+    "navigate_on",
 )
 # what each mechanism or objective arm changes in the defaults
 MECHANISM_SETTINGS: dict[str, dict[str, Any]] = {
@@ -100,6 +102,8 @@ MECHANISM_SETTINGS: dict[str, dict[str, Any]] = {
     "attribute": {"rollout": {"step_credit": {"enabled": True}}},
     "both": {"distiller": {"enabled": True}, "rollout": {"step_credit": {"enabled": True}}},
     "eto": {"learner": {"grpo": {"objective": "eto"}}},
+    "navigate_off": {"distiller": {"enabled": False}},
+    "navigate_on": {"distiller": {"enabled": True}},
     "coevolving_dpo": {
         "learner": {"grpo": {"objective": "coevolving_dpo", "preference": {"failure_agent": True}}},
         "pool_store": {"failure_agent_share": 0.25},
@@ -412,8 +416,8 @@ def arm_settings(
     scale: list[str] = []
     if arm == "labelled_control" and (base or {}).get("labels") != "none":
         raise ValueError(LABELLED_CONTROL_REFUSED)
-    if arm in ("none", "labelled_control"):  # the control's turns come from the controller
-        scale.append("explorer=0")
+    if arm in ("none", "labelled_control", *NAVIGATION_ARMS):
+        scale.append("explorer=0")  # the control's turns come from the controller
     elif arm == "random":
         detectors["kinds"] = []
     elif arm != "coevolve" and arm not in MECHANISM_SETTINGS:

@@ -47,6 +47,8 @@ COMPARISONS = (
     # no labels: what labelled turns at the same pace add, and how far coevolve is from it
     ("labelled_control", "none"),
     ("coevolve", "labelled_control"),
+    # self-navigating with synthesis off in both
+    ("navigate_on", "navigate_off"),
 )
 # (name, index in a task's [success, partial credit, log-likelihood] record)
 MEASURES = (("success", 0), ("partial credit", 1), ("log-likelihood", 2))

@@ -503,6 +503,16 @@ def test_arms_differ_only_in_synthesis() -> None:
     )
 
 
+def test_navigation_arms_have_no_explorer_and_differ_only_in_the_distiller() -> None:
+    off, off_scale = arm_settings("navigate_off", 0)
+    on, on_scale = arm_settings("navigate_on", 0)
+    assert off_scale == on_scale == ["explorer=0"]
+    assert off["services"]["distiller"] == {"enabled": False}
+    assert on["services"]["distiller"] == {"enabled": True}
+    del off["services"]["distiller"], on["services"]["distiller"]
+    assert off == on
+
+
 def test_arms_lay_their_settings_over_the_base_configuration() -> None:
     base: dict[str, Any] = {
         "services": {
