@@ -238,9 +238,16 @@ def serve_data_loop(settings: Settings, brain: Brain, **abstractor: object) -> R
     settings.services.update(
         llm=fake.llm_section(),
         pool_store=POOL_WITH_ENTRIES,
-        # the LLM's exploration: these tests script the explorer role (substitution, which
-        # asks no LLM, is test_dataloop_e2e.py's substitution test)
-        explorer={"rounds": 1, "max_steps": 2, "summarize_aimed": True, "substitution_rounds": 0},
+        # the LLM's exploration: these tests script the explorer role (the synthesis that
+        # asks no LLM is test_dataloop_e2e.py's substitution test)
+        explorer={
+            "rounds": 1,
+            "max_steps": 2,
+            "summarize_aimed": True,
+            "substitution_rounds": 0,
+            "state_variation_rounds": 0,
+            "sibling_parents": 0,
+        },
         abstractor={"leak_backend": "ngram", **abstractor},
         judge={"llm_judge": True},  # these tests cover the judge role's path too
     )

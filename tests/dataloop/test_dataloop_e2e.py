@@ -75,7 +75,14 @@ async def test_a_failed_turn_becomes_variant_turns_with_no_llm_call(
         accepted = store.list_tasks(origin="synthesized")
     assert accepted, (judge.outcomes, abstractor.dropped)
     parent_request = task.user_turns[0]
-    variants = [child for child in accepted if not child.lineage.composed_from]
+    # the failed turn's own children (others come from sibling parents, other turns that
+    # call a function it got wrong)
+    own = [
+        child
+        for child in accepted
+        if child.lineage.parent_task_id == task.id or task.id in child.lineage.composed_from
+    ]
+    variants = [child for child in own if child.lineage.replaced]
     assert variants
     for child in variants:
         calls = child.ground_truth[0]
@@ -87,7 +94,11 @@ async def test_a_failed_turn_becomes_variant_turns_with_no_llm_call(
         assert "add_to_watchlist" in child.lineage.target_functions
     # composed turns (a first turn, so joined with pool tasks of its setting): the failed
     # turn's calls, or a variant's, are part of each
-    for child in accepted:
+    for child in own:
+        if child.lineage.varied_state:  # the same calls on another state
+            assert [c.name for c in child.ground_truth[0]] == [c.name for c in task.ground_truth[0]]
+            assert child.initial_state != task.initial_state
+    for child in own:
         if child.lineage.composed_from:
             names = [c.name for c in child.ground_truth[0]]
             assert len(names) > 2 and "add_to_watchlist" in names
