@@ -166,35 +166,26 @@ async def synthesized(
     signal: Signal | None,
     failed: list[FailedCall],
 ) -> Explored:
-    """The synthesis machinery on ``task``: up to ``substitution_rounds`` variants and up
-    to ``composition_rounds`` composed turns, as guided explorations of ``signal`` (aimed
-    at ``failed``) or, without a signal, unguided ones (the control that the same
-    machinery aimed at nothing gives). No LLM is asked."""
+    """The synthesis machinery on ``task``: up to ``substitution_rounds`` variants, up to
+    ``composition_rounds`` composed turns and up to ``state_variation_rounds`` state
+    variants, as guided explorations of ``signal`` (aimed at ``failed``) or, without a
+    signal, unguided ones (the control that the same machinery aimed at nothing gives).
+    No LLM is asked."""
     config = deps.config
+    make_env = partial(make_environment, task.environment)
     substituted: list[ExplorationRound] = []
     if config.substitution_rounds > 0:
         with deps.tracer.start_as_current_span("explorer substitute"):
+            substitute = partial(substitution_rounds, known_values=deps.labelled)
             substituted = await anyio.to_thread.run_sync(
-                partial(
-                    substitution_rounds,
-                    task,
-                    partial(make_environment, task.environment),
-                    config.substitution_rounds,
-                    seed=seed,
-                    known_values=deps.labelled,
-                )
+                partial(substitute, task, make_env, config.substitution_rounds, seed=seed)
             )
     with deps.tracer.start_as_current_span("explorer compose"):
         composed = await composed_rounds_for(task, seed, substituted, deps)
     with deps.tracer.start_as_current_span("explorer vary state"):
+        limit = config.state_variation_rounds
         varied = await anyio.to_thread.run_sync(
-            partial(
-                state_variation_rounds,
-                task,
-                partial(make_environment, task.environment),
-                config.state_variation_rounds,
-                seed=seed,
-            )
+            partial(state_variation_rounds, task, make_env, limit, seed=seed)
         )
     mode: ExplorationMode = "guided" if signal is not None else "unguided"
 
