@@ -106,12 +106,15 @@ def test_a_wait_that_did_not_end_as_wanted_is_an_error(tmp_path: Path) -> None:
 
 
 def test_a_wait_needs_a_condition_or_a_time(tmp_path: Path) -> None:
-    with fake_up(tmp_path) as run, pytest.raises(ValueError):
-        run.wait()
+    with fake_up(tmp_path) as run:
+        run.nats_url(timeout_s=10)  # stopped once it handles SIGINT, not while it starts
+        with pytest.raises(ValueError):
+            run.wait()
 
 
 def test_the_learner_steps_condition_counts_step_records(tmp_path: Path) -> None:
     with fake_up(tmp_path) as run:
+        run.nats_url(timeout_s=10)  # stopped once it handles SIGINT, not while it starts
         assert not learner_steps(1)(run)
         groups = [rewarded_group("g1", "t", "seed", 1, 0.0, 1.0)]
         record = step_record(
