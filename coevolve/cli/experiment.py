@@ -53,7 +53,8 @@ def ablation(
             help="Comma-separated arms: none, random, coevolve (synthesis); navigate, "
             "attribute, both (mechanisms, on top of coevolve); eto, coevolving_dpo "
             "(learner objectives instead of GRPO, on top of coevolve); labelled_control "
-            "(no-label setting only: none plus labelled train turns at the pacing rate)."
+            "(no-label setting only: none plus labelled train turns at the pacing rate); "
+            "navigate_off, navigate_on (no synthesis; the distiller off or on)."
         ),
     ] = "none,random,coevolve",
     seeds: Annotated[int, typer.Option(help="Seeds per arm (0 .. S-1).", min=1)] = 3,
