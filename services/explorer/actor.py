@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import anyio
@@ -92,23 +92,26 @@ class ExplorerActor(RoleActor):
         )
 
     async def _atoms_for(self, task: Task) -> list[Task]:
-        """The pool's tasks that start where ``task`` starts ([] when pool-store is away:
-        composition then joins nothing)."""
-        try:
-            return await PoolClient(self.bus).atoms_for(task.id)
-        except Exception as exc:
-            log.warning("no atoms for task %s: %r", task.id, exc)
-            return []
+        """The pool's tasks that start where ``task`` starts (none when pool-store is
+        away: composition then joins nothing)."""
+        return await self._pool_tasks("atoms", task, PoolClient(self.bus).atoms_for(task.id))
 
     async def _tasks_calling(self, task: Task, functions: list[str]) -> list[Task]:
         """The pool's unsynthesized tasks besides ``task`` that call one of ``functions``
-        ([] when pool-store is away: the signal's own turn is varied alone)."""
+        (none when pool-store is away: the signal's own turn is varied alone)."""
+        client = PoolClient(self.bus)
+        asked = client.tasks_calling(
+            functions, task.environment, exclude=[task.id], limit=SIBLINGS_ASKED
+        )
+        return await self._pool_tasks("sibling parents", task, asked)
+
+    @staticmethod
+    async def _pool_tasks(what: str, task: Task, asked: Awaitable[list[Task]]) -> list[Task]:
+        """What pool-store answered, or [] with a warning when it did not."""
         try:
-            return await PoolClient(self.bus).tasks_calling(
-                functions, task.environment, exclude=[task.id], limit=SIBLINGS_ASKED
-            )
+            return await asked
         except Exception as exc:
-            log.warning("no sibling parents for task %s: %r", task.id, exc)
+            log.warning("no %s for task %s: %r", what, task.id, exc)
             return []
 
     async def on_signal(self, signal: Signal, _: Delivery) -> None:
