@@ -122,6 +122,11 @@ class D0Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     environment: str = "bfcl"
     # stop at this many accepted tasks, or after max_explorations or max_minutes
     tasks: int = 24
+    # `up` with no D0 file builds only this many before training starts; the explorer goes
+    # on discovering beside training (explorer.discover_when_idle_s). 4: the 1.5B role
+    # model accepted a task every 2.4 min (21 in 50.6, docs/no-labels.md), so v1 comes
+    # within about 15 minutes on 2 cores
+    first_tasks: int = 4
     max_explorations: int = 48
     max_minutes: float = 60.0
     # exploration rounds per start state (each a fresh environment)
@@ -133,8 +138,10 @@ class D0Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     role_model: str | None = "qwen2.5-coder-1.5b-instruct"
 
     def __post_init__(self) -> None:
-        if self.tasks < 1 or self.max_explorations < 1 or self.rounds < 1:
-            raise ValueError("d0.tasks, d0.max_explorations and d0.rounds must be >= 1")
+        if min(self.tasks, self.first_tasks, self.max_explorations, self.rounds) < 1:
+            raise ValueError(
+                "d0.tasks, d0.first_tasks, d0.max_explorations and d0.rounds must be >= 1"
+            )
         if not self.max_minutes > 0:
             raise ValueError("d0.max_minutes must be > 0")
 

@@ -70,8 +70,16 @@ def ensure_d0(settings: Settings) -> Path:
     """The run's D0 file, checked; built first (with progress lines) when missing."""
     path = settings.d0.path(settings.run_dir)
     if not path.is_file():
-        typer.echo(f"[d0] no D0 at {path}: building it (coevolve discover)", err=True)
-        build_d0(settings, path)
+        first = min(settings.d0.first_tasks, settings.d0.tasks)
+        typer.echo(
+            f"[d0] no D0 at {path}: discovering its first {first} tasks (d0.first_tasks), "
+            "then training starts and discovery goes on beside it",
+            err=True,
+        )
+        build_d0(
+            msgspec.structs.replace(settings, d0=msgspec.structs.replace(settings.d0, tasks=first)),
+            path,
+        )
     try:
         d0 = load_d0(path)
     except D0Error as exc:

@@ -4,8 +4,8 @@ one file (``shared/task_sets.py``).
 
 The explorer, abstractor and judge are the services' own handlers with the run's
 sections, in this process and in order (as the lockstep schedule's synthesis runs them).
-Start states come from ``coevolve.shared.envs.start_tasks``: they carry no user turn and
-no ground truth, so nothing labelled reaches a prompt. Every finished exploration is
+Start states come from ``services/explorer/discovery.py``: they carry no user turn and no
+ground truth, so nothing labelled reaches a prompt. Every finished exploration is
 appended to ``<out>.partial.jsonl``; an interrupted build resumes from it.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import random
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -30,15 +29,19 @@ from coevolve.code_version import code_version
 from coevolve.services.abstractor.config import AbstractorConfig
 from coevolve.services.abstractor.handler import AbstractorDeps, abstract, similarity_cache_dir
 from coevolve.services.explorer.config import ExplorerConfig
+from coevolve.services.explorer.discovery import (
+    calls_of,
+    discovery_request,
+    start_order,
+    world_starts,
+)
 from coevolve.services.explorer.handler import ExplorerDeps, explore_request
 from coevolve.services.judge.config import JudgeConfig
 from coevolve.services.judge.handler import JudgeDeps, judge_candidate
-from coevolve.services.pool_store.config import PoolStoreConfig
 from coevolve.shared.config import Settings
-from coevolve.shared.envs import start_tasks
 from coevolve.shared.llm import RoleClients
 from coevolve.shared.llm.server import MODEL_ENV
-from coevolve.shared.messages import ExplorationRequest, PoolStats, Task, ToolCall, derived_id
+from coevolve.shared.messages import PoolStats, Task
 from coevolve.shared.structured import RejectionCounter
 from coevolve.shared.task_sets import D0Build, D0File, write_d0
 
@@ -74,39 +77,12 @@ class AcceptedTasks:
         return self.tasks[:size]
 
 
-def world_starts(settings: Settings) -> tuple[list[Task], list[str] | None]:
-    """The environment's start states in the run's world (BFCL: ``pool_store.seed_classes``)
-    and those classes."""
-    environment = settings.d0.environment
-    starts = start_tasks(environment)
-    if environment != "bfcl":
-        return starts, None
-    classes = settings.section("pool_store", PoolStoreConfig).seed_classes
-    if classes is None:
-        return starts, None
-    from coevolve.shared.envs.bfcl.tasks import in_world
-
-    return [task for task in starts if in_world(task, classes)], list(classes)
-
-
 def build_llm_section(settings: Settings) -> dict[str, Any]:
     """The ``llm`` section with the local server's model set to ``d0.role_model``."""
     section = copy.deepcopy(settings.services.get("llm") or {})
     if settings.d0.role_model is not None:
         section.setdefault("server", {})["model"] = settings.d0.role_model
     return section
-
-
-def start_order(starts: list[Task], count: int, seed: int) -> list[Task]:
-    """``count`` start states: every state once in a seeded order, then again, so the
-    explorations spread over the states."""
-    order: list[Task] = []
-    rng = random.Random(seed)
-    while len(order) < count:
-        batch = list(starts)
-        rng.shuffle(batch)
-        order.extend(batch)
-    return order[:count]
 
 
 def read_partial(path: Path) -> list[ExplorationRecord]:
@@ -127,16 +103,6 @@ def partial_path(out: Path) -> Path:
     return out.with_name(out.name + ".partial.jsonl")
 
 
-def call_text(call: ToolCall) -> str:
-    arguments = ", ".join(f"{name}={value!r}" for name, value in call.arguments.items())
-    return f"{call.name}({arguments})"
-
-
-def calls_of(task: Task) -> str:
-    """The task's calls as one line: two tasks with the same line teach the same thing."""
-    return "; ".join(call_text(call) for turn in task.ground_truth for call in turn)
-
-
 async def explore_once(
     index: int,
     start: Task,
@@ -149,13 +115,7 @@ async def explore_once(
     (``duplicate_calls``)."""
     explorer, abstractor, judge = deps
     began = time.monotonic()
-    request = ExplorationRequest(
-        id=derived_id("d0", settings.d0.seed, index, start.id),
-        task=start,
-        rounds=settings.d0.rounds,
-        covered=covered,
-    )
-    explored = await explore_request(request, explorer)
+    explored = await explore_request(discovery_request(settings, index, start, covered), explorer)
     record = ExplorationRecord(index=index, start_id=start.id, outcome=explored.outcome)
     if explored.exploration is not None:
         abstraction = await abstract(explored.exploration, abstractor)
@@ -189,6 +149,12 @@ async def discover(
     records = read_partial(partial)
     done = {record.index for record in records}
     accepted = AcceptedTasks([task for record in records for task in record.accepted])
+    on_progress(
+        f"budget: {config.tasks} tasks, {config.max_explorations} explorations, "
+        f"{config.max_minutes:g} min, from {len(starts)} start states of {config.environment}"
+        + (f"; resumed: {len(records)} done, {len(accepted.tasks)} tasks ready" if records else "")
+        + f"; role model {settings.d0.role_model or 'of the llm section'}"
+    )
     llm = RoleClients.from_section(build_llm_section(settings), settings.run_dir)
     abstractor_config = settings.section("abstractor", AbstractorConfig)
     explorer = ExplorerDeps(

@@ -13,22 +13,35 @@ description instead of a summary, and carries no context. ``drop`` acks the sign
 exploring. An exploration in which no action was usable is not published (counted as
 ``empty``). An unreachable LLM raises, so the runtime hands the signal back for later.
 
+With ``labels: none``, an explorer idle for ``discover_when_idle_s`` sends itself the
+unguided exploration of the environment's next start state (``discovery.py``), so
+discovery goes on beside training.
+
 The work is ``handler.explore_signal`` / ``handler.explore_request`` (no bus); this actor
 publishes what they return and reports the counts.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import os
+import time
 from collections import Counter
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import anyio
 import msgspec
 
 from coevolve.services.explorer.config import ExplorerConfig
+from coevolve.services.explorer.discovery import (
+    calls_of,
+    discovery_request,
+    start_order,
+    world_starts,
+)
 from coevolve.services.explorer.handler import (
     Explored,
     ExplorerDeps,
@@ -42,6 +55,7 @@ from coevolve.shared.messages import Exploration, ExplorationRequest, Signal, Ta
 from coevolve.shared.pool_client import PoolClient
 from coevolve.shared.runtime.actor import Actor, Consumer, Delivery
 from coevolve.shared.runtime.subjects import (
+    EXPLORATION_REQUESTS,
     EXPLORATIONS,
     EXPLORER_REQUESTS_CONSUMER,
     EXPLORER_SIGNALS_CONSUMER,
@@ -51,6 +65,8 @@ from coevolve.shared.structured import RejectionCounter, report_rejection
 log = logging.getLogger(__name__)
 # candidates asked of the pool for sibling parents, before the cooldown filter
 SIBLINGS_ASKED = 50
+# discovered tasks whose calls an unguided exploration beside training is told of
+COVERED_ASKED = 50
 
 
 class ExplorerActor(RoleActor):
@@ -64,6 +80,8 @@ class ExplorerActor(RoleActor):
         self.actions = RejectionCounter()
         self.outcomes: Counter[str] = Counter()
         self.varied_at: dict[str, int] = {}  # parent_cooldown_versions
+        self.busy = 0
+        self.idle_since = time.monotonic()
 
     def consumers(self) -> Sequence[Consumer[Any]]:
         return (
@@ -75,6 +93,49 @@ class ExplorerActor(RoleActor):
                 self.config.concurrency,
             ),
         )
+
+    def loops(self) -> Sequence[Callable[[], Awaitable[None]]]:
+        if self.settings.labels == "none" and self.config.discover_when_idle_s > 0:
+            return (self._discover_when_idle,)
+        return ()
+
+    @contextlib.contextmanager
+    def _working(self) -> Iterator[None]:
+        self.busy += 1
+        try:
+            yield
+        finally:
+            self.busy -= 1
+            self.idle_since = time.monotonic()
+
+    async def _discover_when_idle(self) -> None:
+        """Send the next start state's unguided exploration whenever nothing kept this
+        explorer busy for ``discover_when_idle_s``."""
+        idle_s = self.config.discover_when_idle_s
+        starts, _ = await anyio.to_thread.run_sync(world_starts, self.settings)
+        if not starts:
+            log.warning("discovery beside training: no start state in this world")
+            return
+        order = itertools.cycle(start_order(starts, len(starts), self.settings.d0.seed))
+        for sent in itertools.count():
+            while self.busy or time.monotonic() - self.idle_since < idle_s:
+                await anyio.sleep(min(5.0, idle_s))
+            pool = PoolClient(self.bus)
+            try:
+                discovered = await pool.sample(COVERED_ASKED, mix={"explored": 1.0})
+                ready = (await pool.stats()).tasks_by_origin.get("explored", 0)
+            except Exception as exc:  # pool-store away: try again after the idle time
+                log.warning("discovery beside training: no pool: %r", exc)
+                self.idle_since = time.monotonic()
+                continue
+            start = next(order)
+            covered = [calls_of(task) for task in discovered]
+            request = discovery_request(self.settings, f"idle-{os.getpid()}-{sent}", start, covered)
+            await self.publish(EXPLORATION_REQUESTS, request)
+            detail = f"start state {start.id}; {ready} discovered tasks in the pool"
+            self.report_progress("discovering beside training", sent + 1, detail=detail)
+            log.info("discovery beside training: exploring %s", detail)
+            self.idle_since = time.monotonic()
 
     @property
     def deps(self) -> ExplorerDeps:
@@ -115,7 +176,9 @@ class ExplorerActor(RoleActor):
             return []
 
     async def on_signal(self, signal: Signal, _: Delivery) -> None:
-        explored = await explore_signal(signal, self.deps)
+        self.clear_progress()  # no longer discovering
+        with self._working():
+            explored = await explore_signal(signal, self.deps)
         if explored.summary_rejection is not None:
             about = f"signal {signal.id}"
             rejection = explored.summary_rejection
@@ -123,7 +186,8 @@ class ExplorerActor(RoleActor):
         await self._publish(explored)
 
     async def on_request(self, request: ExplorationRequest, _: Delivery) -> None:
-        await self._publish(await explore_request(request, self.deps))
+        with self._working():
+            await self._publish(await explore_request(request, self.deps))
 
     async def _publish(self, explored: Explored) -> None:
         """Publish the exploration (if there is one); count and report what happened."""

@@ -58,6 +58,11 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # (a seed task is 0): 0 explores only seed tasks' signals, so children stay variants of
     # the labelled turns instead of drifting through children of children
     max_parent_depth: int = 0
+    # with labels: none, an explorer that no signal or request kept busy for this many
+    # seconds explores the environment's next start state unguided (as `coevolve
+    # discover` does), told which calls the pool's discovered tasks make: discovery goes
+    # on beside training after D0's first tasks (d0.first_tasks). 0: off
+    discover_when_idle_s: float = 30.0
     # each published exploration as one JSON line in RUN_DIR/<record>-<pid>.jsonl: what
     # synthesis was given, to run through abstractor and judge again offline (null: none)
     record: str | None = "explorer/explorations"
@@ -75,5 +80,7 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"sibling_parents must be >= 0, got {self.sibling_parents}")
         if self.composition_rounds < 0:
             raise ValueError(f"composition_rounds must be >= 0, got {self.composition_rounds}")
+        if not self.discover_when_idle_s >= 0:
+            raise ValueError(f"discover_when_idle_s must be >= 0, got {self.discover_when_idle_s}")
         if self.max_parent_depth < 0:
             raise ValueError(f"max_parent_depth must be >= 0, got {self.max_parent_depth}")

@@ -144,8 +144,8 @@ ROLES: tuple[Role, ...] = (
     ),
     Role(
         "explorer",
-        "explores from signals and exploration requests",
-        publishes=(EXPLORATIONS,),
+        "explores from signals and exploration requests; with no labels, its own unguided ones",
+        publishes=(EXPLORATIONS, EXPLORATION_REQUESTS),
         consumes=(EXPLORER_SIGNALS_CONSUMER, EXPLORER_REQUESTS_CONSUMER),
         requests=(POOL_RPC,),
     ),

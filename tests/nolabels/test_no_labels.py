@@ -13,7 +13,8 @@ import anyio
 import msgspec
 import pytest
 
-from coevolve.schedules.discovery import build_llm_section, calls_of
+from coevolve.schedules.discovery import build_llm_section
+from coevolve.services.explorer.discovery import calls_of
 from coevolve.services.explorer.prompts import COVERED_NOTE, unguided_goal
 from coevolve.services.learner.config import WarmStartConfig
 from coevolve.services.learner.warm_start import demonstration_origin, warm_start_tasks

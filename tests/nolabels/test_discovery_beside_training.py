@@ -1,0 +1,73 @@
+"""With no labels, discovery goes on beside training: an idle explorer sends itself the
+unguided exploration of a start state of the run's world, told which calls the pool's
+discovered tasks make, and explores it. With labels it does not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from coevolve.services.explorer.actor import ExplorerActor
+from coevolve.services.explorer.discovery import calls_of, world_starts
+from coevolve.services.pool_store.actor import PoolStoreActor
+from coevolve.shared.config import Settings
+from coevolve.shared.messages import Exploration, ExplorationRequest, decode
+from coevolve.shared.pool_client import PoolClient
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.subjects import EXPLORATION_REQUESTS, EXPLORATIONS
+from coevolve.shared.task_sets import load_d0
+from tests.dataloop.dataloop_harness import WellFormedBrain, running
+from tests.support.fake_llm import RoleFakeLLM
+from tests.support.wait import wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_an_idle_explorer_discovers_a_start_state_with_no_labels(
+    settings: Settings, committed_d0: Path
+) -> None:
+    settings.labels = "none"
+    settings.d0.file = str(committed_d0)
+    fake = RoleFakeLLM(WellFormedBrain()).start()
+    settings.services.update(
+        llm=fake.llm_section(),
+        explorer={"discover_when_idle_s": 1.0, "max_steps": 1, "record": None},
+    )
+    d0_calls = {calls_of(task) for task in load_d0(committed_d0).tasks}
+    starts = {task.id: task for task in world_starts(settings)[0]}
+    bus = await Bus.connect(settings.bus, "test")
+    await bus.ensure_streams()
+    requests = await bus.nc.subscribe(EXPLORATION_REQUESTS)
+    explorations = await bus.nc.subscribe(EXPLORATIONS)
+    try:
+        async with running([PoolStoreActor(settings)]):
+
+            async def seeded() -> bool:
+                return sum((await PoolClient(bus).stats()).tasks_by_origin.values()) > 0
+
+            await wait_until(seeded, 60, "pool-store seeded from D0")
+            async with running([ExplorerActor(settings)]):
+                request = decode((await requests.next_msg(timeout=60)).data, ExplorationRequest)
+                exploration = decode((await explorations.next_msg(timeout=60)).data, Exploration)
+    finally:
+        fake.stop()
+        await bus.close()
+    assert request.task.id in starts and request.task == starts[request.task.id]
+    assert request.task.user_turns == [] and request.task.ground_truth == []
+    assert request.covered and set(request.covered) <= d0_calls
+    assert exploration.mode == "unguided" and exploration.task.id == request.task.id
+    assert exploration.signal_id is None and fake.calls.get("summarizer", 0) == 0
+
+
+def test_no_discovery_beside_training_with_labels_or_when_off(settings: Settings) -> None:
+    assert ExplorerActor(settings).loops() == ()
+    settings.labels = "none"
+    assert len(ExplorerActor(settings).loops()) == 1
+    settings.services["explorer"] = {"discover_when_idle_s": 0}
+    assert ExplorerActor(settings).loops() == ()
