@@ -41,9 +41,11 @@ import msgspec
 
 from coevolve.services.learner.config import LearnerServiceConfig
 from coevolve.services.learner.handler import (
+    NO_GRADIENT_PHASE,
     PACING_FILE,
     STEPS_FILE,
     keep_tasks,
+    no_gradient_reason,
     record_step,
     record_wait,
     save_checkpoint,
@@ -96,6 +98,7 @@ class LearnerActor(Actor):
         self.checkpoint = settings.path(CHECKPOINT)
         self._trained: deque[str] = deque(maxlen=REMEMBERED_GROUPS)
         self._waiting: list[_Waiting] = []
+        self._steps_without_gradient = 0  # in a row, shown as the phase NO_GRADIENT_PHASE
         self._step_lock = anyio.Lock()
         self.last_metrics: StepMetrics | None = None
         self.ranks: Ranks | None = None
@@ -483,12 +486,14 @@ class LearnerActor(Actor):
             self.report_progress(GRPO_STEP_PHASE, detail=f"{len(batch)} groups")
             groups = [w.group for w in batch]
             version_before = learner.version
+            no_gradient: str | None = None
             try:
                 experts = await self._experts(groups)
                 metrics = await anyio.to_thread.run_sync(
                     self._step, groups, experts, abandon_on_cancel=True
                 )
                 self.last_metrics = metrics
+                no_gradient = None if metrics.trained else no_gradient_reason(groups)
                 self._trained.extend(w.group.id for w in batch)
                 # checkpoint first: an announced version always exists on disk
                 await anyio.to_thread.run_sync(self._save_checkpoint)
@@ -505,6 +510,14 @@ class LearnerActor(Actor):
                     waiting.error = exc
             finally:
                 self.clear_progress()
+                if no_gradient is not None:
+                    self._steps_without_gradient += 1
+                    self.report_progress(
+                        NO_GRADIENT_PHASE, self._steps_without_gradient, detail=no_gradient
+                    )
+                    log.warning("step without a gradient: %s", no_gradient)
+                else:
+                    self._steps_without_gradient = 0
                 for waiting in batch:
                     waiting.done.set()
 

@@ -205,3 +205,26 @@ def write_atomically(path: Path, data: bytes) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+# the learner's phase while its steps find no gradient: `status` and `up` show why
+NO_GRADIENT_PHASE = "no gradient"
+
+
+def no_gradient_reason(groups: Sequence[RolloutGroup]) -> str | None:
+    """Why a step on ``groups`` had nothing to learn from, when every group's episodes
+    scored alike (None when one did not)."""
+    rewards = [group.rewards() for group in groups]
+    if not rewards or any(r and max(r) != min(r) for r in rewards):
+        return None
+    scores = {round(r[0], 3) for r in rewards if r}
+    if scores == {0.0}:
+        return (
+            f"every episode of {len(groups)} groups scored 0: their tasks are beyond this "
+            "policy for now (rollout.partial_credit rewards matched calls; easier tasks or "
+            "a longer warm start help)"
+        )
+    if scores == {1.0}:
+        return f"every episode of {len(groups)} groups was solved: nothing left to learn there"
+    shown = ", ".join(f"{s:g}" for s in sorted(scores))
+    return f"in each of {len(groups)} groups every episode scored the same ({shown})"
