@@ -6,6 +6,17 @@ from typing import Literal
 
 import msgspec
 
+# settings that count or wait: none may be negative
+NON_NEGATIVE = (
+    "substitution_rounds",
+    "parent_cooldown_versions",
+    "state_variation_rounds",
+    "sibling_parents",
+    "composition_rounds",
+    "discover_when_idle_s",
+    "max_parent_depth",
+)
+
 
 class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # rounds per signal, each from the parent turn's state and each first calling a
@@ -68,19 +79,6 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     record: str | None = "explorer/explorations"
 
     def __post_init__(self) -> None:
-        if self.substitution_rounds < 0:
-            raise ValueError(f"substitution_rounds must be >= 0, got {self.substitution_rounds}")
-        if self.parent_cooldown_versions < 0:
-            raise ValueError("parent_cooldown_versions must be >= 0")
-        if self.state_variation_rounds < 0:
-            raise ValueError(
-                f"state_variation_rounds must be >= 0, got {self.state_variation_rounds}"
-            )
-        if self.sibling_parents < 0:
-            raise ValueError(f"sibling_parents must be >= 0, got {self.sibling_parents}")
-        if self.composition_rounds < 0:
-            raise ValueError(f"composition_rounds must be >= 0, got {self.composition_rounds}")
-        if not self.discover_when_idle_s >= 0:
-            raise ValueError(f"discover_when_idle_s must be >= 0, got {self.discover_when_idle_s}")
-        if self.max_parent_depth < 0:
-            raise ValueError(f"max_parent_depth must be >= 0, got {self.max_parent_depth}")
+        for name in NON_NEGATIVE:
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
