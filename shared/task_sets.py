@@ -11,6 +11,7 @@ and a damaged or edited file is refused.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -18,6 +19,8 @@ from pathlib import Path
 import msgspec
 
 from coevolve.shared.messages import Task
+
+log = logging.getLogger(__name__)
 
 D0_FORMAT = "coevolve-d0/1"
 
@@ -99,3 +102,38 @@ def load_d0(path: Path, sha256: str | None = None) -> D0File:
     if not d0.tasks:
         raise D0Error(f"{path}: no tasks")
     return d0
+
+
+# ------------------------------------------------------- a build in progress
+
+
+class ExplorationRecord(msgspec.Struct, kw_only=True):
+    """One finished exploration of the build (a line of the partial file)."""
+
+    index: int
+    start_id: str
+    outcome: str
+    candidates: int = 0
+    dropped: list[str] = msgspec.field(default_factory=list)
+    dropped_details: list[str] = msgspec.field(default_factory=list)  # clipped, per drop
+    verdicts: list[str] = msgspec.field(default_factory=list)
+    accepted: list[Task] = msgspec.field(default_factory=list)
+    seconds: float = 0.0
+
+
+def read_partial(path: Path) -> list[ExplorationRecord]:
+    """The explorations an earlier, interrupted build finished (a torn last line is
+    dropped)."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_bytes().splitlines():
+        try:
+            records.append(msgspec.json.decode(line, type=ExplorationRecord))
+        except msgspec.DecodeError:
+            log.warning("%s: dropped an unreadable line", path)
+    return records
+
+
+def partial_path(out: Path) -> Path:
+    return out.with_name(out.name + ".partial.jsonl")

@@ -28,6 +28,7 @@ from coevolve.shared.runtime.subjects import (
     SERVICES,
     STREAMS,
 )
+from coevolve.shared.task_sets import partial_path, read_partial
 from coevolve.up_state import recorded_nats_url, supervised_services
 
 
@@ -144,6 +145,30 @@ def service_lines(services: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def d0_build_progress(settings: Settings) -> dict[str, Any] | None:
+    """How far the D0 build of the run directory is (None: no build under way)."""
+    path = settings.d0.path(settings.run_dir)
+    partial = partial_path(path)
+    if path.is_file() or not partial.is_file():
+        return None
+    records = read_partial(partial)
+    return {
+        "file": str(path),
+        "explorations": len(records),
+        "tasks_ready": sum(len(record.accepted) for record in records),
+        "first_tasks": min(settings.d0.first_tasks, settings.d0.tasks),
+        "minutes": round(sum(record.seconds for record in records) / 60, 1),
+    }
+
+
+def d0_build_line(building: dict[str, Any]) -> str:
+    return (
+        f"D0 being built ({building['file']}): {building['explorations']} explorations in "
+        f"{building['minutes']:g} min, {building['tasks_ready']} tasks ready; `up` starts the "
+        f"services at {building['first_tasks']}"
+    )
+
+
 def status(
     config: ConfigOption = None, run_dir: RunDirOption = None, json_output: JsonOption = False
 ) -> None:
@@ -166,8 +191,13 @@ def status(
     try:
         report = anyio.run(query)
     except (BusError, TimeoutError) as exc:
-        typer.echo(f"error: {exc} (is `coevolve up` running? set NATS_URL)", err=True)
-        raise typer.Exit(1) from exc
+        building = d0_build_progress(settings)
+        if building is None:
+            typer.echo(f"error: {exc} (is `coevolve up` running? set NATS_URL)", err=True)
+            raise typer.Exit(1) from exc
+        # `up` discovers D0's first tasks before it starts NATS and the services
+        typer.echo(json.dumps({"d0_build": building}) if json_output else d0_build_line(building))
+        return
     report["nats_url"] = url
     supervised = supervised_services(settings.run_dir)
     report["supervisor"] = supervised

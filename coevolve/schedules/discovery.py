@@ -43,23 +43,16 @@ from coevolve.shared.llm import RoleClients
 from coevolve.shared.llm.server import MODEL_ENV
 from coevolve.shared.messages import PoolStats, Task
 from coevolve.shared.structured import RejectionCounter
-from coevolve.shared.task_sets import D0Build, D0File, write_d0
+from coevolve.shared.task_sets import (
+    D0Build,
+    D0File,
+    ExplorationRecord,
+    partial_path,
+    read_partial,
+    write_d0,
+)
 
 log = logging.getLogger(__name__)
-
-
-class ExplorationRecord(msgspec.Struct, kw_only=True):
-    """One finished exploration of the build (a line of the partial file)."""
-
-    index: int
-    start_id: str
-    outcome: str
-    candidates: int = 0
-    dropped: list[str] = msgspec.field(default_factory=list)
-    dropped_details: list[str] = msgspec.field(default_factory=list)  # clipped, per drop
-    verdicts: list[str] = msgspec.field(default_factory=list)
-    accepted: list[Task] = msgspec.field(default_factory=list)
-    seconds: float = 0.0
 
 
 @dataclass
@@ -83,24 +76,6 @@ def build_llm_section(settings: Settings) -> dict[str, Any]:
     if settings.d0.role_model is not None:
         section.setdefault("server", {})["model"] = settings.d0.role_model
     return section
-
-
-def read_partial(path: Path) -> list[ExplorationRecord]:
-    """The explorations an earlier, interrupted build finished (a torn last line is
-    dropped)."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_bytes().splitlines():
-        try:
-            records.append(msgspec.json.decode(line, type=ExplorationRecord))
-        except msgspec.DecodeError:
-            log.warning("%s: dropped an unreadable line", path)
-    return records
-
-
-def partial_path(out: Path) -> Path:
-    return out.with_name(out.name + ".partial.jsonl")
 
 
 async def explore_once(

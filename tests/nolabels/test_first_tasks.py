@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
+from typer.testing import CliRunner
 
-from coevolve.cli import discover_cmd
+from coevolve.cli import app, discover_cmd
 from coevolve.shared.config import ConfigError, Settings, load_settings
-from coevolve.shared.task_sets import D0File
+from coevolve.shared.runtime.nats_server import free_port
+from coevolve.shared.task_sets import D0File, ExplorationRecord, load_d0, partial_path
 
 
 @pytest.mark.parametrize(("first", "tasks", "built"), [(4, 24, 4), (30, 24, 24)])
@@ -41,3 +45,28 @@ def test_up_builds_the_first_tasks_of_a_missing_d0(
 def test_first_tasks_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="first_tasks"):
         load_settings(run_dir=str(tmp_path), d0={"first_tasks": 0})
+
+
+def test_status_shows_the_d0_build_before_the_services_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, committed_d0: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    task = load_d0(committed_d0).tasks[0]
+    records = [
+        ExplorationRecord(index=0, start_id="s0", outcome="explored", accepted=[task], seconds=90),
+        ExplorationRecord(index=1, start_id="s1", outcome="empty", seconds=30),
+    ]
+    partial_path(run_dir / "d0.json").write_bytes(
+        b"".join(msgspec.json.encode(record) + b"\n" for record in records)
+    )
+    monkeypatch.setenv("NATS_URL", f"nats://127.0.0.1:{free_port()}")  # nothing listens
+    result = CliRunner().invoke(app, ["status", "--run-dir", str(run_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    building = json.loads(result.output.strip().splitlines()[-1])["d0_build"]
+    assert building["explorations"] == 2 and building["tasks_ready"] == 1
+    assert building["minutes"] == 2.0 and building["first_tasks"] == 4
+    text = CliRunner().invoke(app, ["status", "--run-dir", str(run_dir)]).output
+    assert "2 explorations in 2 min, 1 tasks ready; `up` starts the services at 4" in text
+    (run_dir / "d0.json.partial.jsonl").unlink()  # no build under way: up is not running
+    assert CliRunner().invoke(app, ["status", "--run-dir", str(run_dir)]).exit_code == 1
