@@ -30,13 +30,15 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     substitution_rounds: int = 1
     # a signal aimed at a failure also gives at most this many composed turns
     # (``composition.py``): its turn, or a variant of it, joined with the turn before it,
-    # or with a task of the pool that starts on the same state. 0: none
-    composition_rounds: int = 2
+    # or with a task of the pool that starts on the same state. 0: none. 1: with 2, run
+    # 35's 20 children came from 10 parents and queued for their first rollout
+    composition_rounds: int = 1
     # a signal aimed at a failure also varies (substitution and composition, as above) up
     # to this many other unsynthesized turns of the pool that call a function it got
     # wrong: with its own turn alone, runs 32-33 drew their 15-18 children from 7-8
-    # parents, as signals come from the few turns rolled out. 0: the signal's turn alone
-    sibling_parents: int = 1
+    # parents, as signals come from the few turns rolled out (10 of 20 in run 35 with 1).
+    # 0: the signal's turn alone
+    sibling_parents: int = 2
     # a signal aimed at a failure also gives at most this many state variants
     # (``state_variation.py``): the parent's turn on another initial state, its numbers
     # scaled and its ids renamed, its calls replayed with the real classes. 0: none

@@ -169,7 +169,7 @@ def test_fresh_share_must_lie_between_zero_and_one() -> None:
     for share in (-0.1, 1.5):
         with pytest.raises(ValueError, match="fresh_share"):
             SamplingConfig(fresh_share=share)
-    assert SamplingConfig().fresh_share == 0.5
+    assert SamplingConfig().fresh_share == 0.75
 
 
 def labelled_control_turn(make_task: TaskFactory, joined_at: float) -> Task:
