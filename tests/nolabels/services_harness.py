@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import anyio
 
 from coevolve.services.learner.actor import LearnerActor
+from coevolve.services.learner.handler import NO_GRADIENT_PHASE
 from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.services.rollout.actor import RolloutActor
 from coevolve.shared.config import Settings
@@ -46,7 +47,9 @@ async def until_first_group(settings: Settings, demo_tasks: int) -> FirstSteps:
     async with anyio.create_task_group() as tg:
         for runner in runners:
             tg.start_soon(lambda r=runner: r.run(handle_signals=False))
-        await status_row(bus, "learner", lambda r: r["phase"] == "running", 300)
+        # past the warm start; a first step whose groups all scored alike says "no gradient"
+        past_warm_start = ("running", NO_GRADIENT_PHASE)
+        await status_row(bus, "learner", lambda r: r["phase"] in past_warm_start, 300)
         announced = await latest_policy(bus)
         pool = PoolClient(bus)
 

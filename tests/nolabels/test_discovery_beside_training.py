@@ -49,7 +49,10 @@ async def test_an_idle_explorer_discovers_a_start_state_with_no_labels(
         async with running([PoolStoreActor(settings)]):
 
             async def seeded() -> bool:
-                return sum((await PoolClient(bus).stats()).tasks_by_origin.values()) > 0
+                try:
+                    return sum((await PoolClient(bus).stats()).tasks_by_origin.values()) > 0
+                except Exception:  # pool-store's responder not up yet
+                    return False
 
             await wait_until(seeded, 60, "pool-store seeded from D0")
             async with running([ExplorerActor(settings)]):

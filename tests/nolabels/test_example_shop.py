@@ -61,6 +61,7 @@ def test_a_request_replays_and_scores_in_the_example_shop(
         ground_truth=[calls],
     )
     environment = make_environment("shop")
+    environment.reset(task)
     assert environment.replay(task.ground_truth).ok
     environment.reset(task)
     environment.step(format_tool_calls(calls))

@@ -26,6 +26,7 @@ def test_up_builds_the_first_tasks_of_a_missing_d0(
     built: int,
 ) -> None:
     settings = load_settings(run_dir=str(tmp_path / "run"))
+    settings.run_dir.mkdir()  # up prepares the run directory before D0
     settings.labels = "none"
     settings.d0.first_tasks, settings.d0.tasks = first, tasks
     asked: list[int] = []

@@ -45,7 +45,7 @@ PUBLISH: dict[str, set[str]] = {
     "coevolve.rollout.results": {"rollout"},
     "coevolve.policy.updates": {"learner"},
     "coevolve.signals.zero_variance": {"signal_monitor"},
-    "coevolve.explore.requests": {"operator"},
+    "coevolve.explore.requests": {"operator", "explorer"},  # explorer: no-label discovery
     "coevolve.explorations": {"explorer"},
     "coevolve.candidates": {"abstractor"},
     "coevolve.verdicts": {"judge"},

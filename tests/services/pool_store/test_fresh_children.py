@@ -124,12 +124,12 @@ def test_fresh_share_zero_gives_the_sampler_every_slot(
 def test_fresh_children_take_at_most_their_share_of_a_feed_oldest_first(
     seeded_store: PoolStore, make_task: TaskFactory
 ) -> None:
-    children = [accept_child(seeded_store, make_task, f"signal-{n}") for n in range(3)]
+    children = [accept_child(seeded_store, make_task, f"signal-{n}") for n in range(4)]
     first = [t.id for t in seeded_store.sample_batch(4, seed=0, jobs=True)]
-    assert first[:2] == [children[0].id, children[1].id]  # half of 4 slots
-    assert children[2].id not in first
+    assert first[:3] == [c.id for c in children[:3]]  # fresh_share 0.75 of 4 slots
+    assert children[3].id not in first
     # a feed of one slot still gives it to a waiting child
-    assert [t.id for t in seeded_store.sample_batch(1, seed=1, jobs=True)] == [children[2].id]
+    assert [t.id for t in seeded_store.sample_batch(1, seed=1, jobs=True)] == [children[3].id]
     assert seeded_store.fresh_tasks() == []
 
 
