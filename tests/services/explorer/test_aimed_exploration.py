@@ -119,6 +119,7 @@ def explore(
     varied_at: dict[str, int] | None = None,
     state_variation_rounds: int = 0,
     siblings: list[Task] | None = None,
+    sibling_parents: int = 1,
 ) -> Explored:
     endpoint.reply(*(completion(json.dumps(reply)) for reply in replies))
     section = {"default": {"base_url": endpoint.base_url, "model": "m", "temperature": 0.7}}
@@ -133,6 +134,7 @@ def explore(
             explore_without_substitution=explore_without_substitution,
             composition_rounds=composition_rounds,
             state_variation_rounds=state_variation_rounds,
+            sibling_parents=sibling_parents,
             record=None,
             summarize_aimed=summarize_aimed,
         ),
