@@ -25,26 +25,30 @@ from typing import Any
 
 from coevolve.bench import tables
 
-QUICK = [
-    ("train", 512, 0.05, "sdpa", "glibc"),
-    ("train", 512, 0.05, "sdpa", "mapped"),
+# a setting: mode, tokens, LoRA dropout, attention, heap
+Setting = tuple[str, int, float, str, str]
+
+
+def both_heaps(mode: str, tokens: int) -> list[Setting]:
+    """``mode`` over ``tokens`` (dropout 0.05, sdpa) under glibc's heap, then the learner's."""
+    return [(mode, tokens, 0.05, "sdpa", heap) for heap in ("glibc", "mapped")]
+
+
+QUICK: list[Setting] = [
+    *both_heaps("train", 512),
     ("train-checkpointed", 512, 0.05, "sdpa", "mapped"),
     ("pair", 256, 0.05, "sdpa", "mapped"),
 ]
-FULL = [
+FULL: list[Setting] = [
     ("train", 1024, 0.05, "sdpa", "mapped"),
-    ("train", 2048, 0.05, "sdpa", "glibc"),
-    ("train", 2048, 0.05, "sdpa", "mapped"),
-    ("eval", 2048, 0.05, "sdpa", "glibc"),
-    ("eval", 2048, 0.05, "sdpa", "mapped"),
+    *both_heaps("train", 2048),
+    *both_heaps("eval", 2048),
     ("train", 1024, 0.0, "sdpa", "mapped"),
     ("train", 2048, 0.05, "eager", "mapped"),
-    ("train-checkpointed", 2048, 0.05, "sdpa", "glibc"),
-    ("train-checkpointed", 2048, 0.05, "sdpa", "mapped"),
+    *both_heaps("train-checkpointed", 2048),
     ("pair", 1300, 0.05, "sdpa", "mapped"),
     ("pair-stored", 1300, 0.05, "sdpa", "mapped"),
-    ("warm_start", 12, 0.05, "sdpa", "glibc"),
-    ("warm_start", 12, 0.05, "sdpa", "mapped"),
+    *both_heaps("warm_start", 12),
 ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -57,14 +58,7 @@ def test_a_real_run_samples_both_agents_and_counts_pairs_after_the_first_update(
     rounds before its first update all train it and give the control; the result on disk
     is the one returned."""
     monkeypatch.setenv("COEVOLVE_RUN_DIR", str(CACHE_DIR))
-    setup = hard_negatives.Setup(
-        min_pairs=1,
-        max_rounds=2,
-        tasks_per_round=1,
-        train_rounds=1,
-        group_size=2,
-        max_new_tokens=16,
-    )
+    setup = dataclasses.replace(hard_negatives.QUICK, max_rounds=2, max_new_tokens=16)
 
     result = hard_negatives.run(quick=True, setup=setup, out=tmp_path)
 

@@ -104,6 +104,12 @@ class FakeEndpoint:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 class FakeOpenAI(FakeEndpoint):
     """Replies from ``script`` in order, then ``default`` forever."""

@@ -87,11 +87,8 @@ def test_the_functions_are_the_tasks_environments(tools: list[dict[str, Any]]) -
 
 @pytest.fixture
 def role_endpoint() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI().start()
-    try:
+    with FakeOpenAI() as server:
         yield server
-    finally:
-        server.stop()
 
 
 def insight(text: str) -> Any:

@@ -11,8 +11,5 @@ from tests.support.fake_llm import FakeOpenAI
 
 @pytest.fixture
 def endpoint() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI().start()
-    try:
+    with FakeOpenAI() as server:
         yield server
-    finally:
-        server.stop()
