@@ -8,6 +8,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # folder in the checkout -> installed package name (pyproject.toml's package-dir)
 FOLDERS = {
@@ -160,39 +162,48 @@ def test_the_project_has_no_import_cycles() -> None:
     assert found == [], "import cycles:\n" + "\n".join(shown(c, graph) for c in found)
 
 
-def write(root: Path, files: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    ("files", "folders", "edges", "found"),
+    [
+        pytest.param(
+            {
+                "pkg/__init__.py": "",
+                "pkg/a.py": "from top.pkg.b import g\n",
+                "pkg/b.py": "def g():\n    from . import a\n",
+                "pkg/c.py": "import typing\nif typing.TYPE_CHECKING:\n    import top.pkg.a\n",
+            },
+            {"pkg": "top.pkg"},
+            {"top.pkg.c": {"top.pkg.a"}},
+            [["top.pkg.a", "top.pkg.b"]],
+            id="a deferred import closes a cycle",
+        ),
+        pytest.param(
+            {
+                "pkg/__init__.py": "from .inner import f\nCONSTANT = 1\n",
+                "pkg/inner.py": "def f(): ...\n",
+                "pkg/user.py": "from pkg import f\n",
+                "pkg/other.py": "from pkg import CONSTANT\nfrom pkg import user\n",
+            },
+            {"pkg": "pkg"},
+            {"pkg.user": {"pkg.inner"}, "pkg.other": {"pkg", "pkg.user"}},
+            [],
+            id="a re-export is followed to its module",
+        ),
+    ],
+)
+def test_the_edges_and_cycles_of_a_small_tree(
+    tmp_path: Path,
+    files: dict[str, str],
+    folders: dict[str, str],
+    edges: dict[str, set[str]],
+    found: list[list[str]],
+) -> None:
+    """``files`` written under ``tmp_path`` and read as ``folders`` say: these modules
+    import exactly ``edges``' modules, and the graph has the cycles ``found``."""
     for relative, text in files.items():
-        path = root / relative
+        path = tmp_path / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-
-
-def test_a_deferred_import_closes_a_cycle(tmp_path: Path) -> None:
-    write(
-        tmp_path,
-        {
-            "pkg/__init__.py": "",
-            "pkg/a.py": "from top.pkg.b import g\n",
-            "pkg/b.py": "def g():\n    from . import a\n",
-            "pkg/c.py": "import typing\nif typing.TYPE_CHECKING:\n    import top.pkg.a\n",
-        },
-    )
-    graph = import_graph(project_modules(tmp_path, {"pkg": "top.pkg"}))
-    assert graph["top.pkg.c"] == {"top.pkg.a"}
-    assert cycles(graph) == [["top.pkg.a", "top.pkg.b"]]
-
-
-def test_a_reexport_is_followed_to_its_module(tmp_path: Path) -> None:
-    write(
-        tmp_path,
-        {
-            "pkg/__init__.py": "from .inner import f\nCONSTANT = 1\n",
-            "pkg/inner.py": "def f(): ...\n",
-            "pkg/user.py": "from pkg import f\n",
-            "pkg/other.py": "from pkg import CONSTANT\nfrom pkg import user\n",
-        },
-    )
-    graph = import_graph(project_modules(tmp_path, {"pkg": "pkg"}))
-    assert graph["pkg.user"] == {"pkg.inner"}
-    assert graph["pkg.other"] == {"pkg", "pkg.user"}
-    assert cycles(graph) == []
+    graph = import_graph(project_modules(tmp_path, folders))
+    assert {name: graph[name] for name in edges} == edges
+    assert cycles(graph) == found

@@ -10,10 +10,8 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
-import anyio
 from nats.aio.msg import Msg
 
 from coevolve.shared.config import Settings
@@ -38,6 +36,7 @@ from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import CANDIDATES, EXPLORATIONS, VERDICTS
 from coevolve.shared.similarity import LeakGuard
 from coevolve.shared.toolcalls import format_tool_call
+from tests.support.actors import running
 from tests.support.fake_llm import Answer, Brain, RoleFakeLLM, offered_functions, prompt_text
 from tests.support.messages import untokenized_trajectory
 from tests.support.pool_store import pool_answering
@@ -254,20 +253,6 @@ def serve_data_loop(settings: Settings, brain: Brain, **abstractor: object) -> R
     return fake
 
 
-@asynccontextmanager
-async def running(actors: Sequence[Actor]) -> AsyncIterator[list[ActorRunner]]:
-    """Run ``actors`` (each its own ActorRunner) until the block ends."""
-    runners = [ActorRunner(actor) for actor in actors]
-    async with anyio.create_task_group() as tg:
-        for runner in runners:
-            tg.start_soon(partial(runner.run, handle_signals=False))
-        try:
-            yield runners
-        finally:
-            for runner in runners:
-                runner.request_stop()
-
-
 @dataclass
 class Published:
     """The ids of the explorations, candidates and verdicts (their candidates' ids) the
@@ -314,6 +299,23 @@ async def data_loop(
         async with running(actors) as runners:
             pool = await pool_answering(bus, seeded=True)
             yield DataLoop(bus, pool, published, runners)
+    finally:
+        fake.stop()
+        await bus.close()
+
+
+@asynccontextmanager
+async def explorer_alone(
+    settings: Settings, fake: RoleFakeLLM, explorer: Actor
+) -> AsyncIterator[tuple[Bus, Published, ActorRunner]]:
+    """Run ``explorer`` by itself (no pool-store to wait for) on a bus with the streams
+    made, until the block ends; then stop ``fake`` and close the bus."""
+    bus = await Bus.connect(settings.bus, "test")
+    try:
+        await bus.ensure_streams()
+        published = await Published().listen(bus)
+        async with running([explorer]) as [runner]:
+            yield bus, published, runner
     finally:
         fake.stop()
         await bus.close()

@@ -23,17 +23,15 @@ from coevolve.services.pool_store.store import PoolStore
 from coevolve.services.signal_monitor.actor import SignalMonitorActor
 from coevolve.shared.config import Settings
 from coevolve.shared.envs.bfcl.tasks import seed_pool
-from coevolve.shared.messages import Exploration, ExplorationRequest, decode, derived_id
-from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.messages import Exploration, ExplorationRequest, Task, decode, derived_id
 from coevolve.shared.runtime.subjects import EXPLORATION_REQUESTS, EXPLORATIONS, ROLLOUT_GROUPS
 from coevolve.shared.runtime.telemetry import read_spans
 from tests.dataloop.dataloop_harness import (
     POOL_WITH_ENTRIES,
     WellFormedBrain,
     data_loop,
-    filesystem_seed_tasks,
+    explorer_alone,
     mixed_group,
-    running,
     serve_data_loop,
 )
 from tests.support.fake_llm import Answer, RoleFakeLLM
@@ -106,15 +104,14 @@ async def test_a_failed_turn_becomes_variant_turns_with_no_llm_call(
 
 
 async def test_rollout_group_to_accepted_task_with_lineage_in_one_trace(
-    settings: Settings, tmp_path: Path
+    settings: Settings, seed_task: Task
 ) -> None:
-    task = filesystem_seed_tasks(1)[0]
-    brain = WellFormedBrain(parent=task)
+    brain = WellFormedBrain(parent=seed_task)
     fake = serve_data_loop(settings, brain)
     monitor, explorer = SignalMonitorActor(settings), ExplorerActor(settings)
     abstractor, judge = AbstractorActor(settings), JudgeActor(settings)
     actors = [PoolStoreActor(settings), monitor, explorer, abstractor, judge]
-    group = mixed_group(task)
+    group = mixed_group(seed_task)
     async with data_loop(settings, fake, actors) as loop:
         started = time.monotonic()
         await loop.bus.publish(ROLLOUT_GROUPS, group)
@@ -151,14 +148,14 @@ async def test_rollout_group_to_accepted_task_with_lineage_in_one_trace(
         chain = store.lineage(accepted.id)
     lineage = accepted.lineage
     assert lineage.signal_id == signal_id and lineage.signal_kind == "boundary"
-    assert lineage.parent_task_id == task.id
+    assert lineage.parent_task_id == seed_task.id
     assert lineage.context is not None and lineage.context.focus_pattern
     assert lineage.exploration_id == published.explorations[0]
     assert lineage.exploration_mode == "guided" and lineage.exploration_steps == 2
     assert lineage.candidate_id in published.candidates
     assert lineage.verdict_id == derived_id("verdict", lineage.candidate_id)
     assert lineage.signal_evidence["successes"] == 2
-    assert accepted.initial_state == task.initial_state
+    assert accepted.initial_state == seed_task.initial_state
     assert chain["verdict"]["accepted"] and chain["signal"]["kind"] == "boundary"
     assert chain["context"]["summary"] and chain["exploration"]["steps"] == 2
     [[call]] = accepted.ground_truth
@@ -178,33 +175,25 @@ async def test_rollout_group_to_accepted_task_with_lineage_in_one_trace(
     )
 
 
-async def test_unguided_exploration_request(settings: Settings) -> None:
+async def test_unguided_exploration_request(settings: Settings, seed_task: Task) -> None:
     """Seed mode: an exploration request explores a train-split task without a signal."""
-    task = filesystem_seed_tasks(1)[0]
     fake = RoleFakeLLM(WellFormedBrain()).start()
     settings.services.update(llm=fake.llm_section(), explorer={"max_steps": 3})
-    explorer = ExplorerActor(settings)
-    bus = await Bus.connect(settings.bus, "test")
-    await bus.ensure_streams()
-    published = await bus.nc.subscribe(EXPLORATIONS)
-    request = ExplorationRequest(task=task, rounds=2)
-    try:
-        async with running([explorer]):
-            await bus.publish(EXPLORATION_REQUESTS, request)
-            message = await published.next_msg(timeout=30)
-    finally:
-        fake.stop()
-        await bus.close()
+    request = ExplorationRequest(task=seed_task, rounds=2)
+    async with explorer_alone(settings, fake, ExplorerActor(settings)) as (bus, _, _):
+        published = await bus.nc.subscribe(EXPLORATIONS)
+        await bus.publish(EXPLORATION_REQUESTS, request)
+        message = await published.next_msg(timeout=30)
     exploration = decode(message.data, Exploration)
     assert exploration.id == derived_id("exploration", request.id)
     assert exploration.mode == "unguided" and exploration.context is None
-    assert exploration.signal_id is None and exploration.task == task
+    assert exploration.signal_id is None and exploration.task == seed_task
     assert [len(r.steps) for r in exploration.rounds] == [3, 3]
     first, second = exploration.rounds[0].steps[:2]
     assert first.action.name == "mkdir" and second.action.name == "ls"
     assert "current_directory_content" in second.observation
     # each step's history is what came before it, from the task's first request on
-    assert first.history[0].content == task.user_turns[0]
+    assert first.history[0].content == seed_task.user_turns[0]
     assert second.history[-2].tool_calls == [first.action]
     assert second.history[-1].content == first.observation
     assert fake.calls == {"explorer": 6}  # no summary without a signal

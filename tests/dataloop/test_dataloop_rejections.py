@@ -16,15 +16,13 @@ from coevolve.services.pool_store.actor import PoolStoreActor
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import Signal, Task, derived_id
-from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import signal_subject
 from tests.dataloop.dataloop_harness import (
-    Published,
     WellFormedBrain,
     data_loop,
+    explorer_alone,
     filesystem_seed_tasks,
     mixed_group,
-    running,
     serve_data_loop,
 )
 from tests.support.fake_llm import Answer, RoleFakeLLM
@@ -117,29 +115,21 @@ async def test_malformed_outputs_are_counted_rejections_and_services_go_on(
 
 
 async def test_unreachable_llm_hands_the_signal_back_until_it_answers(
-    settings: Settings,
+    settings: Settings, seed_task: Task
 ) -> None:
-    [task] = filesystem_seed_tasks(1)
     fake = RoleFakeLLM(WellFormedBrain())  # not started yet: connections are refused
     settings.services.update(
         llm=fake.llm_section(max_retries=1, give_up_after_s=0.5),
         explorer={"rounds": 1, "max_steps": 1, "summarize_aimed": True, "substitution_rounds": 0},
     )
     explorer = ExplorerActor(settings)
-    bus = await Bus.connect(settings.bus, "test")
-    await bus.ensure_streams()
-    signal = boundary_signal(task)
-    published = await Published().listen(bus)
-    try:
-        async with running([explorer]) as [runner]:
-            await bus.publish(signal_subject("boundary"), signal)
-            await wait_until(lambda: runner.stats.failed >= 1, 20, "a failed attempt")
-            assert not published.explorations
-            fake.start()
-            await wait_until(lambda: published.explorations, 30, "the exploration after recovery")
-    finally:
-        fake.stop()
-        await bus.close()
+    signal = boundary_signal(seed_task)
+    async with explorer_alone(settings, fake, explorer) as (bus, published, runner):
+        await bus.publish(signal_subject("boundary"), signal)
+        await wait_until(lambda: runner.stats.failed >= 1, 20, "a failed attempt")
+        assert not published.explorations
+        fake.start()
+        await wait_until(lambda: published.explorations, 30, "the exploration after recovery")
     assert published.explorations == [derived_id("exploration", signal.id)]
     assert runner.stats.dead_lettered == 0 and runner.stats.processed == 1
     # the summary succeeded after the endpoint came back, not replaced by a fallback

@@ -13,7 +13,7 @@ from coevolve.shared.config import Settings
 from coevolve.shared.messages import Heartbeat, decode
 from coevolve.shared.runtime.actor import Actor
 from coevolve.shared.runtime.bus import Bus
-from tests.dataloop.dataloop_harness import running
+from tests.support.actors import running
 from tests.support.status import status_row
 
 pytestmark = pytest.mark.anyio

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -67,6 +68,24 @@ def spec(tmp_path: Path, name: str, code: str) -> ChildSpec:
     )
 
 
+def supervisor_of(tmp_path: Path, children: dict[str, str], **settings: Any) -> Supervisor:
+    """A supervisor of small scripts (``children``: name -> code), their logs and ready
+    files under ``tmp_path``; ``settings``: its back-off, crash budget, state file and
+    event sink."""
+    return Supervisor([spec(tmp_path, name, code) for name, code in children.items()], **settings)
+
+
+def crash_loop_beside(tmp_path: Path, looping: str, healthy: str, **settings: Any) -> Supervisor:
+    """A supervisor of ``looping``, which exits at once with code 3, and ``healthy``, which
+    says it is ready and runs on; a crash is restarted after 0.05 s."""
+    children = {looping: CRASH_AT_ONCE, healthy: HEALTHY}
+    return supervisor_of(tmp_path, children, min_backoff_s=0.05, **settings)
+
+
+# a crash budget no test here exhausts and a back-off that doubles from 0.1 s: back-off only
+BACKING_OFF: dict[str, Any] = {"min_backoff_s": 0.1, "max_backoff_s": 60.0, "max_crashes": 100}
+
+
 @contextmanager
 def supervising(supervisor: Supervisor) -> Iterator[Supervisor]:
     thread = threading.Thread(target=supervisor.run, kwargs={"poll_s": 0.02}, daemon=True)
@@ -92,9 +111,10 @@ def test_crash_loop_is_held_back_and_reported_while_a_healthy_child_runs_on(
 ) -> None:
     events = Events()
     state_path = tmp_path / "supervisor.json"
-    supervisor = Supervisor(
-        [spec(tmp_path, "looper", CRASH_AT_ONCE), spec(tmp_path, "steady", HEALTHY)],
-        min_backoff_s=0.05,
+    supervisor = crash_loop_beside(
+        tmp_path,
+        "looper",
+        "steady",
         max_crashes=3,
         crash_window_s=60.0,
         state_path=state_path,
@@ -138,12 +158,11 @@ def test_a_child_that_dies_during_start_up_keeps_backing_off(tmp_path: Path) -> 
     one before. The same child that said it was ready restarts after the minimum back-off
     every time."""
     events = Events()
-    supervisor = Supervisor(
-        [spec(tmp_path, "slow", DIE_DURING_STARTUP), spec(tmp_path, "ready", READY_THEN_DIE)],
-        min_backoff_s=0.1,
-        max_backoff_s=60.0,
-        max_crashes=100,
+    supervisor = supervisor_of(
+        tmp_path,
+        {"slow": DIE_DURING_STARTUP, "ready": READY_THEN_DIE},
         on_event=events,
+        **BACKING_OFF,
     )
     with supervising(supervisor):
         wait_until_sync(
@@ -164,13 +183,7 @@ def test_a_child_that_said_it_was_ready_keeps_the_minimum_back_off_however_soon_
     tmp_path: Path,
 ) -> None:
     events = Events()
-    supervisor = Supervisor(
-        [spec(tmp_path, "brief", READY_THEN_EXIT)],
-        min_backoff_s=0.1,
-        max_backoff_s=60.0,
-        max_crashes=100,
-        on_event=events,
-    )
+    supervisor = supervisor_of(tmp_path, {"brief": READY_THEN_EXIT}, on_event=events, **BACKING_OFF)
     with supervising(supervisor):
         wait_until_sync(lambda: len(backoffs(events, "brief")) >= 4, 120, "four restarts")
     assert set(backoffs(events, "brief")) == {0.1}
@@ -186,9 +199,10 @@ def test_status_names_the_held_back_service_and_why(
     tmp_path: Path, nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_dir = tmp_path / "run"
-    supervisor = Supervisor(
-        [spec(tmp_path, "learner", CRASH_AT_ONCE), spec(tmp_path, "judge", HEALTHY)],
-        min_backoff_s=0.05,
+    supervisor = crash_loop_beside(
+        tmp_path,
+        "learner",
+        "judge",
         max_crashes=2,
         state_path=run_dir / SUPERVISOR_FILE,
     )

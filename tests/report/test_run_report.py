@@ -23,6 +23,7 @@ from coevolve.shared.messages import Experience
 from coevolve.shared.runtime.telemetry import JsonlSpanExporter
 from coevolve.shared.structured import Rejection
 from tests.report.conftest import SyntheticRun
+from tests.support.messages import experience
 
 PLOTS = ("learning.png", "signals.png", "pool.png", "verdicts.png", "stages.png")
 
@@ -191,16 +192,7 @@ def test_the_report_counts_the_advice_the_distiller_dropped_by_reason(tmp_path: 
     exporter = JsonlSpanExporter(tmp_path / "traces" / "distiller-1-abcdef.jsonl")
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("test")
-    kept = Experience(
-        text="When asked to list, call ls.",
-        task_id="t",
-        environment="bfcl",
-        request="List the files.",
-        group_id="g",
-        trajectory_ids=["best", "worst"],
-        rewards=[1.0, 0.0],
-        policy_version=3,
-    )
+    kept = experience("When asked to list, call ls.")
     outcomes: list[Experience | Rejection] = [
         Rejection("incomplete", "it ends mid-sentence"),
         Rejection("unknown_argument", "send_message has no argument symbol"),

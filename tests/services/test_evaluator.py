@@ -33,7 +33,7 @@ from coevolve.services.evaluator.scores import (
 from coevolve.shared.config import Settings, load_settings
 from coevolve.shared.envs.bfcl.tasks import suite_tasks
 from coevolve.shared.runtime.bus import Bus
-from tests.dataloop.dataloop_harness import running
+from tests.support.actors import running
 from tests.support.cache import CACHE_DIR
 from tests.support.messages import policy_version
 from tests.support.wait import wait_until

@@ -7,6 +7,7 @@ from typing import Any
 
 from coevolve.shared.messages import (
     ChatMessage,
+    Experience,
     ExplorationContext,
     Heartbeat,
     Lineage,
@@ -56,6 +57,21 @@ def guided_lineage(**fields: Any) -> Lineage:
         "trace_id": GUIDED_TRACE_ID,
     }
     return Lineage(**{**found, **fields})
+
+
+def experience(text: str, **fields: Any) -> Experience:
+    """Advice drawn from a group on another task than ``NOTES_TASK`` (its best attempt
+    rewarded 1, its worst 0); ``fields`` replace any of the rest."""
+    drawn: dict[str, Any] = {
+        "task_id": "other",
+        "environment": "bfcl",
+        "request": "Create a file.",
+        "group_id": "g",
+        "trajectory_ids": ["best", "worst"],
+        "rewards": [1.0, 0.0],
+        "policy_version": 1,
+    }
+    return Experience(text=text, **{**drawn, **fields})
 
 
 def policy_version(

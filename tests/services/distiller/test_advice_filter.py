@@ -5,7 +5,6 @@ through a real HTTP endpoint that stands in for the remote LLM."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -85,22 +84,14 @@ def test_the_functions_are_the_tasks_environments(tools: list[dict[str, Any]]) -
     )
 
 
-@pytest.fixture
-def role_endpoint() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
 def insight(text: str) -> Any:
     return completion(json.dumps({"insight": text}))
 
 
 @pytest.mark.anyio
-async def test_the_distiller_keeps_only_the_sound_answer(role_endpoint: FakeOpenAI) -> None:
-    role_endpoint.reply(insight(CUT_OFF), insight(WRONG_ARGUMENT), insight(SOUND))
-    clients = RoleClients(
-        role_settings({"default": {"base_url": role_endpoint.base_url, "model": "m"}})
-    )
+async def test_the_distiller_keeps_only_the_sound_answer(endpoint: FakeOpenAI) -> None:
+    endpoint.reply(insight(CUT_OFF), insight(WRONG_ARGUMENT), insight(SOUND))
+    clients = RoleClients(role_settings({"default": {"base_url": endpoint.base_url, "model": "m"}}))
     try:
         # the group's attempts only need to differ in reward: the answers are scripted
         outcomes = [
@@ -117,12 +108,10 @@ async def test_the_distiller_keeps_only_the_sound_answer(role_endpoint: FakeOpen
 
 @pytest.mark.anyio
 async def test_advice_for_a_task_whose_functions_are_unknown_is_not_kept(
-    role_endpoint: FakeOpenAI,
+    endpoint: FakeOpenAI,
 ) -> None:
-    role_endpoint.reply(insight(SOUND))
-    clients = RoleClients(
-        role_settings({"default": {"base_url": role_endpoint.base_url, "model": "m"}})
-    )
+    endpoint.reply(insight(SOUND))
+    clients = RoleClients(role_settings({"default": {"base_url": endpoint.base_url, "model": "m"}}))
     unknown = Task(id="no-classes", environment="bfcl", user_turns=["Check NAPD."])
     try:
         outcome = await distil(notes_group(), unknown, clients["distiller"], DistillerConfig())

@@ -8,25 +8,15 @@ from coevolve.services.rollout.config import NavigationConfig, RolloutConfig
 from coevolve.services.rollout.handler import navigation_plan
 from coevolve.shared.experience import guidance_text
 from coevolve.shared.messages import Experience, RolloutJob
-from tests.support.messages import NOTES_TASK
+from tests.support.messages import NOTES_TASK, experience
 
 
-def experience(number: int) -> Experience:
-    return Experience(
-        id=f"exp-{number}",
-        text=f"When asked to create a file, call cd first ({number}).",
-        task_id="other",
-        environment="bfcl",
-        request="Create a file.",
-        group_id="g",
-        trajectory_ids=["a", "b"],
-        rewards=[1.0, 0.0],
-        policy_version=1,
-    )
+def numbered(number: int) -> Experience:
+    return experience(f"When asked to create a file, call cd first ({number}).", id=f"exp-{number}")
 
 
 def test_the_configured_share_of_a_job_with_experiences_is_navigated() -> None:
-    job = RolloutJob(task=NOTES_TASK, group_size=8, experiences=[experience(1), experience(2)])
+    job = RolloutJob(task=NOTES_TASK, group_size=8, experiences=[numbered(1), numbered(2)])
     plan = navigation_plan(job, RolloutConfig())
     assert plan is not None and len(plan) == 8
     advised = [n for n in plan if n is not None]
@@ -38,7 +28,7 @@ def test_the_configured_share_of_a_job_with_experiences_is_navigated() -> None:
 
 def test_no_episode_is_navigated_without_experiences_or_share() -> None:
     assert navigation_plan(RolloutJob(task=NOTES_TASK, group_size=8), RolloutConfig()) is None
-    job = RolloutJob(task=NOTES_TASK, group_size=8, experiences=[experience(1)])
+    job = RolloutJob(task=NOTES_TASK, group_size=8, experiences=[numbered(1)])
     off = RolloutConfig(navigation=NavigationConfig(share=0.0))
     assert navigation_plan(job, off) is None
 

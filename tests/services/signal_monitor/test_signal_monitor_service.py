@@ -15,8 +15,8 @@ from tests.dataloop.dataloop_harness import (
     POOL_WITH_ENTRIES,
     filesystem_seed_tasks,
     mixed_group,
-    running,
 )
+from tests.support.actors import running
 from tests.support.pool_store import pool_answering
 from tests.support.wait import wait_until
 
