@@ -6,6 +6,17 @@ from typing import Literal
 
 import msgspec
 
+# the settings that count rounds, parents, versions, generations or seconds
+NON_NEGATIVE = (
+    "substitution_rounds",
+    "composition_rounds",
+    "sibling_parents",
+    "state_variation_rounds",
+    "parent_cooldown_versions",
+    "max_parent_depth",
+    "discover_when_idle_s",
+)
+
 
 class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # rounds per signal, each from the parent turn's state and each first calling a
@@ -68,19 +79,7 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     record: str | None = "explorer/explorations"
 
     def __post_init__(self) -> None:
-        if self.substitution_rounds < 0:
-            raise ValueError(f"substitution_rounds must be >= 0, got {self.substitution_rounds}")
-        if self.parent_cooldown_versions < 0:
-            raise ValueError("parent_cooldown_versions must be >= 0")
-        if self.state_variation_rounds < 0:
-            raise ValueError(
-                f"state_variation_rounds must be >= 0, got {self.state_variation_rounds}"
-            )
-        if self.sibling_parents < 0:
-            raise ValueError(f"sibling_parents must be >= 0, got {self.sibling_parents}")
-        if self.composition_rounds < 0:
-            raise ValueError(f"composition_rounds must be >= 0, got {self.composition_rounds}")
-        if not self.discover_when_idle_s >= 0:
-            raise ValueError(f"discover_when_idle_s must be >= 0, got {self.discover_when_idle_s}")
-        if self.max_parent_depth < 0:
-            raise ValueError(f"max_parent_depth must be >= 0, got {self.max_parent_depth}")
+        for name in NON_NEGATIVE:
+            value = getattr(self, name)
+            if not value >= 0:  # not ``< 0``: a NaN seconds value fails too
+                raise ValueError(f"{name} must be >= 0, got {value}")
