@@ -93,9 +93,9 @@ def ensure_d0(settings: Settings) -> Path:
     return path
 
 
-def d0_option(setting: str, help: str, **bounds: float) -> Any:
+def d0_option(setting: str, help: str, min: float | None = None) -> Any:
     """An option that overrides the ``d0`` setting ``setting`` for this build."""
-    return typer.Option(f"--{setting.replace('_', '-')}", help=f"{help} (d0.{setting}).", **bounds)
+    return typer.Option(f"--{setting.replace('_', '-')}", help=f"{help} (d0.{setting}).", min=min)
 
 
 def discover(
