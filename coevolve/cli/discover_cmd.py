@@ -6,7 +6,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 import typer
@@ -93,6 +93,11 @@ def ensure_d0(settings: Settings) -> Path:
     return path
 
 
+def d0_option(setting: str, help: str, min: float | None = None) -> Any:
+    """An option that overrides the ``d0`` setting ``setting`` for this build."""
+    return typer.Option(f"--{setting.replace('_', '-')}", help=f"{help} (d0.{setting}).", min=min)
+
+
 def discover(
     out: Annotated[
         Path | None,
@@ -105,27 +110,17 @@ def discover(
         ),
     ] = None,
     tasks: Annotated[
-        int | None,
-        typer.Option("--tasks", min=1, help="Stop at this many accepted tasks (d0.tasks)."),
+        int | None, d0_option("tasks", "Stop at this many accepted tasks", min=1)
     ] = None,
     max_explorations: Annotated[
-        int | None,
-        typer.Option(
-            "--max-explorations",
-            min=1,
-            help="At most this many explorations (d0.max_explorations).",
-        ),
+        int | None, d0_option("max_explorations", "At most this many explorations", min=1)
     ] = None,
     max_minutes: Annotated[
-        float | None,
-        typer.Option("--max-minutes", min=0.1, help="Stop after this long (d0.max_minutes)."),
+        float | None, d0_option("max_minutes", "Stop after this long", min=0.1)
     ] = None,
     environment: Annotated[
         str | None,
-        typer.Option(
-            "--environment",
-            help="The environment to explore: bfcl or one under `environments:` (d0.environment).",
-        ),
+        d0_option("environment", "The environment to explore: bfcl or one under `environments:`"),
     ] = None,
     json_output: JsonOption = False,
     config: ConfigOption = None,

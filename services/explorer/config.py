@@ -82,5 +82,6 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         for name in NON_NEGATIVE:
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not value >= 0:  # not ``< 0``: a NaN seconds value fails too
+                raise ValueError(f"{name} must be >= 0, got {value}")

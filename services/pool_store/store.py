@@ -301,16 +301,13 @@ class PoolStore:
         return counts
 
     def _load_recent_scores(self, task_ids: Sequence[str] | None = None) -> None:
-        """Rebuild the recent scores of active tasks (all, or ``task_ids``) from results.
+        """Rebuild the recent scores of active tasks from results: all, or those of
+        ``task_ids`` (not empty; the caller has dropped their old scores).
 
         Only the last groups of each task matter: ``window`` groups hold at least
         ``window`` trajectories, and the solved streak needs ``retire_after`` of them.
         """
         groups_kept = max(self.sampling.window, self.sampling.retire_after, 1)
-        if task_ids is not None:
-            if not task_ids:
-                return
-            self._recent.drop(task_ids)
         id_filter, params = _ids_clause("r.task_id", task_ids)
         rows = self._connection.execute(
             f"""
@@ -352,12 +349,9 @@ class PoolStore:
         self._shares.record([int(key) for (key,) in rows])
 
     def _load_fresh(self, task_ids: Sequence[str] | None = None) -> None:
-        """Rebuild the fresh tasks (all, or those of ``task_ids``): active synthesized tasks
-        and labelled-control turns with no recorded results, in the order they joined."""
-        if task_ids is not None:
-            if not task_ids:
-                return
-            self._fresh.drop_tasks(task_ids)
+        """Rebuild the fresh tasks (all, or those of ``task_ids``, not empty, that the caller
+        has dropped): active synthesized tasks and labelled-control turns with no recorded
+        results, in the order they joined."""
         id_filter, params = _ids_clause("t.id", task_ids)
         rows = self._connection.execute(
             f"""
@@ -613,12 +607,11 @@ class PoolStore:
                     for task_id, origin, environment in rows:
                         tx.counts.active[(origin, environment)] += 1 if status == "active" else -1
                         changed.append(task_id)
-            if status == "active":
+            self._recent.drop(changed)
+            self._fresh.drop_tasks(changed)
+            if status == "active" and changed:
                 self._load_recent_scores(changed)
                 self._load_fresh(changed)
-            else:
-                self._recent.drop(changed)
-                self._fresh.drop_tasks(changed)
         return len(changed)
 
     @staticmethod
