@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 
-from coevolve.services.pool_store.config import PoolStoreConfig
 from coevolve.shared.config import Settings
 from coevolve.shared.envs import start_tasks
 from coevolve.shared.failures import call_text
@@ -24,10 +23,11 @@ def world_starts(settings: Settings) -> tuple[list[Task], list[str] | None]:
     starts = start_tasks(environment)
     if environment != "bfcl":
         return starts, None
-    classes = settings.section("pool_store", PoolStoreConfig).seed_classes
+    from coevolve.shared.envs.bfcl.tasks import in_world, run_world
+
+    classes = run_world(settings.services)
     if classes is None:
         return starts, None
-    from coevolve.shared.envs.bfcl.tasks import in_world
 
     return [task for task in starts if in_world(task, classes)], list(classes)
 

@@ -11,6 +11,7 @@ import pytest
 from coevolve.services.explorer.actor import ExplorerActor
 from coevolve.services.explorer.discovery import calls_of, world_starts
 from coevolve.services.pool_store.actor import PoolStoreActor
+from coevolve.services.pool_store.config import PoolStoreConfig
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import Exploration, ExplorationRequest, decode
 from coevolve.shared.pool_client import PoolClient
@@ -74,3 +75,16 @@ def test_no_discovery_beside_training_with_labels_or_when_off(settings: Settings
     assert len(ExplorerActor(settings).loops()) == 1
     settings.services["explorer"] = {"discover_when_idle_s": 0}
     assert ExplorerActor(settings).loops() == ()
+
+
+@pytest.mark.parametrize("classes", [None, ["TradingBot"], "default"])
+def test_discovery_starts_in_the_world_pool_store_seeds(
+    settings: Settings, classes: list[str] | str | None
+) -> None:
+    if classes != "default":
+        settings.services["pool_store"] = {"seed_classes": classes}
+    seeded = settings.section("pool_store", PoolStoreConfig).seed_classes
+    starts, named = world_starts(settings)
+    assert named == seeded and starts
+    if seeded is not None:
+        assert all(set(start.initial_state) <= set(seeded) for start in starts)

@@ -73,6 +73,14 @@ SPLIT_SALT = "coevolve-bfcl-split-v1"
 # ``pool_store.seed_classes: null`` (docs/environments.md has the measurements).
 FOCUS_CLASSES: tuple[str, ...] = ("MessageAPI", "TradingBot", "VehicleControlAPI")
 
+
+def run_world(services: Mapping[str, Any]) -> list[str] | None:
+    """The run's world from its ``services`` settings: ``pool_store.seed_classes``, whose
+    section pool-store validates (default: the focused classes; None: every class)."""
+    section = services.get("pool_store") or {}
+    return section.get("seed_classes", list(FOCUS_CLASSES))
+
+
 Split = Literal["train", "eval"]
 
 
