@@ -148,6 +148,11 @@ class D0Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def path(self, run_dir: Path) -> Path:
         return (run_dir / Path(self.file).expanduser()).resolve()
 
+    @property
+    def tasks_before_training(self) -> int:
+        """What `up` builds of a missing D0 before the services start."""
+        return min(self.first_tasks, self.tasks)
+
 
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     run_dir: Path = DEFAULT_RUN_DIR

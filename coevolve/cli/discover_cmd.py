@@ -70,7 +70,7 @@ def ensure_d0(settings: Settings) -> Path:
     """The run's D0 file, checked; built first (with progress lines) when missing."""
     path = settings.d0.path(settings.run_dir)
     if not path.is_file():
-        first = min(settings.d0.first_tasks, settings.d0.tasks)
+        first = settings.d0.tasks_before_training
         typer.echo(
             f"[d0] no D0 at {path}: discovering its first {first} tasks (d0.first_tasks), "
             "then training starts and discovery goes on beside it",

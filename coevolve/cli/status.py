@@ -156,7 +156,7 @@ def d0_build_progress(settings: Settings) -> dict[str, Any] | None:
         "file": str(path),
         "explorations": len(records),
         "tasks_ready": sum(len(record.accepted) for record in records),
-        "first_tasks": min(settings.d0.first_tasks, settings.d0.tasks),
+        "first_tasks": settings.d0.tasks_before_training,
         "minutes": round(sum(record.seconds for record in records) / 60, 1),
     }
 
