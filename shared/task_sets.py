@@ -36,6 +36,9 @@ class D0Build(msgspec.Struct, kw_only=True):
     verdicts_by_outcome: dict[str, int] = msgspec.field(default_factory=dict)
     start_states: int = 0
     ended_by: str = ""  # tasks | max_explorations | max_minutes | interrupted
+    # built by `up` as the first tasks of a D0 of this many: discovery beside training goes
+    # on until the pool holds that many discovered tasks. 0: a whole D0, nothing beside
+    first_tasks_of: int = 0
 
 
 class D0File(msgspec.Struct, kw_only=True):

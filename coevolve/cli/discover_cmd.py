@@ -32,8 +32,9 @@ def d0_summary(d0: D0File, path: Path) -> dict[str, object]:
     }
 
 
-def build_d0(settings: Settings, out: Path, echo: bool = True) -> D0File:
-    """Run the build (resuming an interrupted one), printing one line per exploration."""
+def build_d0(settings: Settings, out: Path, echo: bool = True, first_tasks_of: int = 0) -> D0File:
+    """Run the build (resuming an interrupted one), printing one line per exploration;
+    ``first_tasks_of``: see ``D0Build``."""
     from coevolve.schedules.discovery import run_discovery
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -50,7 +51,7 @@ def build_d0(settings: Settings, out: Path, echo: bool = True) -> D0File:
             typer.echo(f"[d0] {line}", err=True)
 
     try:
-        return run_discovery(settings, out, progress)
+        return run_discovery(settings, out, progress, first_tasks_of)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
@@ -76,9 +77,11 @@ def ensure_d0(settings: Settings) -> Path:
             "then training starts and discovery goes on beside it",
             err=True,
         )
+        first_only = msgspec.structs.replace(settings.d0, tasks=first)
         build_d0(
-            msgspec.structs.replace(settings, d0=msgspec.structs.replace(settings.d0, tasks=first)),
+            msgspec.structs.replace(settings, d0=first_only),
             path,
+            first_tasks_of=settings.d0.tasks if first < settings.d0.tasks else 0,
         )
     try:
         d0 = load_d0(path)

@@ -111,10 +111,14 @@ async def explore_once(
 
 
 async def discover(
-    settings: Settings, out: Path, on_progress: Callable[[str], None] = log.info
+    settings: Settings,
+    out: Path,
+    on_progress: Callable[[str], None] = log.info,
+    first_tasks_of: int = 0,
 ) -> D0File:
     """Build D0 into ``out`` (resuming ``<out>.partial.jsonl``) within the ``d0`` section's
-    budgets; the partial file is removed once D0 is written."""
+    budgets; the partial file is removed once D0 is written. ``first_tasks_of``: the set is
+    the first tasks of a D0 of that many, completed beside training (``D0Build``)."""
     config = settings.d0
     starts, classes = world_starts(settings)
     if not starts:
@@ -188,7 +192,7 @@ async def discover(
         role_model=role_model(llm),
         code_version=code_version(),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        build=build_counts(records, minutes, len(starts), ended_by),
+        build=build_counts(records, minutes, len(starts), ended_by, first_tasks_of),
         sha256="",
         tasks=accepted.tasks[: config.tasks],
     )
@@ -203,7 +207,11 @@ async def discover(
 
 
 def build_counts(
-    records: list[ExplorationRecord], minutes: float, start_states: int, ended_by: str
+    records: list[ExplorationRecord],
+    minutes: float,
+    start_states: int,
+    ended_by: str,
+    first_tasks_of: int = 0,
 ) -> D0Build:
     return D0Build(
         minutes=round(minutes, 2),
@@ -214,6 +222,7 @@ def build_counts(
         verdicts_by_outcome=dict(Counter(v for record in records for v in record.verdicts)),
         start_states=start_states,
         ended_by=ended_by,
+        first_tasks_of=first_tasks_of,
     )
 
 
@@ -226,7 +235,10 @@ def role_model(llm: RoleClients) -> str:
 
 
 def run_discovery(
-    settings: Settings, out: Path, on_progress: Callable[[str], None] = log.info
+    settings: Settings,
+    out: Path,
+    on_progress: Callable[[str], None] = log.info,
+    first_tasks_of: int = 0,
 ) -> D0File:
     """:func:`discover` from synchronous code."""
-    return anyio.run(discover, settings, out, on_progress)
+    return anyio.run(discover, settings, out, on_progress, first_tasks_of)

@@ -13,9 +13,11 @@ description instead of a summary, and carries no context. ``drop`` acks the sign
 exploring. An exploration in which no action was usable is not published (counted as
 ``empty``). An unreachable LLM raises, so the runtime hands the signal back for later.
 
-With ``labels: none``, an explorer idle for ``discover_when_idle_s`` sends itself the
-unguided exploration of the environment's next start state (``discovery.py``), so
-discovery goes on beside training.
+With ``labels: none`` and a D0 that ``up`` built only the first tasks of, an explorer idle
+for ``discover_when_idle_s`` sends itself the unguided exploration of the environment's
+next start state (``discovery.py``), so discovery goes on beside training until the pool
+holds D0's ``d0.tasks`` discovered tasks. A whole D0 (committed or given) gets none: the
+explorer stays on the signals.
 
 The work is ``handler.explore_signal`` / ``handler.explore_request`` (no bus); this actor
 publishes what they return and reports the counts.
@@ -38,6 +40,7 @@ import msgspec
 from coevolve.services.explorer.config import ExplorerConfig
 from coevolve.services.explorer.discovery import (
     calls_of,
+    d0_to_complete,
     discovery_request,
     start_order,
     world_starts,
@@ -112,6 +115,10 @@ class ExplorerActor(RoleActor):
         """Send the next start state's unguided exploration whenever nothing kept this
         explorer busy for ``discover_when_idle_s``."""
         idle_s = self.config.discover_when_idle_s
+        target = await anyio.to_thread.run_sync(d0_to_complete, self.settings)
+        if not target:
+            log.info("discovery beside training: off, the run's D0 is a whole set")
+            return
         starts, _ = await anyio.to_thread.run_sync(world_starts, self.settings)
         if not starts:
             log.warning("discovery beside training: no start state in this world")
@@ -128,11 +135,15 @@ class ExplorerActor(RoleActor):
                 log.warning("discovery beside training: no pool: %r", exc)
                 self.idle_since = time.monotonic()
                 continue
+            if ready >= target:
+                self.report_progress("D0 complete beside training", ready, total=target)
+                log.info("discovery beside training: done, %d discovered tasks", ready)
+                return
             start = next(order)
             covered = [calls_of(task) for task in discovered]
             request = discovery_request(self.settings, f"idle-{os.getpid()}-{sent}", start, covered)
             await self.publish(EXPLORATION_REQUESTS, request)
-            detail = f"start state {start.id}; {ready} discovered tasks in the pool"
+            detail = f"start state {start.id}; {ready} of D0's {target} discovered tasks ready"
             self.report_progress("discovering beside training", sent + 1, detail=detail)
             log.info("discovery beside training: exploring %s", detail)
             self.idle_since = time.monotonic()

@@ -74,7 +74,8 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # with labels: none, an explorer that no signal or request kept busy for this many
     # seconds explores the environment's next start state unguided (as `coevolve
     # discover` does), told which calls the pool's discovered tasks make: discovery goes
-    # on beside training after D0's first tasks (d0.first_tasks). 0: off
+    # on beside training after D0's first tasks (d0.first_tasks), until the pool holds
+    # d0.tasks discovered tasks; a whole D0 (committed or given) gets none. 0: off
     discover_when_idle_s: float = 30.0
     # each published exploration as one JSON line in RUN_DIR/<record>-<pid>.jsonl: what
     # synthesis was given, to run through abstractor and judge again offline (null: none)

@@ -1,19 +1,35 @@
 """Unguided discovery: where it starts and what it is told.
 
-``coevolve discover`` builds D0 from these; with ``labels: none`` the explorer goes on
-discovering beside training (``explorer.discover_when_idle_s``). Start states come from
+``coevolve discover`` builds D0 from these; with ``labels: none`` the explorer completes a
+D0 that `up` built only the first tasks of, beside training
+(``explorer.discover_when_idle_s``). Start states come from
 ``coevolve.shared.envs.start_tasks``: they carry no user turn and no ground truth, so
 nothing labelled reaches a prompt.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 
 from coevolve.shared.config import Settings
 from coevolve.shared.envs import start_tasks
 from coevolve.shared.failures import call_text
 from coevolve.shared.messages import ExplorationRequest, Task, derived_id
+from coevolve.shared.task_sets import D0Error, load_d0
+
+log = logging.getLogger(__name__)
+
+
+def d0_to_complete(settings: Settings) -> int:
+    """How many discovered tasks discovery beside training goes on to: the D0 target of a
+    set that `up` built only the first tasks of; 0 for a whole D0 or none readable."""
+    try:
+        d0 = load_d0(settings.d0.path(settings.run_dir))
+    except D0Error as exc:
+        log.warning("discovery beside training: no D0 to complete: %s", exc)
+        return 0
+    return d0.build.first_tasks_of
 
 
 def world_starts(settings: Settings) -> tuple[list[Task], list[str] | None]:

@@ -1,11 +1,14 @@
-"""With no labels, discovery goes on beside training: an idle explorer sends itself the
-unguided exploration of a start state of the run's world, told which calls the pool's
-discovered tasks make, and explores it. With labels it does not."""
+"""With no labels, discovery completes beside training a D0 that `up` built only the first
+tasks of: an idle explorer sends itself the unguided exploration of a start state of the
+run's world, told which calls the pool's discovered tasks make, and explores it, until the
+pool holds D0's target. With labels, or from a whole D0, it does not."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
+import nats
 import pytest
 
 from coevolve.services.explorer.actor import ExplorerActor
@@ -17,7 +20,7 @@ from coevolve.shared.messages import Exploration, ExplorationRequest, decode
 from coevolve.shared.pool_client import PoolClient
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import EXPLORATION_REQUESTS, EXPLORATIONS
-from coevolve.shared.task_sets import load_d0
+from coevolve.shared.task_sets import load_d0, write_d0
 from tests.dataloop.dataloop_harness import WellFormedBrain, running
 from tests.support.fake_llm import RoleFakeLLM
 from tests.support.wait import wait_until
@@ -30,11 +33,19 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def first_tasks_of(committed_d0: Path, target: int, out: Path) -> Path:
+    """The committed D0 as `up` would mark the first tasks of a D0 of ``target`` tasks."""
+    d0 = load_d0(committed_d0)
+    d0.build.first_tasks_of = target
+    write_d0(out, d0)
+    return out
+
+
 async def test_an_idle_explorer_discovers_a_start_state_with_no_labels(
-    settings: Settings, committed_d0: Path
+    settings: Settings, committed_d0: Path, tmp_path: Path
 ) -> None:
     settings.labels = "none"
-    settings.d0.file = str(committed_d0)
+    settings.d0.file = str(first_tasks_of(committed_d0, 40, tmp_path / "d0.json"))
     fake = RoleFakeLLM(WellFormedBrain()).start()
     settings.services.update(
         llm=fake.llm_section(),
@@ -67,6 +78,40 @@ async def test_an_idle_explorer_discovers_a_start_state_with_no_labels(
     assert request.covered and set(request.covered) <= d0_calls
     assert exploration.mode == "unguided" and exploration.task.id == request.task.id
     assert exploration.signal_id is None and fake.calls.get("summarizer", 0) == 0
+
+
+async def test_no_discovery_beside_a_whole_d0(settings: Settings, committed_d0: Path) -> None:
+    settings.labels = "none"
+    settings.d0.file = str(committed_d0)
+    assert load_d0(committed_d0).build.first_tasks_of == 0
+    with anyio.fail_after(10):  # returns before it needs the bus or the pool
+        await ExplorerActor(settings)._discover_when_idle()
+
+
+async def test_discovery_beside_training_stops_when_d0_is_complete(
+    settings: Settings, committed_d0: Path, tmp_path: Path
+) -> None:
+    settings.labels = "none"
+    size = len(load_d0(committed_d0).tasks)
+    settings.d0.file = str(first_tasks_of(committed_d0, size, tmp_path / "d0.json"))
+    settings.services["explorer"] = {"discover_when_idle_s": 1.0, "record": None}
+    bus = await Bus.connect(settings.bus, "test")
+    await bus.ensure_streams()
+    requests = await bus.nc.subscribe(EXPLORATION_REQUESTS)
+    explorer = ExplorerActor(settings)
+    try:
+        async with running([PoolStoreActor(settings), explorer]):
+
+            def completed() -> bool:
+                progress = explorer._progress
+                return progress is not None and progress.phase == "D0 complete beside training"
+
+            await wait_until(completed, 60, "the explorer's D0 complete")
+        with pytest.raises(nats.errors.TimeoutError):  # nothing was sent to explore
+            await requests.next_msg(timeout=0.5)
+    finally:
+        await bus.close()
+    assert explorer._progress is not None and explorer._progress.done == size
 
 
 def test_no_discovery_beside_training_with_labels_or_when_off(settings: Settings) -> None:

@@ -16,7 +16,9 @@ from coevolve.shared.runtime.nats_server import free_port
 from coevolve.shared.task_sets import D0File, ExplorationRecord, load_d0, partial_path
 
 
-@pytest.mark.parametrize(("first", "tasks", "built"), [(4, 24, 4), (30, 24, 24)])
+@pytest.mark.parametrize(
+    ("first", "tasks", "built", "completed_to"), [(4, 24, 4, 24), (30, 24, 24, 0)]
+)
 def test_up_builds_the_first_tasks_of_a_missing_d0(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -24,23 +26,26 @@ def test_up_builds_the_first_tasks_of_a_missing_d0(
     first: int,
     tasks: int,
     built: int,
+    completed_to: int,
 ) -> None:
+    """Only the first tasks, marked as such so that discovery beside training completes
+    them to ``d0.tasks``; a first set as large as D0 is a whole D0."""
     settings = load_settings(run_dir=str(tmp_path / "run"))
     settings.run_dir.mkdir()  # up prepares the run directory before D0
     settings.labels = "none"
     settings.d0.first_tasks, settings.d0.tasks = first, tasks
-    asked: list[int] = []
+    asked: list[tuple[int, int]] = []
 
-    def build(given: Settings, out: Path, echo: bool = True) -> D0File:
-        asked.append(given.d0.tasks)
+    def build(given: Settings, out: Path, echo: bool = True, first_tasks_of: int = 0) -> D0File:
+        asked.append((given.d0.tasks, first_tasks_of))
         shutil.copy(committed_d0, out)
         return discover_cmd.load_d0(out)
 
     monkeypatch.setattr(discover_cmd, "build_d0", build)
     assert discover_cmd.ensure_d0(settings) == settings.d0.path(settings.run_dir)
-    assert asked == [built] and settings.d0.tasks == tasks
+    assert asked == [(built, completed_to)] and settings.d0.tasks == tasks
     discover_cmd.ensure_d0(settings)  # the file is there now: nothing is built
-    assert asked == [built]
+    assert asked == [(built, completed_to)]
 
 
 def test_first_tasks_must_be_positive(tmp_path: Path) -> None:
