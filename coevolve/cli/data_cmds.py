@@ -259,68 +259,56 @@ def list_tasks(
         )
 
 
-def _look_up(
-    task_id: str,
-    settings: Settings,
-    via_pool: Callable[[PoolClient], Awaitable[T | None]],
-    via_file: Callable[[Any], T | None],
-) -> T:
-    """What the pool holds of ``task_id``; exits with an error when it holds nothing."""
-    found = run_on_pool_or_file(settings, via_pool, via_file)
-    if not found:
-        typer.echo(f"error: no task {task_id!r} in the pool", err=True)
-        raise typer.Exit(1)
-    return found
-
-
-@tasks_app.command("show")
-def show_task(
-    task_id: TaskIdArgument,
-    json_output: JsonLines = False,
-    config: ConfigOption = None,
-    run_dir: RunDirOption = None,
+def _one_task_command(
+    name: str,
+    summary: str,
+    via_pool: Callable[[PoolClient, str], Awaitable[T | None]],
+    via_file: Callable[[Any, str], T | None],
+    as_json: Callable[[T], Any],
+    as_lines: Callable[[T], list[str]],
 ) -> None:
-    """One task: its user turns, ground truth and origin."""
-    settings = connect_settings(config, run_dir)
+    """Adds ``tasks NAME TASK_ID``: what the pool holds of one task, as text or as JSON;
+    it exits with an error when the pool holds nothing."""
 
-    async def via_pool(pool: PoolClient) -> Task | None:
-        return await pool.get(task_id)
+    @tasks_app.command(name, help=summary)
+    def command(
+        task_id: TaskIdArgument,
+        json_output: JsonLines = False,
+        config: ConfigOption = None,
+        run_dir: RunDirOption = None,
+    ) -> None:
+        settings = connect_settings(config, run_dir)
+        found = run_on_pool_or_file(
+            settings, lambda pool: via_pool(pool, task_id), lambda store: via_file(store, task_id)
+        )
+        if not found:
+            typer.echo(f"error: no task {task_id!r} in the pool", err=True)
+            raise typer.Exit(1)
+        if json_output:
+            typer.echo(json.dumps(as_json(found)))
+            return
+        for line in as_lines(found):
+            typer.echo(line)
 
-    task = _look_up(task_id, settings, via_pool, lambda store: store.get_task(task_id))
-    if json_output:
-        typer.echo(json.dumps(msgspec.to_builtins(task)))
-        return
-    typer.echo(f"task {task.id}  ({task.origin}, {task.environment}, {task.status})")
+
+def task_lines(task: Task) -> list[str]:
+    """One task as text: its user turns, each with its expected calls."""
+    lines = [f"task {task.id}  ({task.origin}, {task.environment}, {task.status})"]
     if task.description:
-        typer.echo(f"description: {task.description}")
+        lines.append(f"description: {task.description}")
     for number, turn in enumerate(task.user_turns, start=1):
-        typer.echo(f"turn {number}: {_one_line(turn, 300)}")
+        lines.append(f"turn {number}: {_one_line(turn, 300)}")
         calls = task.ground_truth[number - 1] if number - 1 < len(task.ground_truth) else []
-        for call in calls:
-            typer.echo(f"    {call.name}({json.dumps(call.arguments, ensure_ascii=False)})")
+        lines.extend(
+            f"    {call.name}({json.dumps(call.arguments, ensure_ascii=False)})" for call in calls
+        )
     if task.lineage.signal_id or task.lineage.exploration_id:
-        typer.echo(f"lineage: see `coevolve tasks lineage {task.id}`")
+        lines.append(f"lineage: see `coevolve tasks lineage {task.id}`")
+    return lines
 
 
-@tasks_app.command("lineage")
-def task_lineage(
-    task_id: TaskIdArgument,
-    json_output: JsonLines = False,
-    config: ConfigOption = None,
-    run_dir: RunDirOption = None,
-) -> None:
-    """How a task came to be: signal -> context -> exploration -> candidate -> verdict."""
-    settings = connect_settings(config, run_dir)
-
-    async def via_pool(pool: PoolClient) -> dict[str, Any]:
-        return (await pool.lineage(task_id)).chain
-
-    chain = _look_up(task_id, settings, via_pool, lambda store: store.lineage(task_id))
-    if json_output:
-        typer.echo(json.dumps(chain))
-        return
-    for line in lineage_lines(chain):
-        typer.echo(line)
+async def _lineage_chain(pool: PoolClient, task_id: str) -> dict[str, Any]:
+    return (await pool.lineage(task_id)).chain
 
 
 def lineage_lines(chain: dict[str, Any]) -> list[str]:
@@ -392,3 +380,21 @@ def _task_summary(task: Task) -> dict[str, Any]:
 def _one_line(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_one_task_command(
+    "show",
+    "One task: its user turns, ground truth and origin.",
+    PoolClient.get,
+    lambda store, task_id: store.get_task(task_id),
+    msgspec.to_builtins,
+    task_lines,
+)
+_one_task_command(
+    "lineage",
+    "How a task came to be: signal -> context -> exploration -> candidate -> verdict.",
+    _lineage_chain,
+    lambda store, task_id: store.lineage(task_id),
+    lambda chain: chain,
+    lineage_lines,
+)

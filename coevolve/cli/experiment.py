@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from coevolve.cli.options import existing_directory
 from coevolve.experiment import ARMS
 
 # the experiment's modules are imported by the commands: they pull in matplotlib and the
@@ -154,12 +155,7 @@ def ablation(
 @experiment_app.command("report")
 def report(
     results: Annotated[
-        Path,
-        typer.Argument(
-            help="The experiment's results directory (--results of ablation).",
-            exists=True,
-            file_okay=False,
-        ),
+        Path, existing_directory("The experiment's results directory (--results of ablation).")
     ],
     report_dir: Annotated[
         Path | None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -27,6 +27,11 @@ RunDirOption = Annotated[
 JsonOption = Annotated[
     bool, typer.Option("--json", help="Print one JSON object on the last line of stdout.")
 ]
+
+
+def existing_directory(help: str) -> Any:
+    """A command's argument that names a directory, which must exist."""
+    return typer.Argument(help=help, exists=True, file_okay=False)
 
 
 def settings_from(config: Path | None, run_dir: Path | None) -> Settings:

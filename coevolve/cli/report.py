@@ -7,17 +7,15 @@ from typing import Annotated
 
 import typer
 
-from coevolve.cli.options import ConfigOption
+from coevolve.cli.options import ConfigOption, existing_directory
 from coevolve.shared.config import EngineKind
 
 
 def report(
     run_dir: Annotated[
         Path,
-        typer.Argument(
-            help="The run's directory (holds pool.duckdb, tensorboard/, traces/, logs/).",
-            exists=True,
-            file_okay=False,
+        existing_directory(
+            "The run's directory (holds pool.duckdb, tensorboard/, traces/, logs/)."
         ),
     ],
     out: Annotated[

@@ -18,8 +18,9 @@ from typing import Any
 import msgspec
 
 from coevolve.services.abstractor.call_units import CallUnit
-from coevolve.services.abstractor.prompts import ChatMessages, render_conversation
+from coevolve.services.abstractor.prompts import render_conversation
 from coevolve.shared.argument_values import salient_values
+from coevolve.shared.llm.client import ChatMessages
 from coevolve.shared.messages import ChatMessage, ToolCall
 from coevolve.shared.value_roles import role_problems
 

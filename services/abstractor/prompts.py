@@ -20,6 +20,7 @@ import msgspec
 from coevolve.services.abstractor.call_units import CallUnit
 from coevolve.shared.envs.rendering import compact_description
 from coevolve.shared.failures import target_functions
+from coevolve.shared.llm.client import ChatMessages
 from coevolve.shared.messages import (
     ChatMessage,
     Exploration,
@@ -34,8 +35,6 @@ from coevolve.shared.wording import (
     other_function_named,
     template_request,
 )
-
-ChatMessages = list[dict[str, str]]
 
 MIN_REQUEST_WORDS = 3
 # a phrase this many words long written twice in one request is padding

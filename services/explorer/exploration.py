@@ -121,32 +121,46 @@ async def next_action(
     return Rejection("repeated_call", f"{repeated} failed before in this round")
 
 
+@dataclass(frozen=True)
+class ExplorationSetup:
+    """What every round of one exploration shares: the acting model, a maker of fresh
+    environments, the task whose initial state each round starts from, the goal, the
+    settings and the counter of rejected actions.
+
+    With ``first_functions`` (the functions the policy got wrong), each round's first call
+    is one of them, with other values than the calls of ``avoid`` (the calls the parent
+    turn expected: a variant of the parent, not the parent again) where the state holds
+    others."""
+
+    llm: RoleLLM
+    make_env: Callable[[], Environment]
+    task: Task
+    goal: str
+    config: ExplorerConfig
+    counter: RejectionCounter
+    first_functions: Sequence[str] = ()
+    avoid: Sequence[ToolCall] = ()
+
+
 async def explore_round(
-    llm: RoleLLM,
-    make_env: Callable[[], Environment],
-    task: Task,
-    goal: str,
-    config: ExplorerConfig,
-    counter: RejectionCounter,
-    stats: ExplorationStats,
-    first_functions: Sequence[str] = (),
-    tried: Sequence[ToolCall] = (),
-    avoid: Sequence[ToolCall] = (),
+    setup: ExplorationSetup, stats: ExplorationStats, tried: Sequence[ToolCall] = ()
 ) -> ExplorationRound:
     """One round of at most ``config.max_steps`` actions from the task's initial state.
 
-    With ``first_functions`` (the functions the policy got wrong), the round's first call
-    (the first step that makes one) is constrained to those of them the environment
-    offers, so every round tries one of them; later steps may call any function (a
-    lookup, a call that uses what the first returned). ``tried``: earlier rounds' first
-    calls, which this round's first call should not repeat when they take arguments:
-    where the state holds other values for one of their parameters, the schema offers
-    only those (``variants.py``), other than those of ``avoid`` too (the calls the parent
-    turn expected: a variant of the parent, not the parent again)."""
-    environment = make_env()
+    With ``first_functions``, the round's first call (the first step that makes one) is
+    constrained to those of them the environment offers, so every round tries one of
+    them; later steps may call any function (a lookup, a call that uses what the first
+    returned). ``tried``: earlier rounds' first calls, which this round's first call should
+    not repeat when they take arguments: where the state holds other values for one of
+    their parameters, the schema offers only those (``variants.py``), other than those of
+    ``avoid`` too."""
+    config, first_functions = setup.config, setup.first_functions
+    environment = setup.make_env()
     schemas = _SchemaCache()
     try:
-        history: list[ChatMessage] = list(await anyio.to_thread.run_sync(environment.reset, task))
+        history: list[ChatMessage] = list(
+            await anyio.to_thread.run_sync(environment.reset, setup.task)
+        )
         steps: list[InteractionStep] = []
         shown: list[tuple[str, str]] = []
         failed_calls: set[str] = set()
@@ -161,16 +175,18 @@ async def explore_round(
                 offered = [t for t in tools if t.get("function", t).get("name") in wanted] or tools
             earlier = [call_json(call) for call in tried if call.arguments] if first else []
             schema = schemas.get(offered)
-            avoided = [*avoid, *tried] if first else []
+            avoided = [*setup.avoid, *tried] if first else []
             if first_functions and any(call.arguments for call in avoided):
                 varied = varied_tools(offered, avoided, state_of(environment))
                 if varied != offered:
                     schema = function_call_schema(varied)
             messages = exploration_messages(
-                tools, goal, shown, failed=sorted(failed_calls), tried=earlier
+                tools, setup.goal, shown, failed=sorted(failed_calls), tried=earlier
             )
-            outcome = await next_action(llm, messages, schema, config, failed_calls, set(earlier))
-            counter.record(outcome)
+            outcome = await next_action(
+                setup.llm, messages, schema, config, failed_calls, set(earlier)
+            )
+            setup.counter.record(outcome)
             if isinstance(outcome, Rejection):
                 stats.rejections.append(outcome)
                 log.info("explorer action rejected (%s): %s", outcome.kind, outcome.reason)
@@ -207,26 +223,14 @@ async def explore_round(
 
 
 async def explore(
-    llm: RoleLLM,
-    make_env: Callable[[], Environment],
-    task: Task,
-    goal: str,
-    config: ExplorerConfig,
-    counter: RejectionCounter,
-    rounds: int | None = None,
-    first_functions: Sequence[str] = (),
-    avoid: Sequence[ToolCall] = (),
+    setup: ExplorationSetup, rounds: int | None = None
 ) -> tuple[list[ExplorationRound], ExplorationStats]:
     """``rounds`` (default ``config.rounds``) rounds, each in a fresh environment; with
     ``first_functions``, each first calls one of them, with other values than the rounds
     before it and than the calls of ``avoid`` where the state holds others."""
     stats = ExplorationStats()
     done: list[ExplorationRound] = []
-    for _ in range(config.rounds if rounds is None else rounds):
-        tried = [r.steps[0].action for r in done if r.steps] if first_functions else []
-        done.append(
-            await explore_round(
-                llm, make_env, task, goal, config, counter, stats, first_functions, tried, avoid
-            )
-        )
+    for _ in range(setup.config.rounds if rounds is None else rounds):
+        tried = [r.steps[0].action for r in done if r.steps] if setup.first_functions else []
+        done.append(await explore_round(setup, stats, tried))
     return done, stats

@@ -25,7 +25,7 @@ from coevolve.services.explorer.composition import (
     previous_turn,
 )
 from coevolve.services.explorer.config import ExplorerConfig
-from coevolve.services.explorer.exploration import ExplorationStats, explore
+from coevolve.services.explorer.exploration import ExplorationSetup, ExplorationStats, explore
 from coevolve.services.explorer.prompts import (
     CONTEXT_SCHEMA,
     GOAL_TEMPLATES,
@@ -376,17 +376,17 @@ async def explore_task(
     with deps.tracer.start_as_current_span(
         "explorer explore", attributes={"coevolve.detail": mode}
     ):
-        done, stats = await explore(
+        setup = ExplorationSetup(
             deps.explorer,
             make_env,
             task,
             goal,
             deps.config,
             deps.actions,
-            rounds,
             first_functions=target_functions(failed or []),
             avoid=[call.expected for call in failed or []],
         )
+        done, stats = await explore(setup, rounds)
     if stats.steps == 0:
         log.warning("exploration %s: no usable action in %d rounds", exploration_id, rounds)
         return Explored(None, "empty", stats)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from coevolve.shared.failures import conversation_before, describe_failure
+from coevolve.shared.llm.client import ChatMessages
 from coevolve.shared.messages import (
     ChatMessage,
     ExplorationContext,
@@ -29,8 +30,6 @@ from coevolve.shared.messages import (
     Task,
     Trajectory,
 )
-
-ChatMessages = list[dict[str, str]]
 
 MESSAGE_CHARS = 400
 TRAJECTORY_CHARS = 3000

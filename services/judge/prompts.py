@@ -15,9 +15,8 @@ from typing import Any
 
 import msgspec
 
+from coevolve.shared.llm.client import ChatMessages
 from coevolve.shared.messages import Task, ToolCall
-
-ChatMessages = list[dict[str, str]]
 
 CRITERIA: tuple[str, ...] = (
     "api_matching",

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from coevolve.services.explorer.config import ExplorerConfig
-from coevolve.services.explorer.exploration import explore
+from coevolve.services.explorer.exploration import ExplorationSetup, explore
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.llm import RoleClients, role_settings
@@ -50,7 +50,7 @@ def run(
 
     async def go() -> Any:
         try:
-            return await explore(
+            setup = ExplorationSetup(
                 clients["explorer"],
                 lambda: make_environment("bfcl"),
                 task,
@@ -60,6 +60,7 @@ def run(
                 first_functions=first_functions,
                 avoid=avoid,
             )
+            return await explore(setup)
         finally:
             await clients.aclose()
 
