@@ -33,16 +33,8 @@ from coevolve.bench import tables
 from coevolve.bench.synthesis import cpu_info
 from coevolve.harness import LOCKSTEP_ITERATIONS, UpRun, machine_cores, output_dir
 from coevolve.harness import base_run_dir as default_base
-from coevolve.run_figures import (
-    LearnerCount,
-    VerdictCount,
-    count_groups_trained_on,
-    count_learner_steps,
-    count_rollout_groups,
-    count_verdicts,
-    policy_versions,
-    pool_summary,
-)
+from coevolve.report.run_data import LEARNER_TENSORBOARD, TENSORBOARD
+from coevolve.run_figures import LearnerCount, VerdictCount, run_figures
 from coevolve.schedules.lockstep import WARM_START_CHECKPOINT
 
 QUICK_MINUTES = 3.0
@@ -53,10 +45,10 @@ FULL_MINUTES = {"schedule": 15.0, "data-loop": 30.0}
 NO_DATA_LOOP_SCALE = "explorer=0"
 # each schedule's GrpoLearner writes its scalars here (learner service / lockstep loop)
 TENSORBOARD_DIRS = {
-    "async": Path("tensorboard") / "learner",
-    "full": Path("tensorboard") / "learner",
-    "no_data_loop": Path("tensorboard") / "learner",
-    "lockstep": Path("tensorboard") / "lockstep",
+    "async": LEARNER_TENSORBOARD,
+    "full": LEARNER_TENSORBOARD,
+    "no_data_loop": LEARNER_TENSORBOARD,
+    "lockstep": f"{TENSORBOARD}/lockstep",
 }
 
 
@@ -175,29 +167,28 @@ def run_phase(
             print(f"[services] interrupted: stopping {phase}", flush=True)
         run.stop()
     wall_s = run.elapsed_s()
-    started_at, stopped_at = run.started_at, run.started_at + wall_s
-    learner = count_learner_steps(run_dir / TENSORBOARD_DIRS[phase], started_at, stopped_at)
-    pool = run_dir / "pool.duckdb"
-    verdicts = count_verdicts(pool, started_at, stopped_at)
+    started_at = run.started_at
+    figures = run_figures(run_dir, started_at, started_at + wall_s, TENSORBOARD_DIRS[phase])
+    verdicts: VerdictCount = figures["verdicts"]
     result: dict[str, Any] = {
         "phase": phase,
         "schedule": "lockstep" if lockstep else "async",
         "wall_s": round(wall_s, 1),
         "cores": cores,
-        **phase_figures(learner, verdicts, wall_s, cores),
-        "rollout_groups": count_rollout_groups(pool, started_at, stopped_at),
-        "groups_trained_on": count_groups_trained_on(run_dir, started_at, stopped_at),
+        **phase_figures(figures["learner"], verdicts, wall_s, cores),
+        "rollout_groups": figures["rollout_groups"],
+        "groups_trained_on": figures["groups_trained_on"],
         **cpu_figures(run.cpu.totals(), wall_s, cores, verdicts.accepted),
         "warm_start_done_s": warm_start_done_s(phase, run_dir, started_at),
         "load_average_at_start": [round(x, 2) for x in load],
         "shared_model_cache": run.shared_models,
-        "pool": pool_summary(pool) if pool.is_file() else None,
+        "pool": figures["pool"],
         "stop": {**run.stop_report(), "interrupted": ended == "interrupted"},
         "log": str(run.log_path),
         "run_dir": str(run_dir),
     }
     if not lockstep:
-        versions = policy_versions(run_dir)
+        versions = figures["policy_versions"]
         result["policy_files"] = len(versions)
         result["grpo_policy_files"] = sum(1 for v in versions if v >= 2)
     return result

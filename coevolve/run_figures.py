@@ -189,12 +189,16 @@ def logs_mentioning(run_dir: Path, text: str) -> list[str]:
     return found
 
 
-def run_figures(run_dir: Path, started_at: float, stopped_at: float) -> dict[str, Any]:
+def run_figures(
+    run_dir: Path, started_at: float, stopped_at: float, tensorboard: str = LEARNER_TENSORBOARD
+) -> dict[str, Any]:
     """The figures every run of the system has: its pool (None before pool-store wrote
-    one), its verdicts and rollout groups in the window, learner steps and policy files."""
+    one), its verdicts and rollout groups in the window, learner steps and policy files.
+    ``tensorboard``: where under ``run_dir`` the learner's scalars are (the lockstep
+    schedule writes its own)."""
     pool = run_dir / POOL_FILE
     verdicts = count_verdicts(pool, started_at, stopped_at)
-    learner = count_learner_steps(run_dir / LEARNER_TENSORBOARD, started_at, stopped_at)
+    learner = count_learner_steps(run_dir / tensorboard, started_at, stopped_at)
     return {
         "pool": pool_summary(pool) if pool.is_file() else None,
         "verdicts": verdicts,

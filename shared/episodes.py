@@ -136,28 +136,6 @@ def run_group(
     )[0]
 
 
-def run_episode(
-    engine: Engine,
-    env_factory: EnvFactory,
-    task: Task,
-    params: SamplingParams,
-    max_steps: int = 12,
-    *,
-    id_prefix: str | None = None,
-    partial_credit: float = 0.0,
-) -> Trajectory:
-    return run_group(
-        engine,
-        env_factory,
-        task,
-        1,
-        params,
-        max_steps,
-        id_prefix=id_prefix,
-        partial_credit=partial_credit,
-    )[0]
-
-
 def run_groups(
     engine: Engine,
     env_factory: EnvFactory,
@@ -436,7 +414,6 @@ __all__ = [
     "Navigation",
     "RenderError",
     "StepCallback",
-    "run_episode",
     "run_group",
     "run_groups",
 ]

@@ -11,7 +11,7 @@ import duckdb
 import msgspec
 from torch.utils.tensorboard import SummaryWriter
 
-from coevolve.report.run_data import LEARNER_STEPS
+from coevolve.report.run_data import LEARNER_STEPS, LEARNER_TENSORBOARD, POOL_FILE
 from coevolve.run_figures import (
     TRAINED_TAG,
     LearnerCount,
@@ -23,6 +23,7 @@ from coevolve.run_figures import (
     logs_mentioning,
     policy_versions,
     pool_duplicates,
+    run_figures,
 )
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.messages import (
@@ -165,3 +166,19 @@ def test_logs_mentioning_a_text_name_their_services(tmp_path: Path) -> None:
     (logs / "judge.log").write_text("INFO fine\n")
     assert logs_mentioning(tmp_path, "lost quorum") == ["rollout"]
     assert logs_mentioning(tmp_path / "missing", "lost quorum") == []
+
+
+def test_run_figures_read_the_learner_where_its_schedule_writes(tmp_path: Path) -> None:
+    write_trained(tmp_path / LEARNER_TENSORBOARD, [(100.0, 1.0)])
+    lockstep_dir = "tensorboard/lockstep"
+    write_trained(tmp_path / lockstep_dir, [(100.0, 1.0), (200.0, 1.0)])
+    with PoolStore(tmp_path / POOL_FILE) as store:
+        store.record_verdict(make_verdict(1, True, T0 + 300.0))
+
+    figures = run_figures(tmp_path, T0, T0 + 600.0)
+    lockstep = run_figures(tmp_path, T0, T0 + 600.0, lockstep_dir)
+
+    assert figures["learner"].steps == 1 and lockstep["learner"].steps == 2
+    assert figures["verdicts"] == lockstep["verdicts"] == VerdictCount(1, 1, 1, 300.0)
+    assert figures["pool"]["verdicts"]["accepted"] == 1
+    assert run_figures(tmp_path / "empty", T0, T0 + 600.0)["pool"] is None

@@ -12,7 +12,6 @@ import json
 import anyio
 import pytest
 import torch
-from nats.aio.msg import Msg
 
 from coevolve.services.learner.actor import LearnerActor
 from coevolve.services.learner.handler import STEPS_FILE, trained_ids_file
@@ -22,28 +21,25 @@ from coevolve.shared.config import Settings
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.messages import (
     GRPO_STEP_PHASE,
-    Heartbeat,
     PolicyVersion,
     RolloutGroup,
     decode,
 )
 from coevolve.shared.pool_client import PoolClient
-from coevolve.shared.runtime.actor import ActorRunner
 from coevolve.shared.runtime.bus import Bus
-from coevolve.shared.runtime.subjects import POLICY_UPDATES, ROLLOUT_GROUPS, heartbeat_subject
+from coevolve.shared.runtime.subjects import POLICY_UPDATES, ROLLOUT_GROUPS
+from tests.support.actors import heartbeats_of, running
 from tests.support.rollout import sampled_group
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_rollout_service_turns_a_job_into_a_group(loop_settings: Settings) -> None:
-    runners = [ActorRunner(PoolStoreActor(loop_settings)), ActorRunner(RolloutActor(loop_settings))]
+    actors = [PoolStoreActor(loop_settings), RolloutActor(loop_settings)]
     bus = await Bus.connect(loop_settings.bus, "test")
     await bus.ensure_streams()
     groups = await bus.js.pull_subscribe(ROLLOUT_GROUPS, durable="test-groups")
-    async with anyio.create_task_group() as tg:
-        for runner in runners:
-            tg.start_soon(lambda r=runner: r.run(handle_signals=False))
+    async with running(actors):
         with anyio.fail_after(240):
             while True:
                 try:
@@ -68,8 +64,6 @@ async def test_rollout_service_turns_a_job_into_a_group(loop_settings: Settings)
         with anyio.fail_after(30):
             while (await pool.stats()).results < 2:
                 await anyio.sleep(0.2)
-        for runner in runners:
-            runner.request_stop()
     await bus.close()
 
 
@@ -77,7 +71,6 @@ async def test_learner_publishes_weights_that_rollout_loads_identically(
     loop_settings: Settings,
 ) -> None:
     learner_actor = LearnerActor(loop_settings)
-    runner = ActorRunner(learner_actor)
     bus = await Bus.connect(loop_settings.bus, "test")
     await bus.ensure_streams()
 
@@ -89,21 +82,15 @@ async def test_learner_publishes_weights_that_rollout_loads_identically(
     group, rollout = await sampled_group(loop_settings, bus, task)
     trajectories = group.trajectories
     updates = await bus.nc.subscribe(POLICY_UPDATES)
-    phases: list[str] = []
-
-    async def beats(msg: Msg) -> None:
-        phases.append(decode(msg.data, Heartbeat).phase)
-
-    await bus.nc.subscribe(heartbeat_subject("learner"), cb=beats)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: runner.run(handle_signals=False))
+    beats = await heartbeats_of(bus, "learner")
+    async with running([learner_actor]):
         await bus.publish(ROLLOUT_GROUPS, group)
         update = decode((await updates.next_msg(timeout=240)).data, PolicyVersion)
         assert update.version == 0  # announced at start-up (no warm start)
         update = decode((await updates.next_msg(timeout=240)).data, PolicyVersion)
         assert update.version == 1 and update.step == 1
         # the heartbeat says when a step runs (what `bench chaos` waits for to kill it)
-        assert GRPO_STEP_PHASE in phases
+        assert GRPO_STEP_PHASE in [beat.phase for beat in beats]
         with anyio.fail_after(30):
             while learner_actor.last_metrics is None:
                 await anyio.sleep(0.1)
@@ -140,7 +127,6 @@ async def test_learner_publishes_weights_that_rollout_loads_identically(
             (group.id, task.id, "seed")
         ]
         assert record["stale"] == []
-        runner.request_stop()
 
     # a new learner (as after SIGKILL) resumes from the checkpoint and remembers the group
     resumed = LearnerActor(loop_settings)

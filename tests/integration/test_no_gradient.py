@@ -7,16 +7,16 @@ from functools import partial
 
 import anyio
 import pytest
-from nats.aio.msg import Msg
 
 from coevolve.services.learner.actor import LearnerActor
 from coevolve.services.learner.handler import NO_GRADIENT_PHASE, no_gradient_reason
 from coevolve.shared.config import Settings
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
-from coevolve.shared.messages import Heartbeat, PolicyVersion, decode
+from coevolve.shared.messages import PolicyVersion, decode
 from coevolve.shared.runtime.actor import ActorRunner
 from coevolve.shared.runtime.bus import Bus
-from coevolve.shared.runtime.subjects import POLICY_UPDATES, ROLLOUT_GROUPS, heartbeat_subject
+from coevolve.shared.runtime.subjects import POLICY_UPDATES, ROLLOUT_GROUPS
+from tests.support.actors import heartbeats_of
 from tests.support.messages import rewarded_group
 from tests.support.rollout import sampled_group
 
@@ -28,12 +28,7 @@ async def test_a_step_on_groups_that_all_scored_zero_says_why(loop_settings: Set
     bus = await Bus.connect(loop_settings.bus, "test")
     await bus.ensure_streams()
     updates = await bus.nc.subscribe(POLICY_UPDATES)
-    beats: list[Heartbeat] = []
-
-    async def on_beat(msg: Msg) -> None:
-        beats.append(decode(msg.data, Heartbeat))
-
-    await bus.nc.subscribe(heartbeat_subject("learner"), cb=on_beat)
+    beats = await heartbeats_of(bus, "learner")
     group, _ = await sampled_group(loop_settings, bus, seed_tasks()[0], rewards=(0.0, 0.0))
     async with anyio.create_task_group() as tg:
         tg.start_soon(partial(ActorRunner(learner).run, handle_signals=False))

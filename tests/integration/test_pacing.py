@@ -8,12 +8,10 @@ as pool-store records an accepted verdict.
 from __future__ import annotations
 
 import json
-from functools import partial
 
 import anyio
 import msgspec
 import pytest
-from nats.aio.msg import Msg
 
 from coevolve.services.learner.actor import LearnerActor
 from coevolve.services.learner.handler import PACING_FILE
@@ -22,7 +20,6 @@ from coevolve.shared.config import Settings
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
 from coevolve.shared.messages import (
     WAITING_FOR_DATA_PHASE,
-    Heartbeat,
     Lineage,
     PolicyVersion,
     Verdict,
@@ -30,14 +27,13 @@ from coevolve.shared.messages import (
     new_id,
 )
 from coevolve.shared.pacing import PacingSettings
-from coevolve.shared.runtime.actor import ActorRunner
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import (
     POLICY_UPDATES,
     ROLLOUT_GROUPS,
     VERDICTS,
-    heartbeat_subject,
 )
+from tests.support.actors import heartbeats_of, running
 from tests.support.rollout import sampled_group
 
 pytestmark = pytest.mark.anyio
@@ -48,22 +44,14 @@ async def test_learner_waits_for_the_data_loop_then_steps(loop_settings: Setting
         tasks_per_step=1.0, grace_steps=0, poll_s=0.5, max_wait_s=300.0
     )
     loop_settings.services["pool_store"]["feed_jobs"] = False
-    learner = LearnerActor(loop_settings)
-    runners = [ActorRunner(PoolStoreActor(loop_settings)), ActorRunner(learner)]
+    actors = [PoolStoreActor(loop_settings), LearnerActor(loop_settings)]
     bus = await Bus.connect(loop_settings.bus, "test")
     await bus.ensure_streams()
     updates = await bus.nc.subscribe(POLICY_UPDATES)
-    phases: list[str] = []
-
-    async def beats(msg: Msg) -> None:
-        phases.append(decode(msg.data, Heartbeat).phase)
-
-    await bus.nc.subscribe(heartbeat_subject("learner"), cb=beats)
+    beats = await heartbeats_of(bus, "learner")
     task = seed_tasks()[0]
     group, _ = await sampled_group(loop_settings, bus, task)
-    async with anyio.create_task_group() as tg:
-        for runner in runners:
-            tg.start_soon(partial(runner.run, handle_signals=False))
+    async with running(actors):
         assert decode((await updates.next_msg(timeout=240)).data, PolicyVersion).version == 0
         await bus.publish(ROLLOUT_GROUPS, group)
         # step 1 owes nothing (no step done yet)
@@ -71,7 +59,7 @@ async def test_learner_waits_for_the_data_loop_then_steps(loop_settings: Setting
         await bus.publish(ROLLOUT_GROUPS, msgspec.structs.replace(group, id=new_id()))
         # step 2 owes one accepted task: none was delivered, so the learner waits
         with anyio.fail_after(60):
-            while WAITING_FOR_DATA_PHASE not in phases:
+            while WAITING_FOR_DATA_PHASE not in [beat.phase for beat in beats]:
                 await anyio.sleep(0.2)
         with pytest.raises(TimeoutError):
             await updates.next_msg(timeout=3)
@@ -85,8 +73,6 @@ async def test_learner_waits_for_the_data_loop_then_steps(loop_settings: Setting
             VERDICTS, Verdict(candidate_id="candidate-1", accepted=True, reasons=[], task=child)
         )
         assert decode((await updates.next_msg(timeout=240)).data, PolicyVersion).version == 2
-        for runner in runners:
-            runner.request_stop()
     await bus.close()
     (wait,) = [
         json.loads(line) for line in (loop_settings.run_dir / PACING_FILE).read_text().splitlines()

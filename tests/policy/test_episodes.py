@@ -10,7 +10,7 @@ import torch
 
 from coevolve.shared.envs import make_environment
 from coevolve.shared.envs.bfcl.tasks import seed_tasks
-from coevolve.shared.episodes import run_episode, run_group
+from coevolve.shared.episodes import run_group
 from coevolve.shared.messages import Task, Trajectory
 from coevolve.shared.policy import (
     Generation,
@@ -84,7 +84,7 @@ def test_ground_truth_script_scores_one_with_consistent_tokens(
     for calls in task.ground_truth:
         texts += [format_tool_calls(calls), "Done."]
     scripted = ScriptedPolicy(engine, texts)
-    trajectory = run_episode(scripted, bfcl, task, SamplingParams(), max_steps=10)
+    trajectory = run_group(scripted, bfcl, task, 1, SamplingParams(), max_steps=10)[0]
 
     assert trajectory.reward == 1.0 and trajectory.finished and trajectory.error is None
     assert trajectory.policy_version == 7
@@ -123,14 +123,13 @@ def test_partial_credit_rewards_an_unsolved_episode_below_the_signal_threshold(
     rewards = []
     for weight in (0.0, 0.4):
         scripted = ScriptedPolicy(engine, list(texts))
-        episode = run_episode(scripted, bfcl, task, SamplingParams(), 10, partial_credit=weight)
+        episode = run_group(scripted, bfcl, task, 1, SamplingParams(), 10, partial_credit=weight)[0]
         rewards.append(episode.reward)
     assert rewards[0] == 0.0  # BFCL's verdict: the state differs
     assert rewards[1] == pytest.approx(0.4 * (1.0 + len(second) / (2 * len(second))) / 2)
     solved_texts = [format_tool_calls(first), "Done.", format_tool_calls(second), "Done."]
-    solved = run_episode(
-        ScriptedPolicy(engine, solved_texts), bfcl, task, SamplingParams(), 10, partial_credit=0.4
-    )
+    solver = ScriptedPolicy(engine, solved_texts)
+    solved = run_group(solver, bfcl, task, 1, SamplingParams(), 10, partial_credit=0.4)[0]
     assert solved.reward == 1.0
 
 
@@ -164,10 +163,10 @@ def test_real_policy_group(policy: LoadedPolicy, engine: TransformersEngine, tas
 
 def test_ids_are_derived_from_the_prefix(engine: TransformersEngine, task: Task) -> None:
     scripted = ScriptedPolicy(engine, ["I cannot help.", "Still no."])
-    first = run_episode(scripted, bfcl, task, SamplingParams(), max_steps=2, id_prefix="job-1")
+    first = run_group(scripted, bfcl, task, 1, SamplingParams(), max_steps=2, id_prefix="job-1")[0]
     assert first.finished and first.reward == 0.0 and first.actions == []
     scripted = ScriptedPolicy(engine, ["I cannot help.", "Still no."])
-    again = run_episode(scripted, bfcl, task, SamplingParams(), max_steps=2, id_prefix="job-1")
+    again = run_group(scripted, bfcl, task, 1, SamplingParams(), max_steps=2, id_prefix="job-1")[0]
     assert again.id == first.id
 
 
@@ -186,7 +185,7 @@ def test_history_rewriting_template_keeps_the_seen_tokens(
     tokenizer.chat_template = COUNTING_TEMPLATE
     texts = [format_tool_calls(task.ground_truth[0]), "Done.", "No."]
     scripted = ScriptedPolicy(engine, texts, tokenizer=tokenizer)
-    trajectory = run_episode(scripted, bfcl, task, SamplingParams(), max_steps=3)
+    trajectory = run_group(scripted, bfcl, task, 1, SamplingParams(), max_steps=3)[0]
     check_token_bookkeeping(trajectory)
     assert len(scripted.prompts) == 3
     for earlier, later in zip(scripted.prompts, scripted.prompts[1:], strict=False):
@@ -244,7 +243,7 @@ def test_environment_error_ends_the_episode_with_a_reason(
         return envs[-1]
 
     scripted = ScriptedPolicy(engine, ["Hello."])
-    trajectory = run_episode(scripted, factory, task, SamplingParams(), max_steps=4)
+    trajectory = run_group(scripted, factory, task, 1, SamplingParams(), max_steps=4)[0]
     assert trajectory.error == "environment error: KeyError: 'state went missing'"
     assert not trajectory.finished and trajectory.reward == 0.0
     assert [m.role for m in trajectory.messages] == ["user", "assistant"]
