@@ -129,6 +129,10 @@ class D0Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     first_tasks: int = 4
     max_explorations: int = 48
     max_minutes: float = 60.0
+    # an environment without labelled held-out tasks (not bfcl): the 1st, (N+1)th, ...
+    # accepted task is kept out of training, in the file's `heldout`, for the evaluator
+    # (services.evaluator.heldout_file gives the user's own instead). 0: none
+    heldout_every: int = 5
     # exploration rounds per start state (each a fresh environment)
     rounds: int = 1
     seed: int = 0
@@ -144,9 +148,16 @@ class D0Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         if not self.max_minutes > 0:
             raise ValueError("d0.max_minutes must be > 0")
+        if self.heldout_every < 0:
+            raise ValueError("d0.heldout_every must be >= 0")
 
     def path(self, run_dir: Path) -> Path:
         return (run_dir / Path(self.file).expanduser()).resolve()
+
+    @property
+    def keeps_heldout_every(self) -> int:
+        """Every how many accepted tasks one is held out (0: none; bfcl has its eval split)."""
+        return self.heldout_every if self.environment != "bfcl" else 0
 
     @property
     def tasks_before_training(self) -> int:

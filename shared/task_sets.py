@@ -51,6 +51,8 @@ class D0File(msgspec.Struct, kw_only=True):
     build: D0Build
     sha256: str
     tasks: list[Task]
+    # discovered tasks kept out of training, the evaluator's held-out set (d0.heldout_every)
+    heldout: list[Task] = msgspec.field(default_factory=list)
 
     @property
     def explorations_per_task(self) -> float | None:
@@ -61,14 +63,41 @@ class D0Error(ValueError):
     """A D0 file that is missing, damaged, edited or not a D0 file."""
 
 
-def tasks_digest(tasks: list[Task]) -> str:
-    """sha256 of the tasks as the file stores them."""
-    return hashlib.sha256(msgspec.json.encode(tasks)).hexdigest()
+def tasks_digest(tasks: list[Task], heldout: list[Task] | None = None) -> str:
+    """sha256 of the tasks as the file stores them (and of the held-out ones, if any)."""
+    digest = hashlib.sha256(msgspec.json.encode(tasks))
+    if heldout:
+        digest.update(msgspec.json.encode(heldout))
+    return digest.hexdigest()
+
+
+def split_heldout(accepted: list[Task], every: int) -> tuple[list[Task], list[Task]]:
+    """(training tasks, held-out tasks): the 1st, (every+1)th, ... accepted task is held
+    out, so the first one is (a held-out figure from the start); every 0: none."""
+    if every <= 0:
+        return list(accepted), []
+    heldout = accepted[::every]
+    return [t for i, t in enumerate(accepted) if i % every], heldout
+
+
+def load_heldout_file(path: Path) -> list[Task]:
+    """A user's held-out tasks: a JSON list of tasks, or an object whose ``tasks`` is one
+    (a D0 file too); ValueError when unreadable or a task has no request or calls."""
+    try:
+        raw = msgspec.json.decode(path.read_bytes())
+        listed = raw.get("tasks") if isinstance(raw, dict) else raw
+        tasks = msgspec.convert(listed, list[Task])
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(f"held-out file {path}: {exc}") from exc
+    unusable = [t.id for t in tasks if not t.user_turns or not any(t.ground_truth)]
+    if unusable or not tasks:
+        raise ValueError(f"held-out file {path}: no tasks, or tasks without a request or calls")
+    return tasks
 
 
 def write_d0(path: Path, d0: D0File) -> None:
     """Write ``d0`` (sha256 filled in) atomically: a reader never sees half a file."""
-    d0.sha256 = tasks_digest(d0.tasks)
+    d0.sha256 = tasks_digest(d0.tasks, d0.heldout)
     path.parent.mkdir(parents=True, exist_ok=True)
     body = msgspec.json.format(msgspec.json.encode(d0), indent=1)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -92,14 +121,14 @@ def load_d0(path: Path, sha256: str | None = None) -> D0File:
         raise D0Error(f"{path} is not a D0 file: {exc}") from exc
     if d0.format != D0_FORMAT:
         raise D0Error(f"{path}: format {d0.format!r}, expected {D0_FORMAT!r}")
-    digest = tasks_digest(d0.tasks)
+    digest = tasks_digest(d0.tasks, d0.heldout)
     if digest != d0.sha256:
         raise D0Error(
             f"{path}: its tasks have sha256 {digest[:12]}, the file says {d0.sha256[:12]}"
         )
     if sha256 is not None and digest != sha256:
         raise D0Error(f"{path}: sha256 {digest[:12]}, expected {sha256[:12]}")
-    unusable = [t.id for t in d0.tasks if not t.user_turns or not any(t.ground_truth)]
+    unusable = [t.id for t in d0.tasks + d0.heldout if not t.user_turns or not any(t.ground_truth)]
     if unusable:
         raise D0Error(f"{path}: tasks without a request or calls: {unusable[:5]}")
     if not d0.tasks:

@@ -90,10 +90,6 @@ def pick_tasks(tasks: list[Any], limit: int | None, sample: int | None, seed: in
     return tasks[:limit] if limit is not None else tasks
 
 
-def _make_bfcl() -> Environment:
-    return make_environment("bfcl")
-
-
 def weights_for_version(run_dir: Path, version: int) -> Path:
     """The exported weights file of policy ``version`` under ``run_dir``."""
     candidates = [run_dir / pattern.format(version=version) for pattern in VERSION_WEIGHT_PATTERNS]
@@ -191,11 +187,17 @@ def build_player(
     run_dir: Path,
     trajectories: Path | None = None,
     options: PlayOptions = PlayOptions(),
+    environment: str = "bfcl",
 ) -> tuple[Player | BatchPlayer, int, dict[str, Any], GroundTruthScorer | None]:
     """(player, batch size (0: one task at a time), facts for the report, the scorer of
-    the ground truth's likelihood (None for the ground-truth player or when not asked))."""
+    the ground truth's likelihood (None for the ground-truth player or when not asked)),
+    playing in fresh environments of ``environment``."""
+
+    def make_env() -> Environment:
+        return make_environment(environment)
+
     if policy == "ground-truth":
-        return ground_truth_player(_make_bfcl), 0, {}, None
+        return ground_truth_player(make_env), 0, {}, None
     choice = resolve_policy_choice(policy, run_dir)
     from coevolve.shared.policy import SamplingParams
     from coevolve.shared.policy.engine import TokenScorer
@@ -233,12 +235,12 @@ def build_player(
         writer = trajectory_writer(trajectories)
         extra["trajectories"] = str(trajectories)
     on_step = step_reporter() if options.show_steps else None
-    player = policy_player(engine, _make_bfcl, params, options.max_steps_per_turn, writer, on_step)
+    player = policy_player(engine, make_env, params, options.max_steps_per_turn, writer, on_step)
     scorer = None
     if options.likelihood:
         # llama.cpp scores a batch's ground truths together, sharing their prefixes
         token_logprobs = engine.token_logprobs if isinstance(engine, TokenScorer) else None
-        scorer = ground_truth_scorer(loaded, _make_bfcl, token_logprobs)
+        scorer = ground_truth_scorer(loaded, make_env, token_logprobs)
         extra["likelihood_engine"] = options.engine_kind if token_logprobs else "torch"
     return player, batch_size, extra, scorer
 

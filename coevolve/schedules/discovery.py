@@ -28,6 +28,7 @@ import msgspec
 from coevolve.code_version import code_version
 from coevolve.services.abstractor.config import AbstractorConfig
 from coevolve.services.abstractor.handler import AbstractorDeps, abstract, similarity_cache_dir
+from coevolve.services.evaluator.config import EvaluatorConfig
 from coevolve.services.explorer.config import ExplorerConfig
 from coevolve.services.explorer.discovery import (
     calls_of,
@@ -49,6 +50,7 @@ from coevolve.shared.task_sets import (
     ExplorationRecord,
     partial_path,
     read_partial,
+    split_heldout,
     write_d0,
 )
 
@@ -110,6 +112,14 @@ async def explore_once(
     return record
 
 
+def heldout_every(settings: Settings) -> int:
+    """Every how many accepted tasks D0 holds one out for the evaluator: none in the bfcl
+    world (its eval split) or when the user gives held-out tasks of their own."""
+    if settings.section("evaluator", EvaluatorConfig).heldout_file is not None:
+        return 0
+    return settings.d0.keeps_heldout_every
+
+
 async def discover(
     settings: Settings,
     out: Path,
@@ -133,6 +143,11 @@ async def discover(
         f"{config.max_minutes:g} min, from {len(starts)} start states of {config.environment}"
         + (f"; resumed: {len(records)} done, {len(accepted.tasks)} tasks ready" if records else "")
         + f"; role model {settings.d0.role_model or 'of the llm section'}"
+        + (
+            f"; 1 accepted task in {heldout_every(settings)} held out for the evaluator"
+            if heldout_every(settings)
+            else ""
+        )
     )
     llm = RoleClients.from_section(build_llm_section(settings), settings.run_dir)
     abstractor_config = settings.section("abstractor", AbstractorConfig)
@@ -158,9 +173,14 @@ async def discover(
     spent_s = sum(record.seconds for record in records)
     began = time.monotonic()
     ended_by = "max_explorations"
+    every = heldout_every(settings)
+
+    def for_training() -> int:
+        return len(split_heldout(accepted.tasks, every)[0])
+
     try:
         for index, start in enumerate(order):
-            if len(accepted.tasks) >= config.tasks:
+            if for_training() >= config.tasks:
                 ended_by = "tasks"
                 break
             if spent_s + time.monotonic() - began >= config.max_minutes * 60:
@@ -179,13 +199,16 @@ async def discover(
             on_progress(
                 f"exploration {index + 1}/{config.max_explorations} from {start.id}: "
                 f"{record.outcome}, {record.candidates} candidates, {len(record.accepted)} "
-                f"accepted ({len(accepted.tasks)}/{config.tasks} in all, {record.seconds:.0f} s)"
+                f"accepted ({for_training()}/{config.tasks} in all"
+                + (f", {len(accepted.tasks) - for_training()} held out" if every else "")
+                + f", {record.seconds:.0f} s)"
             )
         else:
-            ended_by = "tasks" if len(accepted.tasks) >= config.tasks else "max_explorations"
+            ended_by = "tasks" if for_training() >= config.tasks else "max_explorations"
     finally:
         await llm.aclose()
     minutes = (spent_s + time.monotonic() - began) / 60
+    training, heldout = split_heldout(accepted.tasks, every)
     d0 = D0File(
         environment=config.environment,
         classes=classes,
@@ -194,7 +217,8 @@ async def discover(
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         build=build_counts(records, minutes, len(starts), ended_by, first_tasks_of),
         sha256="",
-        tasks=accepted.tasks[: config.tasks],
+        tasks=training[: config.tasks],
+        heldout=heldout,
     )
     if not d0.tasks:
         raise ValueError(

@@ -21,11 +21,13 @@ import msgspec
 
 from coevolve.services.evaluator.config import EvaluatorConfig
 from coevolve.services.evaluator.handler import (
+    BFCL_EVAL_SPLIT,
     EvaluationJob,
     HeldOutSample,
     VersionSchedule,
     evaluation_job,
     held_out_sample,
+    own_held_out,
 )
 from coevolve.services.evaluator.scores import WORK_DIR, HeldOutScore, read_latest
 from coevolve.shared.config import Settings
@@ -63,10 +65,12 @@ class EvaluatorActor(Actor):
 
         self._wake = anyio.Event()
         classes = world_classes(None, self.settings)
+        own = await anyio.to_thread.run_sync(own_held_out, self.config, self.settings)
         self.sample = await anyio.to_thread.run_sync(
-            held_out_sample, self.config, classes, self.settings.run_dir
+            held_out_sample, self.config, classes, self.settings.run_dir, own
         )
-        if not self.sample.drawn_as(self.config, classes):
+        source = own.source if own is not None else BFCL_EVAL_SPLIT
+        if not self.sample.drawn_as(self.config, classes, source):
             log.warning(
                 "scoring the run's kept sample (%d turns of %s, seed %d), not a new one "
                 "as configured: every version of a run is scored on the same turns",
@@ -75,9 +79,9 @@ class EvaluatorActor(Actor):
                 self.sample.seed,
             )
         log.info(
-            "held-out sample: %d turns of %s; scoring every %d versions (last scored: %s)",
+            "held-out sample: %d turns of the %s; scoring every %d versions (last scored: %s)",
             len(self.sample.task_ids),
-            self.sample.suite,
+            self.sample.source,
             self.config.every_versions,
             self.schedule.last_scored,
         )
@@ -140,6 +144,7 @@ class EvaluatorActor(Actor):
             weights=weights,
             run_dir=self.settings.run_dir,
             tool_rendering=self.settings.tool_rendering,
+            environments=self.settings.environments,
         )
         try:
             await anyio.to_thread.run_sync(_write_job, job, blob, job_file)

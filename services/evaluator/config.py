@@ -20,6 +20,11 @@ class EvaluatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, 
     tasks: int = 16
     seed: int = 0
     suite: str = "bfcl-turns-base"
+    # the user's own held-out tasks (a JSON list of tasks, or an object with `tasks`, as
+    # in docs/evaluator.md), relative to the folder coevolve runs in; null: BFCL's eval
+    # split in the bfcl world, the D0 file's held-out slice in a user's environment
+    # (d0.heldout_every, which a file turns off)
+    heldout_file: str | None = None
     # the base model the learner trains (None: the shipped SmolLM2-135M-Instruct)
     model: str | None = None
     # how the policy plays, greedy as in `coevolve eval`; None: eval's default (llama_cpp,

@@ -20,6 +20,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -33,15 +34,19 @@ from coevolve.services.evaluator.scores import (
     HeldOutScore,
     write_latest,
 )
-from coevolve.shared.config import EngineKind
+from coevolve.shared.config import EngineKind, Settings
 from coevolve.shared.envs.bfcl.tasks import suite_tasks
 from coevolve.shared.envs.rendering import ToolRendering, configure_tool_rendering
 from coevolve.shared.evaluation import SuiteReport, run_suite
 from coevolve.shared.messages import PolicyVersion, Task
+from coevolve.shared.task_sets import load_d0, load_heldout_file
 
 log = logging.getLogger(__name__)
 
 EVAL_SPLIT = "eval"
+
+
+BFCL_EVAL_SPLIT = "bfcl eval split"
 
 
 class HeldOutSample(msgspec.Struct, kw_only=True, frozen=True):
@@ -52,19 +57,29 @@ class HeldOutSample(msgspec.Struct, kw_only=True, frozen=True):
     seed: int
     requested: int  # the turns asked for (more than the world holds: all of them)
     task_ids: list[str]
+    # where they come from: BFCL_EVAL_SPLIT, "file PATH" or "D0 held-out slice"; the
+    # tasks themselves when they are not BFCL's
+    source: str = BFCL_EVAL_SPLIT
+    environment: str = "bfcl"
+    own_tasks: list[Task] = msgspec.field(default_factory=list)
 
-    def drawn_as(self, config: EvaluatorConfig, classes: list[str] | None) -> bool:
+    def drawn_as(
+        self, config: EvaluatorConfig, classes: list[str] | None, source: str = BFCL_EVAL_SPLIT
+    ) -> bool:
         """Whether ``config`` in the world of ``classes`` would draw this sample."""
         world = sorted(classes) if classes is not None else None
-        return (self.suite, self.seed, self.requested, self.classes) == (
+        return (self.suite, self.seed, self.requested, self.classes, self.source) == (
             config.suite,
             config.seed,
             config.tasks,
             world,
+            source,
         )
 
     def tasks(self) -> list[Task]:
         """The sample's turns, in suite order."""
+        if self.own_tasks:
+            return list(self.own_tasks)
         wanted = set(self.task_ids)
         found = [t for t in suite_tasks(self.suite, EVAL_SPLIT, self.classes) if t.id in wanted]
         missing = wanted - {t.id for t in found}
@@ -76,16 +91,52 @@ class HeldOutSample(msgspec.Struct, kw_only=True, frozen=True):
         return found
 
 
+class OwnHeldOut(msgspec.Struct, kw_only=True, frozen=True):
+    """Held-out tasks that are not BFCL's eval split: where from, and the tasks."""
+
+    source: str
+    environment: str
+    tasks: list[Task]
+
+
+def own_held_out(config: EvaluatorConfig, settings: Settings) -> OwnHeldOut | None:
+    """The user's held-out file, else in a user's environment the D0 file's held-out
+    slice; None in the bfcl world with no file (its eval split). ValueError when a user's
+    environment has neither."""
+    environment = settings.d0.environment if settings.labels == "none" else "bfcl"
+    if config.heldout_file is not None:
+        path = Path(config.heldout_file).expanduser().resolve()
+        tasks = load_heldout_file(path)
+        return OwnHeldOut(source=f"file {path}", environment=tasks[0].environment, tasks=tasks)
+    if environment == "bfcl":
+        return None
+    d0_path = settings.d0.path(settings.run_dir)
+    heldout = load_d0(d0_path).heldout
+    if not heldout:
+        raise ValueError(
+            f"no held-out tasks for environment {environment!r}: {d0_path} holds none "
+            "(built with d0.heldout_every 0?); give services.evaluator.heldout_file"
+        )
+    return OwnHeldOut(source=D0_SLICE, environment=environment, tasks=heldout)
+
+
+D0_SLICE = "D0 held-out slice"
+
+
 def held_out_sample(
-    config: EvaluatorConfig, classes: list[str] | None, run_dir: Path
+    config: EvaluatorConfig,
+    classes: list[str] | None,
+    run_dir: Path,
+    own: OwnHeldOut | None = None,
 ) -> HeldOutSample:
     """The run's held-out turns: those kept in ``run_dir``, else ``config.tasks`` turns
-    drawn with ``config.seed`` from the eval split of ``classes`` (and kept)."""
+    drawn with ``config.seed`` from ``own`` tasks or the eval split of ``classes`` (and
+    kept)."""
     path = run_dir / SAMPLE_FILE
     if path.is_file():
         return msgspec.json.decode(path.read_bytes(), type=HeldOutSample)
     world = sorted(classes) if classes is not None else None
-    turns = suite_tasks(config.suite, EVAL_SPLIT, world)
+    turns = own.tasks if own is not None else suite_tasks(config.suite, EVAL_SPLIT, world)
     drawn = pick_tasks(turns, None, config.tasks, config.seed)
     sample = HeldOutSample(
         suite=config.suite,
@@ -93,6 +144,9 @@ def held_out_sample(
         seed=config.seed,
         requested=config.tasks,
         task_ids=[t.id for t in drawn],
+        source=own.source if own is not None else BFCL_EVAL_SPLIT,
+        environment=own.environment if own is not None else "bfcl",
+        own_tasks=drawn if own is not None else [],
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".json.tmp")
@@ -150,6 +204,8 @@ class EvaluationJob(msgspec.Struct, kw_only=True, frozen=True):
     batch_size: int | None
     likelihood: bool
     threads: int
+    # the configuration's `environments` section: the child registers the user's own
+    environments: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 def evaluation_job(
@@ -160,6 +216,7 @@ def evaluation_job(
     weights: Path,
     run_dir: Path,
     tool_rendering: ToolRendering,
+    environments: dict[str, Any] | None = None,
 ) -> EvaluationJob:
     eval_defaults = PlayOptions()
     return EvaluationJob(
@@ -175,6 +232,7 @@ def evaluation_job(
         batch_size=config.batch_size,
         likelihood=config.likelihood,
         threads=config.threads,
+        environments=environments or {},
     )
 
 
@@ -183,6 +241,10 @@ def score_policy(job: EvaluationJob) -> SuiteReport:
     import torch
 
     configure_tool_rendering(job.tool_rendering)
+    if job.environments:
+        from coevolve.shared.envs.python_class import install_environments
+
+        install_environments(job.environments)
     torch.set_num_threads(job.threads)  # the llama.cpp engine takes torch's thread count
     options = PlayOptions(
         max_steps_per_turn=job.max_steps_per_turn,
@@ -192,7 +254,7 @@ def score_policy(job: EvaluationJob) -> SuiteReport:
         engine_kind=job.engine,
     )
     player, batch_size, extra, scorer = build_player(
-        job.weights, job.model, Path(job.run_dir), None, options
+        job.weights, job.model, Path(job.run_dir), None, options, job.sample.environment
     )
     report = run_suite(
         job.sample.tasks(),
@@ -210,6 +272,7 @@ def score_policy(job: EvaluationJob) -> SuiteReport:
         classes=job.sample.classes if job.sample.classes is not None else "all",
         sample=len(job.sample.task_ids),
         seed=job.sample.seed,
+        heldout_source=job.sample.source,
     )
     return report
 
@@ -241,6 +304,7 @@ def record_score(report: SuiteReport, version: int, run_dir: Path) -> HeldOutSco
         gt_logprob_per_token=report.gt_logprob_per_token,
         seconds=report.total_seconds,
         errors=int(summary["errors"]),
+        source=str(report.extra.get("heldout_source", BFCL_EVAL_SPLIT)),
     )
     write_latest(run_dir, score)
     return score

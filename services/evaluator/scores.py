@@ -46,6 +46,7 @@ class HeldOutScore(msgspec.Struct, kw_only=True, frozen=True):
     gt_logprob_per_token: float | None = None
     seconds: float = 0.0  # wall time of the evaluation
     errors: int = 0  # turns that raised instead of being played
+    source: str = ""  # where the held-out turns come from (HeldOutSample.source)
 
 
 def read_latest(run_dir: Path) -> HeldOutScore | None:
@@ -68,4 +69,5 @@ def write_latest(run_dir: Path, score: HeldOutScore) -> Path:
 
 def held_out_line(score: HeldOutScore) -> str:
     """What ``coevolve status`` shows of it."""
-    return f"held-out accuracy: {score.accuracy:.2f} at v{score.version} ({score.n} turns)"
+    source = f" of the {score.source}" if score.source else ""
+    return f"held-out accuracy: {score.accuracy:.2f} at v{score.version} ({score.n} turns{source})"

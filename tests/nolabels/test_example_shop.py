@@ -13,6 +13,9 @@ import yaml
 
 import coevolve.shared.envs as envs
 from coevolve.harness import UpRun, policy_version
+from coevolve.schedules.discovery import heldout_every
+from coevolve.services.evaluator.config import EvaluatorConfig
+from coevolve.services.evaluator.handler import own_held_out
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.config import load_settings
 from coevolve.shared.envs import make_environment, start_tasks
@@ -43,6 +46,21 @@ def test_the_example_configuration_loads_from_its_folder(
     environment = make_environment("shop")
     environment.reset(starts[0])
     assert {tool["function"]["name"] for tool in environment.tools()} == TOOLS
+
+
+def test_the_example_held_out_tasks_replay_in_the_shop(
+    registry: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(EXAMPLE)
+    settings = load_settings(Path("coevolve.yaml"), run_dir=str(tmp_path / "run"))
+    own = own_held_out(settings.section("evaluator", EvaluatorConfig), settings)
+    assert own is not None and own.environment == "shop" and len(own.tasks) == 6
+    assert own.source == f"file {EXAMPLE / 'heldout.json'}"
+    for task in own.tasks:
+        environment = make_environment("shop")
+        environment.reset(task)
+        assert environment.replay(task.ground_truth).ok, task.id
+    assert heldout_every(settings) == 0  # the user's file: D0 keeps none of its own
 
 
 def test_a_request_replays_and_scores_in_the_example_shop(
@@ -78,6 +96,7 @@ def test_a_request_replays_and_scores_in_the_example_shop(
 def test_up_with_no_labels_trains_on_the_example_shop(tmp_path: Path) -> None:
     config = yaml.safe_load((EXAMPLE / "coevolve.yaml").read_text())
     config["environments"]["shop"]["class"] = f"{EXAMPLE / 'shop.py'}:Shop"
+    config["services"]["evaluator"]["heldout_file"] = str(EXAMPLE / "heldout.json")
     config["d0"].update(first_tasks=1, max_minutes=25)
     path = tmp_path / "coevolve.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -25,7 +25,7 @@ from coevolve.shared.config import ConfigError, Settings, load_settings
 from coevolve.shared.envs import make_environment, start_tasks
 from coevolve.shared.envs.bfcl.tasks import labelled_turns, seed_tasks
 from coevolve.shared.messages import ExplorationRequest
-from coevolve.shared.task_sets import D0Error, load_d0, write_d0
+from coevolve.shared.task_sets import D0Error, load_d0, split_heldout, write_d0
 from tests.nolabels.conftest import carries_labels
 
 
@@ -69,6 +69,31 @@ def test_d0_file_is_refused_when_missing_edited_or_unusable(
     d0.tasks[0].ground_truth = [[]]
     write_d0(path, d0)
     with pytest.raises(D0Error, match="without a request or calls"):
+        load_d0(path)
+
+
+def test_d0_holds_out_one_discovered_task_in_n_and_guards_them_too(
+    tmp_path: Path, committed_d0: Path
+) -> None:
+    d0 = load_d0(committed_d0)
+    training, heldout = split_heldout(d0.tasks[:11], 5)
+    assert heldout == [d0.tasks[0], d0.tasks[5], d0.tasks[10]]  # the first one first
+    assert training == [t for i, t in enumerate(d0.tasks[:11]) if i not in (0, 5, 10)]
+    assert split_heldout(d0.tasks[:3], 0) == (d0.tasks[:3], [])
+    bfcl = load_settings(run_dir=str(tmp_path), d0={"environment": "bfcl"})
+    assert bfcl.d0.keeps_heldout_every == 0
+    shop = load_settings(run_dir=str(tmp_path), d0={"environment": "shop"})
+    assert shop.d0.keeps_heldout_every == 5
+    with pytest.raises(ConfigError, match="heldout_every"):
+        load_settings(run_dir=str(tmp_path), d0={"heldout_every": -1})
+
+    d0.tasks, d0.heldout = training, heldout
+    path = tmp_path / "d0.json"
+    write_d0(path, d0)
+    assert load_d0(path).heldout == heldout
+    assert load_d0(path).sha256 != load_d0(committed_d0).sha256
+    path.write_text(path.read_text().replace(heldout[0].user_turns[0], "Something else.", 1))
+    with pytest.raises(D0Error, match="sha256"):  # an edited held-out task is refused too
         load_d0(path)
 
 

@@ -4,6 +4,8 @@ NATS server."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import anyio
@@ -15,10 +17,12 @@ from coevolve.report.run_data import read_scalars
 from coevolve.services.evaluator.actor import EvaluatorActor
 from coevolve.services.evaluator.config import EvaluatorConfig, evaluator_enabled
 from coevolve.services.evaluator.handler import (
+    D0_SLICE,
     VersionSchedule,
     evaluate_version,
     evaluation_job,
     held_out_sample,
+    own_held_out,
 )
 from coevolve.services.evaluator.scores import (
     REPORTS_DIR,
@@ -33,12 +37,15 @@ from coevolve.services.evaluator.scores import (
 from coevolve.shared.config import Settings, load_settings
 from coevolve.shared.envs.bfcl.tasks import suite_tasks
 from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.task_sets import load_d0, load_heldout_file, write_d0
+from tests.nolabels.conftest import COMMITTED_D0
 from tests.support.actors import running
 from tests.support.cache import CACHE_DIR
 from tests.support.messages import policy_version
 from tests.support.wait import wait_until
 
 WORLD = ["MessageAPI", "TradingBot", "VehicleControlAPI"]
+SHOP = Path(__file__).resolve().parents[2] / "examples" / "shop"
 
 
 def test_the_sample_is_drawn_once_as_coevolve_eval_draws_it_and_kept(tmp_path: Path) -> None:
@@ -57,6 +64,46 @@ def test_the_sample_is_drawn_once_as_coevolve_eval_draws_it_and_kept(tmp_path: P
     assert not sample.drawn_as(changed, None)
     elsewhere = held_out_sample(changed, WORLD, tmp_path / "other")
     assert elsewhere.task_ids != sample.task_ids and len(elsewhere.task_ids) == 7
+
+
+def shop_settings(tmp_path: Path, **evaluator: object) -> Settings:
+    """A run on the example shop with no labels, as `examples/shop/coevolve.yaml` sets it."""
+    return load_settings(
+        run_dir=str(tmp_path / "run"),
+        labels="none",
+        environments={"shop": {"class": f"{SHOP / 'shop.py'}:Shop", "initial_states": [{}]}},
+        d0={"environment": "shop"},
+        services={"evaluator": evaluator},
+    )
+
+
+def test_a_users_environment_is_scored_on_its_own_held_out_tasks(tmp_path: Path) -> None:
+    """The user's file, else the D0 file's held-out slice, else a clear error; BFCL's
+    world keeps its eval split. The sample keeps the tasks themselves."""
+    hand_written = load_heldout_file(SHOP / "heldout.json")
+    ids = [task.id for task in hand_written]
+    settings = shop_settings(tmp_path, heldout_file=str(SHOP / "heldout.json"))
+    config = settings.section("evaluator", EvaluatorConfig)
+    own = own_held_out(config, settings)
+    assert own is not None and [t.id for t in own.tasks] == ids and own.source.startswith("file ")
+
+    settings, config = shop_settings(tmp_path), EvaluatorConfig()
+    settings.run_dir.mkdir(parents=True)
+    d0 = load_d0(COMMITTED_D0)
+    write_d0(settings.d0.path(settings.run_dir), d0)  # a D0 with no held-out slice
+    with pytest.raises(ValueError, match="no held-out tasks for environment 'shop'"):
+        own_held_out(config, settings)
+    d0.heldout = hand_written[:4]
+    write_d0(settings.d0.path(settings.run_dir), d0)
+    own = own_held_out(config, settings)
+    assert own is not None and own.source == D0_SLICE and own.tasks == hand_written[:4]
+    assert own_held_out(config, load_settings(run_dir=str(tmp_path / "bfcl"))) is None
+
+    sample = held_out_sample(EvaluatorConfig(tasks=3), None, settings.run_dir, own)
+    assert len(sample.tasks()) == 3 and set(sample.task_ids) <= {t.id for t in own.tasks}
+    assert sample.environment == "shop"
+    assert sample.drawn_as(EvaluatorConfig(tasks=3), None, D0_SLICE)
+    assert held_out_sample(EvaluatorConfig(), None, settings.run_dir).tasks() == sample.tasks()
 
 
 def test_the_newest_version_is_scored_and_older_pending_ones_are_skipped() -> None:
@@ -142,6 +189,48 @@ def test_a_real_policy_is_scored_on_held_out_turns_and_recorded(tmp_path: Path) 
     scalars = read_scalars(run_dir / TENSORBOARD_DIR)
     assert [(s.step, s.value) for s in scalars["eval/accuracy"]] == [(3, score.accuracy)]
     assert {"eval/partial_credit_mean", "eval/gt_logprob_per_token"} <= set(scalars)
+
+
+def test_a_real_policy_is_scored_in_a_users_environment(tmp_path: Path) -> None:
+    """The evaluation's child registers the user's environment from the job and plays
+    the example shop's hand-written held-out tasks there."""
+    from coevolve.shared.policy import export_weights, load_policy
+
+    settings = shop_settings(tmp_path, heldout_file=str(SHOP / "heldout.json"), tasks=2)
+    run_dir = settings.run_dir
+    run_dir.mkdir(parents=True)
+    (run_dir / "models").symlink_to(CACHE_DIR / "models", target_is_directory=True)
+    weights = tmp_path / "v1.safetensors"
+    weights.write_bytes(export_weights(load_policy(run_dir=CACHE_DIR, device="cpu").model))
+    config = EvaluatorConfig(
+        tasks=2, max_new_tokens=24, max_steps_per_turn=1, heldout_file=str(SHOP / "heldout.json")
+    )
+    sample = held_out_sample(config, None, run_dir, own_held_out(config, settings))
+    job = evaluation_job(
+        config,
+        sample,
+        version=1,
+        weights=weights,
+        run_dir=run_dir,
+        tool_rendering="compact",
+        environments=settings.environments,
+    )
+    job_file = tmp_path / "job.json"
+    job_file.write_bytes(msgspec.json.encode(job))
+    # a fresh interpreter, as the service runs it: nothing registered the shop there
+    done = subprocess.run(
+        [sys.executable, "-m", "coevolve.services.evaluator.handler", str(job_file)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    score = read_latest(run_dir)
+    assert score is not None and score.version == 1 and score.n == 2 and score.errors == 0
+    assert score.source == f"file {SHOP / 'heldout.json'}"
+    assert f"of the file {SHOP / 'heldout.json'}" in held_out_line(score)
+    report = (run_dir / REPORTS_DIR / "v1.json").read_text()
+    assert all(task_id in report for task_id in sample.task_ids)
 
 
 def test_the_latest_score_reads_back_as_one_status_line(tmp_path: Path) -> None:
