@@ -74,8 +74,10 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # ... except while the learner holds its step for the data loop (``pacing``): its
     # policy does not change then, so the groups stay on-policy, and their failures are
     # the signals the loop needs to catch up. With 4, a run with no labels held the
-    # learner 300 s while rollout waited too and the loop made nothing
-    max_unconsumed_groups_while_learner_waits: int = 8
+    # learner 300 s while rollout waited too and the loop made nothing; with 8 it stopped
+    # again at 9 (4 taken by the waiting learner, 5 queued) for 275 s of a wait. 16: a
+    # whole max_wait_s of groups at about 30 s each, beside what the learner holds
+    max_unconsumed_groups_while_learner_waits: int = 16
     backpressure_poll_s: float = 0.5
     # take no job before the learner's first announced policy (its warm start): the base
     # model calls no tool, so its groups all score 0 and only take CPU from the warm start
