@@ -23,8 +23,10 @@ WhenBehind = Literal["learner_waits", "none"]
 class PacingSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # accepted tasks (verdicts) the data loop delivers per learner step; 0: no contract
     tasks_per_step: float = 1.0
-    # learner steps before the contract starts counting: the first signals need rollouts
-    # of the first policy before anything can be explored, abstracted and judged
+    # learner steps before the contract is held: the first signals need rollouts of the
+    # first policy before anything can be explored, abstracted and judged. The debt still
+    # counts them: after step s > grace_steps the loop owes tasks_per_step x s (counted
+    # from the grace's end, 20 steps owed 18, and run 39 delivered 17 in 20)
     grace_steps: int = 2
     # policy versions that may pass between the rollout that raised a signal and the first
     # rollout of a child accepted from it (reported by `coevolve report` and `status`)
@@ -48,9 +50,11 @@ class PacingSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return self.when_behind == "learner_waits" and self.tasks_per_step > 0
 
     def owed(self, steps_done: int) -> int:
-        """Accepted tasks the loop owes once ``steps_done`` learner steps are done."""
-        counted = max(0, steps_done - self.grace_steps)
-        return math.floor(self.tasks_per_step * counted + 1e-9)
+        """Accepted tasks the loop owes once ``steps_done`` learner steps are done: none
+        within the grace, then ``tasks_per_step`` for every step, the grace's included."""
+        if steps_done <= self.grace_steps:
+            return 0
+        return math.floor(self.tasks_per_step * steps_done + 1e-9)
 
     def shortfall(self, steps_done: int, delivered: int) -> int:
         """Tasks the loop is behind by (0: on pace)."""

@@ -313,7 +313,7 @@ class LabelledFeed:
     """What the labelled_control arm adds next: its labelled turns in their seeded order,
     as many as the pacing contract owes once the learner has taken ``steps_done`` steps
     (``PacingSettings.owed``: what a coevolve arm's data loop must have delivered by
-    then, at ``pacing.tasks_per_step`` a step after ``pacing.grace_steps``)."""
+    then: ``pacing.tasks_per_step`` a step once ``pacing.grace_steps`` are done)."""
 
     tasks: Sequence[Task]
     pacing: PacingSettings

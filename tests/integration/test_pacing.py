@@ -1,7 +1,7 @@
 """The pacing contract as services: real NATS, DuckDB, BFCL environment and SmolLM2.
 
 The learner holds its next step while the data loop has delivered fewer accepted tasks
-than it owes (``pacing.tasks_per_step`` per step after ``grace_steps``), and steps as soon
+than it owes (``pacing.tasks_per_step`` per step once ``grace_steps`` are done), and steps as soon
 as pool-store records an accepted verdict.
 """
 
@@ -83,9 +83,11 @@ async def test_learner_waits_for_the_data_loop_then_steps(loop_settings: Setting
 
 def test_owed_tasks_follow_the_configured_pace() -> None:
     pacing = PacingSettings(tasks_per_step=1.5, grace_steps=2)
-    assert [pacing.owed(steps) for steps in range(6)] == [0, 0, 0, 1, 3, 4]
-    assert pacing.shortfall(4, delivered=1) == 2
-    assert pacing.shortfall(4, delivered=5) == 0
+    assert [pacing.owed(steps) for steps in range(6)] == [0, 0, 0, 4, 6, 7]
+    # 20 steps at one task a step owe 20, grace or not
+    assert PacingSettings(tasks_per_step=1.0, grace_steps=2).owed(20) == 20
+    assert pacing.shortfall(4, delivered=1) == 5
+    assert pacing.shortfall(4, delivered=6) == 0
     assert not PacingSettings(tasks_per_step=0).waits
     assert not PacingSettings(when_behind="none").waits
     with pytest.raises(ValueError):

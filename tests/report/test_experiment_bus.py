@@ -178,7 +178,7 @@ async def drive_labelled_control(
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(control)
-            for version, owed in ((3, 2), (4, 4)):
+            for version, owed in ((3, 4), (4, 6)):
                 await anyio.sleep(1.0)  # many ticks: none adds more than is owed
                 in_pool.append(await labelled())
                 publish_policy(run, version)
@@ -219,20 +219,20 @@ def test_the_labelled_control_arm_adds_labelled_turns_at_the_pace_and_they_are_f
     with pool_store_in_portal(settings):
         live, in_pool = anyio.run(drive_labelled_control, nats_server.url, run, spec, feed)
 
-    # owed: 2 a step after the first (the grace step), counted from the policies published
-    assert in_pool == [0, 2, 4]
+    # owed: 2 a step, the grace step's too, once it is done; counted from the policies
+    assert in_pool == [0, 4, 6]
     assert (live.ended_by, live.end_version) == ("steps", 5)
-    assert len(live.added_minutes) == live.labelled_sent == 4
+    assert len(live.added_minutes) == live.labelled_sent == 6
     # BFCL's train turns of the world, in the order the arm's seed fixes
     assert all(t.origin == "seed" and t.ground_truth and t.user_turns for t in turns)
     assert [t.id for t in labelled_control_tasks(spec, 6)] != [t.id for t in turns]
-    added = [t.id for t in turns[:4]]
+    added = [t.id for t in turns[:6]]
     with PoolStore(settings.run_dir / "pool.duckdb") as store:
         assert store.fresh_tasks() == added
         assert labelled_tasks_in(store) == 0  # the pool was seeded with D0 alone
         jobs = rollout_jobs(store, 8, PoolStoreConfig(), queue_seq=0, first_round=0)
-        assert [job.task.id for job in jobs[:4]] == added  # fed first, as fresh children are
-        assert all(job.task.lineage.labelled_control for job in jobs[:4])
+        assert [job.task.id for job in jobs[:6]] == added  # fed first, as fresh children are
+        assert all(job.task.lineage.labelled_control for job in jobs[:6])
         assert all(job.task.origin == "explored" for job in jobs[4:])  # then D0's tasks
     # the run's report counts them as tasks the run added, D0 as its starting pool
     summary = summarize_run(load_run(settings.run_dir))
