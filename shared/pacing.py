@@ -26,7 +26,7 @@ class PacingSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # learner steps before the contract is held: the first signals need rollouts of the
     # first policy before anything can be explored, abstracted and judged. The debt still
     # counts them: after step s > grace_steps the loop owes tasks_per_step x s (counted
-    # from the grace's end, 20 steps owed 18, and run 39 delivered 17 in 20)
+    # from the grace's end, 20 steps owed 18, and run 39 delivered 16 in 19)
     grace_steps: int = 2
     # policy versions that may pass between the rollout that raised a signal and the first
     # rollout of a child accepted from it (reported by `coevolve report` and `status`)
