@@ -17,6 +17,7 @@ from coevolve.cli.events import progress_text
 from coevolve.cli.options import ConfigOption, JsonOption, RunDirOption, settings_from
 from coevolve.cli.sections import enabled_optional_services
 from coevolve.report.exposure import status_exposure, status_line, status_record
+from coevolve.services.evaluator.config import heldout_every
 from coevolve.services.evaluator.scores import held_out_line, read_latest
 from coevolve.shared.config import Settings
 from coevolve.shared.messages import DecodeError, Heartbeat, decode
@@ -28,7 +29,7 @@ from coevolve.shared.runtime.subjects import (
     SERVICES,
     STREAMS,
 )
-from coevolve.shared.task_sets import partial_path, read_partial
+from coevolve.shared.task_sets import partial_path, read_partial, split_heldout
 from coevolve.up_state import recorded_nats_url, supervised_services
 
 
@@ -152,10 +153,13 @@ def d0_build_progress(settings: Settings) -> dict[str, Any] | None:
     if path.is_file() or not partial.is_file():
         return None
     records = read_partial(partial)
+    accepted = [task for record in records for task in record.accepted]
+    training, heldout = split_heldout(accepted, heldout_every(settings))
     return {
         "file": str(path),
         "explorations": len(records),
-        "tasks_ready": sum(len(record.accepted) for record in records),
+        "tasks_ready": len(training),
+        "held_out": len(heldout),
         "first_tasks": settings.d0.tasks_before_training,
         "minutes": round(sum(record.seconds for record in records) / 60, 1),
     }
@@ -164,8 +168,9 @@ def d0_build_progress(settings: Settings) -> dict[str, Any] | None:
 def d0_build_line(building: dict[str, Any]) -> str:
     return (
         f"D0 being built ({building['file']}): {building['explorations']} explorations in "
-        f"{building['minutes']:g} min, {building['tasks_ready']} tasks ready; `up` starts the "
-        f"services at {building['first_tasks']}"
+        f"{building['minutes']:g} min, {building['tasks_ready']} tasks ready"
+        + (f" and {building['held_out']} held out" if building.get("held_out") else "")
+        + f"; `up` starts the services at {building['first_tasks']}"
     )
 
 

@@ -28,7 +28,7 @@ import msgspec
 from coevolve.code_version import code_version
 from coevolve.services.abstractor.config import AbstractorConfig
 from coevolve.services.abstractor.handler import AbstractorDeps, abstract, similarity_cache_dir
-from coevolve.services.evaluator.config import EvaluatorConfig
+from coevolve.services.evaluator.config import heldout_every
 from coevolve.services.explorer.config import ExplorerConfig
 from coevolve.services.explorer.discovery import (
     calls_of,
@@ -110,14 +110,6 @@ async def explore_once(
                 record.accepted.append(judged.verdict.task)
     record.seconds = time.monotonic() - began
     return record
-
-
-def heldout_every(settings: Settings) -> int:
-    """Every how many accepted tasks D0 holds one out for the evaluator: none in the bfcl
-    world (its eval split) or when the user gives held-out tasks of their own."""
-    if settings.section("evaluator", EvaluatorConfig).heldout_file is not None:
-        return 0
-    return settings.d0.keeps_heldout_every
 
 
 async def discover(

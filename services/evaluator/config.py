@@ -53,3 +53,11 @@ class EvaluatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, 
 def evaluator_enabled(settings: Settings) -> bool:
     """Whether ``coevolve up`` should start the evaluator (``services.evaluator.enabled``)."""
     return settings.section(SECTION, EvaluatorConfig).enabled
+
+
+def heldout_every(settings: Settings) -> int:
+    """Every how many accepted tasks D0 holds one out for the evaluator: none in the bfcl
+    world (its eval split) or when the user gives held-out tasks of their own."""
+    if settings.section(SECTION, EvaluatorConfig).heldout_file is not None:
+        return 0
+    return settings.d0.keeps_heldout_every

@@ -13,8 +13,7 @@ import yaml
 
 import coevolve.shared.envs as envs
 from coevolve.harness import UpRun, policy_version
-from coevolve.schedules.discovery import heldout_every
-from coevolve.services.evaluator.config import EvaluatorConfig
+from coevolve.services.evaluator.config import EvaluatorConfig, heldout_every
 from coevolve.services.evaluator.handler import own_held_out
 from coevolve.services.pool_store.store import PoolStore
 from coevolve.shared.config import load_settings

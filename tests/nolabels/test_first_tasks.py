@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from coevolve.cli import app, discover_cmd
+from coevolve.cli.status import d0_build_line, d0_build_progress
 from coevolve.shared.config import ConfigError, Settings, load_settings
 from coevolve.shared.runtime.nats_server import free_port
 from coevolve.shared.task_sets import D0File, ExplorationRecord, load_d0, partial_path
@@ -76,3 +77,17 @@ def test_status_shows_the_d0_build_before_the_services_start(
     assert "2 explorations in 2 min, 1 tasks ready; `up` starts the services at 4" in text
     (run_dir / "d0.json.partial.jsonl").unlink()  # no build under way: up is not running
     assert CliRunner().invoke(app, ["status", "--run-dir", str(run_dir)]).exit_code == 1
+
+
+def test_status_counts_the_held_out_tasks_of_a_users_d0_apart(
+    tmp_path: Path, committed_d0: Path
+) -> None:
+    settings = load_settings(run_dir=str(tmp_path / "run"), d0={"environment": "shop"})
+    settings.run_dir.mkdir()
+    tasks = load_d0(committed_d0).tasks[:3]
+    record = ExplorationRecord(index=0, start_id="s0", outcome="explored", accepted=tasks)
+    partial_path(settings.d0.path(settings.run_dir)).write_bytes(msgspec.json.encode(record))
+    building = d0_build_progress(settings)
+    # the 1st of every 5 accepted is held out for the evaluator: 2 ready to train on
+    assert building is not None and (building["tasks_ready"], building["held_out"]) == (2, 1)
+    assert "2 tasks ready and 1 held out" in d0_build_line(building)
