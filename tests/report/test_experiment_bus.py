@@ -233,7 +233,7 @@ def test_the_labelled_control_arm_adds_labelled_turns_at_the_pace_and_they_are_f
         jobs = rollout_jobs(store, 8, PoolStoreConfig(), queue_seq=0, first_round=0)
         assert [job.task.id for job in jobs[:6]] == added  # fed first, as fresh children are
         assert all(job.task.lineage.labelled_control for job in jobs[:6])
-        assert all(job.task.origin == "explored" for job in jobs[4:])  # then D0's tasks
+        assert all(job.task.origin == "explored" for job in jobs[6:])  # then D0's tasks
     # the run's report counts them as tasks the run added, D0 as its starting pool
     summary = summarize_run(load_run(settings.run_dir))
     assert summary.tasks_added == 4 and summary.pool_by_origin["seed"] == 4
