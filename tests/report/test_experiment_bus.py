@@ -236,4 +236,4 @@ def test_the_labelled_control_arm_adds_labelled_turns_at_the_pace_and_they_are_f
         assert all(job.task.origin == "explored" for job in jobs[6:])  # then D0's tasks
     # the run's report counts them as tasks the run added, D0 as its starting pool
     summary = summarize_run(load_run(settings.run_dir))
-    assert summary.tasks_added == 4 and summary.pool_by_origin["seed"] == 4
+    assert summary.tasks_added == 6 and summary.pool_by_origin["seed"] == 6
