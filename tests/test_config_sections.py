@@ -114,5 +114,14 @@ def test_the_repository_has_configuration_files() -> None:
 
 
 @pytest.mark.parametrize("config", CONFIG_FILES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_each_configuration_file_in_the_repository_loads(config: Path) -> None:
+def test_each_configuration_file_in_the_repository_loads(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From its own folder, where it is run (a user environment's file form is relative
+    to it: `examples/shop`)."""
+    import coevolve.shared.envs as envs
+
+    monkeypatch.setattr(envs, "_REGISTRY", dict(envs._REGISTRY))
+    monkeypatch.setattr(envs, "_STARTS", dict(envs._STARTS))
+    monkeypatch.chdir(config.parent)
     load_settings(config)
