@@ -130,16 +130,13 @@ async def discover(
     records = read_partial(partial)
     done = {record.index for record in records}
     accepted = AcceptedTasks([task for record in records for task in record.accepted])
+    every = heldout_every(settings)
     on_progress(
         f"budget: {config.tasks} tasks, {config.max_explorations} explorations, "
         f"{config.max_minutes:g} min, from {len(starts)} start states of {config.environment}"
         + (f"; resumed: {len(records)} done, {len(accepted.tasks)} tasks ready" if records else "")
         + f"; role model {settings.d0.role_model or 'of the llm section'}"
-        + (
-            f"; 1 accepted task in {heldout_every(settings)} held out for the evaluator"
-            if heldout_every(settings)
-            else ""
-        )
+        + (f"; 1 accepted task in {every} held out for the evaluator" if every else "")
     )
     llm = RoleClients.from_section(build_llm_section(settings), settings.run_dir)
     abstractor_config = settings.section("abstractor", AbstractorConfig)
@@ -165,7 +162,6 @@ async def discover(
     spent_s = sum(record.seconds for record in records)
     began = time.monotonic()
     ended_by = "max_explorations"
-    every = heldout_every(settings)
 
     def for_training() -> int:
         return len(split_heldout(accepted.tasks, every)[0])

@@ -47,6 +47,7 @@ EVAL_SPLIT = "eval"
 
 
 BFCL_EVAL_SPLIT = "bfcl eval split"
+D0_SLICE = "D0 held-out slice"
 
 
 class HeldOutSample(msgspec.Struct, kw_only=True, frozen=True):
@@ -118,9 +119,6 @@ def own_held_out(config: EvaluatorConfig, settings: Settings) -> OwnHeldOut | No
             "(built with d0.heldout_every 0?); give services.evaluator.heldout_file"
         )
     return OwnHeldOut(source=D0_SLICE, environment=environment, tasks=heldout)
-
-
-D0_SLICE = "D0 held-out slice"
 
 
 def held_out_sample(
