@@ -145,6 +145,9 @@ class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # which seed tasks to learn the tool-call format on: single turns, whole entries, any
     grain: Literal["turn", "entry", "any"] = "turn"
     epochs: int = 2
+    # more epochs where the tasks are few: the labelled default makes 6 steps (12 tasks,
+    # batch 4, 2 epochs); the 4 first tasks of a no-label run made 2 and its v1 no call
+    min_steps: int = 6
     lr: float = 5e-4
     batch_size: int = 4
     max_len: int = 4096

@@ -226,6 +226,7 @@ def warm_start(
     env_factory: EnvironmentFactory | None = None,
     checkpoint: Path | None = None,
     max_target_tokens: int | None = None,
+    min_steps: int = 0,
 ) -> WarmStartReport:
     """Supervised fine-tuning of ``policy`` in place on ``tasks``' ground truth.
 
@@ -237,6 +238,8 @@ def warm_start(
     killed warm start loses one step at most. Resuming needs the same ``tasks`` and ``seed``.
     ``max_target_tokens``: tasks with a longer assistant message are left out (the
     rollout's ``max_new_tokens``; the report counts them).
+    ``min_steps``: more epochs than ``epochs`` where needed to make at least this many
+    optimizer steps (a handful of tasks still teaches the tool-call format).
     """
     started = time.perf_counter()
     examples, skipped, over_budget = build_examples(
@@ -255,6 +258,8 @@ def warm_start(
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     device = torch.device(policy.device)
     steps_per_epoch = math.ceil(len(examples) / batch_size) if examples else 0
+    if steps_per_epoch:
+        epochs = max(epochs, math.ceil(min_steps / steps_per_epoch))
     total_steps = steps_per_epoch * epochs
     bar = tqdm(total=total_steps, desc="warm start", unit="step") if progress is True else None
     order = random.Random(seed)

@@ -87,6 +87,7 @@ def run_warm_start(
             progress=progress,
             checkpoint=checkpoint,
             max_target_tokens=config.max_target_tokens,
+            min_steps=config.min_steps,
         )
     finally:
         torch.set_num_threads(threads)

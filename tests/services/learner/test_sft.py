@@ -153,6 +153,17 @@ def test_warm_start_trains_the_adapter_on_assistant_tokens(
     assert any(not torch.equal(a, b) for a, b in zip(adapters_before, adapters_after, strict=True))
 
 
+def test_a_few_tasks_get_more_epochs_to_reach_the_minimum_steps(
+    policy: LoadedPolicy, tasks: list[Task]
+) -> None:
+    report = warm_start(
+        policy, tasks, epochs=2, batch_size=2, max_len=MAX_LEN, replay=False, min_steps=3
+    )
+
+    assert report.examples == 2
+    assert (report.epochs, report.steps) == (3, 3)
+
+
 def test_over_the_activation_budget_examples_run_checkpointed_with_the_same_gradient(
     policy: LoadedPolicy, tasks: list[Task]
 ) -> None:
