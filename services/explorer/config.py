@@ -71,6 +71,12 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # (a seed task is 0): 0 explores only seed tasks' signals, so children stay variants of
     # the labelled turns instead of drifting through children of children
     max_parent_depth: int = 0
+    # a signal on a task deeper than max_parent_depth (a child the policy failed) is
+    # repaired from seed turns instead: sibling parents (sibling_parents of them) that
+    # call a function it got wrong, the child's own seed among them. In run 40 (no labels)
+    # half of the 44 signals were on children and dropped, and 18 children came from 5
+    # parents. None: with labels none only (the labelled default was measured without)
+    repair_children_from_seeds: bool | None = None
     # with labels: none, an explorer that no signal or request kept busy for this many
     # seconds explores the environment's next start state unguided (as `coevolve
     # discover` does), told which calls the pool's discovered tasks make: discovery goes

@@ -59,7 +59,8 @@ log = logging.getLogger(__name__)
 # explored: an exploration to publish; empty: no usable action; dropped_without_context:
 # the summary was unusable and ``on_context_rejection`` is ``drop``; nothing_failed: the
 # trajectory got no ground-truth call wrong (``require_failure``); too_deep: the task is
-# more synthesis generations from a seed task than ``max_parent_depth``;
+# more synthesis generations from a seed task than ``max_parent_depth`` (and not
+# repaired from seed turns: ``repair_children_from_seeds``);
 # nothing_to_substitute: the parent turn gives no substitution and
 # ``explore_without_substitution`` is off; recently_varied: the turn's children were made
 # for a signal at most ``parent_cooldown_versions`` policy versions older
@@ -236,10 +237,14 @@ async def sibling_parents(
     return fresh[:limit]
 
 
-async def vary_for_signal(signal: Signal, failed: list[FailedCall], deps: ExplorerDeps) -> Explored:
-    """``synthesized`` on the signal's turn (unless varied recently) and on its sibling
-    parents, as one result; ``recently_varied`` when no parent is left to vary."""
-    own = [] if recently_varied(signal.task.id, signal.policy_version, deps) else [signal.task]
+async def vary_for_signal(
+    signal: Signal, failed: list[FailedCall], deps: ExplorerDeps, *, own_turn: bool = True
+) -> Explored:
+    """``synthesized`` on the signal's turn (unless varied recently, or not ``own_turn``)
+    and on its sibling parents, as one result; ``recently_varied`` when no parent is left
+    to vary."""
+    varied = not own_turn or recently_varied(signal.task.id, signal.policy_version, deps)
+    own = [] if varied else [signal.task]
     parents = own + await sibling_parents(signal, failed, deps)
     if not parents:
         return Explored(None, "recently_varied", ExplorationStats())
@@ -276,7 +281,7 @@ async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
     """
     config = deps.config
     if signal.task.lineage.depth > config.max_parent_depth:
-        return Explored(None, "too_deep", ExplorationStats())
+        return await repair_from_seeds(signal, deps)
     failed = failed_calls(signal.task, signal.trajectory)
     if config.require_failure and not failed:
         return Explored(None, "nothing_failed", ExplorationStats())
@@ -323,6 +328,25 @@ async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
         failed=failed,
     )
     return Explored(explored.exploration, explored.outcome, explored.stats, rejection)
+
+
+def repairs_children(deps: ExplorerDeps) -> bool:
+    """Whether a too-deep signal is repaired from seed turns (``repair_children_from_seeds``)."""
+    setting = deps.config.repair_children_from_seeds
+    return not deps.labelled if setting is None else setting
+
+
+async def repair_from_seeds(signal: Signal, deps: ExplorerDeps) -> Explored:
+    """For a signal on a task too many generations from a seed: the seed turns that call a
+    function its trajectory got wrong, varied as sibling parents; ``too_deep`` where
+    repairing children is off or nothing failed."""
+    failed = failed_calls(signal.task, signal.trajectory) if repairs_children(deps) else []
+    if not failed:
+        return Explored(None, "too_deep", ExplorationStats())
+    made = await vary_for_signal(signal, failed, deps, own_turn=False)
+    if made.outcome == "recently_varied" and deps.config.sibling_parents <= 0:
+        return Explored(None, "too_deep", ExplorationStats())
+    return made
 
 
 def start_state(task: Task) -> dict[str, Any] | None:

@@ -120,6 +120,7 @@ def explore(
     state_variation_rounds: int = 0,
     siblings: list[Task] | None = None,
     sibling_parents: int = 1,
+    repair_children_from_seeds: bool | None = None,
 ) -> Explored:
     endpoint.reply(*(completion(json.dumps(reply)) for reply in replies))
     section = {"default": {"base_url": endpoint.base_url, "model": "m", "temperature": 0.7}}
@@ -135,6 +136,7 @@ def explore(
             composition_rounds=composition_rounds,
             state_variation_rounds=state_variation_rounds,
             sibling_parents=sibling_parents,
+            repair_children_from_seeds=repair_children_from_seeds,
             record=None,
             summarize_aimed=summarize_aimed,
         ),
@@ -164,6 +166,7 @@ async def calling(pool: list[Task], task: Task, functions: list[str]) -> list[Ta
 
 def signal_of(task: Task, trajectory: Trajectory) -> Signal:
     return Signal(
+        id=f"signal-of-{task.id}",  # fixed: the id seeds which sibling parents are drawn
         kind="boundary",
         task=task,
         trajectory=trajectory,
@@ -352,6 +355,44 @@ def test_a_failure_is_also_varied_from_another_turn_calling_the_failed_function(
     later = explore(endpoint, again, [], substitution_rounds=1, siblings=turns, varied_at=varied_at)
     assert later.outcome == "explored"
     assert {e.task.id for e in later.explorations}.isdisjoint({task.id, sibling})
+
+
+def test_a_failed_child_is_repaired_from_the_seed_turns_calling_what_it_got_wrong(
+    endpoint: FakeOpenAI,
+) -> None:
+    turns = load_turn_tasks()
+    seed = next(t for t in turns if t.id == "multi_turn_base_72#t3")
+    child = msgspec.structs.replace(
+        seed,
+        id="child-of-72-t3",
+        lineage=msgspec.structs.replace(seed.lineage, depth=1, parent_task_id=seed.id),
+        origin="synthesized",
+    )
+    signal = signal_of(child, failed_trajectory(child, [call("get_user_id", user="David")]))
+    pool = [*turns, child]
+    off = explore(endpoint, signal, [], substitution_rounds=1, siblings=pool, sibling_parents=2)
+    assert off.outcome == "too_deep"
+
+    varied_at: dict[str, int] = {}
+    repaired = explore(
+        endpoint,
+        signal,
+        [],
+        substitution_rounds=1,
+        siblings=pool,
+        sibling_parents=2,
+        varied_at=varied_at,
+        repair_children_from_seeds=True,
+    )
+    assert repaired.outcome == "explored" and endpoint.requests == []
+    parents = {e.task.id for e in repaired.explorations}
+    assert parents and child.id not in parents and set(varied_at) == parents
+    targets = set(target_functions(failed_calls(child, signal.trajectory)))
+    for parent in (t for t in turns if t.id in parents):
+        assert parent.lineage.depth == 0
+        assert targets & {c.name for calls in parent.ground_truth for c in calls}
+    for exploration in repaired.explorations:
+        assert exploration.signal_id == signal.id and exploration.failed_calls
 
 
 def test_a_failed_turn_is_also_varied_on_another_state(endpoint: FakeOpenAI) -> None:
