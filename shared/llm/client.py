@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NotRequired, Protocol, TypedDict, Unpack, runtime_checkable
 
 ChatMessages = list[dict[str, str]]
 
@@ -48,17 +48,18 @@ class LLMOutputError(LLMError):
         self.status = status
 
 
+class ChatOptions(TypedDict):
+    """The keyword arguments of every ``chat``: a wrapper passes them on as they came."""
+
+    schema: NotRequired[dict[str, Any] | None]  # absent or None: free text
+    max_tokens: int
+    temperature: float
+
+
 class Chat(Protocol):
     """What asks a model: the one ``chat`` signature of every client and role."""
 
-    async def chat(
-        self,
-        messages: ChatMessages,
-        *,
-        schema: dict[str, Any] | None = None,
-        max_tokens: int,
-        temperature: float,
-    ) -> LLMResponse: ...
+    async def chat(self, messages: ChatMessages, **options: Unpack[ChatOptions]) -> LLMResponse: ...
 
 
 @runtime_checkable

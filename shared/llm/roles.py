@@ -24,12 +24,12 @@ import os
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Unpack, get_args
 
 import msgspec
 import yaml
 
-from coevolve.shared.llm.client import ChatMessages, LLMClient, LLMResponse
+from coevolve.shared.llm.client import ChatMessages, ChatOptions, LLMClient, LLMResponse
 from coevolve.shared.llm.openai_backend import OpenAIBackend, OpenAISettings
 from coevolve.shared.llm.server import (
     API_KEY_ENV,
@@ -202,23 +202,14 @@ class OwnServerBackend:
         self.name = "llama.cpp:local"
         self._client: OpenAIBackend | None = None
 
-    async def chat(
-        self,
-        messages: ChatMessages,
-        *,
-        schema: dict[str, Any] | None = None,
-        max_tokens: int,
-        temperature: float,
-    ) -> LLMResponse:
+    async def chat(self, messages: ChatMessages, **options: Unpack[ChatOptions]) -> LLMResponse:
         if self._client is None:
             server = await self.own.ensure_started()
             self._client = OpenAIBackend(
                 local_endpoint(self.settings, server.base_url, server.api_key, server.alias)
             )
             self.name = self._client.name
-        return await self._client.chat(
-            messages, schema=schema, max_tokens=max_tokens, temperature=temperature
-        )
+        return await self._client.chat(messages, **options)
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -136,6 +137,44 @@ def test_role_client_applies_its_sampling_defaults() -> None:
         server.stop()
     assert (server.requests[0]["max_tokens"], server.requests[0]["temperature"]) == (33, 0.25)
     assert server.requests[1]["max_tokens"] == 5
+
+
+class StartedFake:
+    """Stands in for the process's own server: already running, at the fake endpoint."""
+
+    def __init__(self, endpoint: FakeOpenAI) -> None:
+        self.endpoint = endpoint
+        self.starts = 0
+
+    async def ensure_started(self) -> SimpleNamespace:
+        self.starts += 1
+        return SimpleNamespace(base_url=self.endpoint.base_url, api_key="k", alias="served-name")
+
+
+def test_own_server_backend_passes_every_option_on() -> None:
+    server = FakeOpenAI(default=completion('{"x": 1}')).start()
+    own = StartedFake(server)
+    backend = OwnServerBackend(role_settings(None)["judge"], own)  # type: ignore[arg-type]
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
+
+    async def go() -> None:
+        question = [{"role": "user", "content": "hi"}]
+        answer = await backend.chat(question, schema=schema, max_tokens=7, temperature=0.5)
+        assert answer.parsed == {"x": 1}
+        await backend.chat(question, max_tokens=9, temperature=0.0)
+        await backend.aclose()
+
+    try:
+        asyncio.run(go())
+    finally:
+        server.stop()
+    first, second = server.requests
+    assert (first["max_tokens"], first["temperature"]) == (7, 0.5)
+    assert first["response_format"] == {"type": "json_object", "schema": schema}
+    assert (second["max_tokens"], second["temperature"]) == (9, 0.0)
+    assert "response_format" not in second
+    assert backend.name == "openai:served-name"
+    assert own.starts == 1  # the client made on the first call serves the next
 
 
 class Point(msgspec.Struct):
