@@ -29,6 +29,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -209,6 +210,34 @@ def _example_loss_backward(
     return loss.item()
 
 
+def sft_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Sequence[SftExample],
+    pad_id: int,
+    device: torch.device,
+    *,
+    micro_batch_size: int,
+    activation_tokens: int | None,
+    max_grad_norm: float,
+) -> float:
+    """One optimizer step on ``batch`` (in micro-batches, gradients clipped); its loss."""
+    normalizer = sum(e.supervised_tokens for e in batch)
+    loss = 0.0
+    # examples with the same prompt (tools) side by side share its forward pass
+    batch = sorted(batch, key=prompt_key)
+    for start in range(0, len(batch), micro_batch_size):
+        micro = batch[start : start + micro_batch_size]
+        loss += accumulate_sft_gradients(
+            model, micro, pad_id, device, normalizer, activation_tokens=activation_tokens
+        )
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
 def warm_start(
     policy: LoadedPolicy,
     tasks: Sequence[Task],
@@ -273,6 +302,12 @@ def warm_start(
         if bar is not None:
             bar.update(len(losses))
 
+    step = partial(
+        sft_step,
+        micro_batch_size=micro_batch_size,
+        activation_tokens=activation_tokens,
+        max_grad_norm=max_grad_norm,
+    )
     was_training = model.training
     model.train()
     try:
@@ -284,23 +319,7 @@ def warm_start(
             first = resume_batch * batch_size if epoch == resume_epoch else 0
             for start in range(first, len(shuffled), batch_size):
                 batch = shuffled[start : start + batch_size]
-                normalizer = sum(e.supervised_tokens for e in batch)
-                step_loss = 0.0
-                # examples with the same prompt (tools) side by side share its forward pass
-                batch.sort(key=prompt_key)
-                for micro_start in range(0, len(batch), micro_batch_size):
-                    micro = batch[micro_start : micro_start + micro_batch_size]
-                    step_loss += accumulate_sft_gradients(
-                        model,
-                        micro,
-                        pad_id,
-                        device,
-                        normalizer,
-                        activation_tokens=activation_tokens,
-                    )
-                torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                step_loss = step(model, optimizer, batch, pad_id, device)
                 losses.append(step_loss)
                 if checkpoint is not None:
                     done = start // batch_size + 1
