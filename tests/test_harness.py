@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import pytest
 
+from coevolve import processes
 from coevolve.harness import (
     INHERITED,
     UpRun,
@@ -28,14 +29,6 @@ from coevolve.harness import (
     until_signalled,
     up_argv,
     wait_for,
-)
-from coevolve.processes import (
-    descendants,
-    kill_leftovers,
-    kill_survivors,
-    share_model_cache,
-    stop_process_group,
-    wait_for_nats_url,
 )
 from coevolve.report.run_data import LEARNER_STEPS
 from coevolve.services.learner.handler import append_step_record, step_record
@@ -228,7 +221,7 @@ def test_a_group_that_ignores_sigint_is_killed_after_the_grace_period() -> None:
     grandchild = int(grandchild_line)
     try:
         started = time.monotonic()
-        shutdown = stop_process_group(child, grace_s=1.0)
+        shutdown = processes.stop_process_group(child, grace_s=1.0)
         took = time.monotonic() - started
     finally:
         if child.poll() is None:
@@ -243,7 +236,7 @@ def test_a_group_that_ignores_sigint_is_killed_after_the_grace_period() -> None:
 def test_a_child_that_handles_sigint_stops_gracefully() -> None:
     child, ready = start_child(OBEDIENT)
     assert ready == "ready"
-    shutdown = stop_process_group(child, grace_s=10.0)
+    shutdown = processes.stop_process_group(child, grace_s=10.0)
     assert shutdown.graceful  # it exited within its grace period, not killed
     assert shutdown.returncode != 0  # KeyboardInterrupt
 
@@ -253,7 +246,7 @@ def test_leftovers_are_found_by_the_run_directory_in_their_command_line(tmp_path
     ours, _ = start_child(OBEDIENT, "--run-dir", marker)
     other, _ = start_child(OBEDIENT, "--run-dir", str(tmp_path / "other"))
     try:
-        killed = kill_leftovers(marker)
+        killed = processes.kill_leftovers(marker)
         assert killed == [ours.pid]
         assert ours.wait(5) == -signal.SIGKILL
         assert other.poll() is None
@@ -274,25 +267,25 @@ def test_the_nats_url_is_read_from_up_json_once_written(tmp_path: Path) -> None:
         [sys.executable, "-c", writer, str(tmp_path / "up.json")], start_new_session=True
     )
     try:
-        assert wait_for_nats_url(tmp_path, child, timeout_s=10) == "nats://127.0.0.1:4999"
+        assert processes.wait_for_nats_url(tmp_path, child, timeout_s=10) == "nats://127.0.0.1:4999"
     finally:
-        stop_process_group(child, grace_s=5)
+        processes.stop_process_group(child, grace_s=5)
 
 
 def test_an_up_that_exits_before_nats_is_reported(tmp_path: Path) -> None:
     child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], start_new_session=True)
     with pytest.raises(RuntimeError, match="exited with 3"):
-        wait_for_nats_url(tmp_path, child, timeout_s=10)
+        processes.wait_for_nats_url(tmp_path, child, timeout_s=10)
 
 
 def test_the_model_cache_of_the_base_run_is_linked_not_copied(tmp_path: Path) -> None:
     base = tmp_path / "base"
     (base / "models" / "SmolLM2").mkdir(parents=True)
     run_dir = tmp_path / "bench" / "run"
-    assert share_model_cache(run_dir, base)
+    assert processes.share_model_cache(run_dir, base)
     assert (run_dir / "models" / "SmolLM2").is_dir()
     assert (run_dir / "models").resolve() == (base / "models").resolve()
-    assert not share_model_cache(tmp_path / "other", tmp_path / "no-models")
+    assert not processes.share_model_cache(tmp_path / "other", tmp_path / "no-models")
 
 
 def test_a_signal_ends_the_watch_early_and_is_reported() -> None:
@@ -332,13 +325,13 @@ def test_survivors_of_the_process_tree_are_killed() -> None:
     try:
         assert child.stdout is not None
         grandchild = int(child.stdout.readline())
-        tree = descendants(child.pid)
+        tree = processes.descendants(child.pid)
         assert grandchild in tree
         # a pid whose start time differs is another process now: left alone
-        assert kill_survivors({grandchild: tree[grandchild] + 1}) == []
+        assert processes.kill_survivors({grandchild: tree[grandchild] + 1}) == []
         child.kill()
         child.wait(10)
-        assert kill_survivors(tree) == [grandchild]
+        assert processes.kill_survivors(tree) == [grandchild]
         deadline = time.monotonic() + 10
         while not gone(grandchild) and time.monotonic() < deadline:
             time.sleep(0.05)
