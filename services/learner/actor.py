@@ -185,7 +185,12 @@ class LearnerActor(Actor):
         assert learner is not None
         tasks = await self._warm_start_tasks()
         settings = self.config.warm_start
-        log.info("warm start: SFT on %d tasks for %d epochs", len(tasks), settings.epochs)
+        log.info(
+            "warm start: SFT on %d tasks for %d epochs, at least %d steps",
+            len(tasks),
+            settings.epochs,
+            settings.min_steps,
+        )
         self.report_progress("warm start", 0, None, f"{len(tasks)} tasks")
 
         def progress(step: int, total: int, loss: float) -> None:
