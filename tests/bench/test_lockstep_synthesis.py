@@ -224,7 +224,7 @@ def test_run_lockstep_reads_the_services_sections_and_synthesizes_after_the_step
         learner={
             "model": str(CACHE_DIR / "models" / policy.name),  # the fixture's weights
             "grpo": {"groups_per_step": 1, "drop_uniform_groups": False, "lr": 1e-3},
-            "warm_start": {"tasks": 1, "epochs": 1, "grain": "any", "threads": 1},
+            "warm_start": {"tasks": 1, "epochs": 1, "min_steps": 0, "grain": "any", "threads": 1},
         },
     )
     try:

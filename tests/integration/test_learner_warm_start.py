@@ -28,6 +28,7 @@ async def test_warm_start_waits_for_tasks_reports_progress_and_is_recorded(
         "enabled": True,
         "tasks": 2,
         "epochs": 1,
+        "min_steps": 0,
         "batch_size": 1,
         "max_len": 136,
     }

@@ -20,7 +20,14 @@ from coevolve.shared.runtime.bus import Bus
 from tests.support.status import status_row
 from tests.support.wait import wait_until
 
-SMALL_WARM_START = {"enabled": True, "tasks": 2, "epochs": 1, "batch_size": 1, "max_len": 512}
+SMALL_WARM_START = {
+    "enabled": True,
+    "tasks": 2,
+    "epochs": 1,
+    "min_steps": 0,
+    "batch_size": 1,
+    "max_len": 512,
+}
 
 
 @dataclass
