@@ -243,8 +243,8 @@ async def vary_for_signal(
     """``synthesized`` on the signal's turn (unless varied recently, or not ``own_turn``)
     and on its sibling parents, as one result; ``recently_varied`` when no parent is left
     to vary."""
-    varied = not own_turn or recently_varied(signal.task.id, signal.policy_version, deps)
-    own = [] if varied else [signal.task]
+    resting = not own_turn or recently_varied(signal.task.id, signal.policy_version, deps)
+    own = [] if resting else [signal.task]
     parents = own + await sibling_parents(signal, failed, deps)
     if not parents:
         return Explored(None, "recently_varied", ExplorationStats())
@@ -339,14 +339,13 @@ def repairs_children(deps: ExplorerDeps) -> bool:
 async def repair_from_seeds(signal: Signal, deps: ExplorerDeps) -> Explored:
     """For a signal on a task too many generations from a seed: the seed turns that call a
     function its trajectory got wrong, varied as sibling parents; ``too_deep`` where
-    repairing children is off or nothing failed."""
-    failed = failed_calls(signal.task, signal.trajectory) if repairs_children(deps) else []
+    repairing children is off, there are no sibling parents, or nothing failed."""
+    if not repairs_children(deps) or deps.config.sibling_parents <= 0:
+        return Explored(None, "too_deep", ExplorationStats())
+    failed = failed_calls(signal.task, signal.trajectory)
     if not failed:
         return Explored(None, "too_deep", ExplorationStats())
-    made = await vary_for_signal(signal, failed, deps, own_turn=False)
-    if made.outcome == "recently_varied" and deps.config.sibling_parents <= 0:
-        return Explored(None, "too_deep", ExplorationStats())
-    return made
+    return await vary_for_signal(signal, failed, deps, own_turn=False)
 
 
 def start_state(task: Task) -> dict[str, Any] | None:
