@@ -30,9 +30,11 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     substitution_rounds: int = 1
     # a signal aimed at a failure also gives at most this many composed turns
     # (``composition.py``): its turn, or a variant of it, joined with the turn before it,
-    # or with a task of the pool that starts on the same state. 0: none. 1: with 2, run
-    # 35's 20 children came from 10 parents and queued for their first rollout
-    composition_rounds: int = 1
+    # or with a task of the pool that starts on the same state. 0: none. None: 1 with
+    # labels (with 2, run 35's 20 children came from 10 parents and queued for their
+    # first rollout), 3 with labels none (D0's argument-free lookups give no substitution
+    # and no state variant with another request: in run 41, 9 of 26 children composed)
+    composition_rounds: int | None = None
     # a signal aimed at a failure also varies (substitution and composition, as above) up
     # to this many other unsynthesized turns of the pool that call a function it got
     # wrong: with its own turn alone, runs 32-33 drew their 15-18 children from 7-8
@@ -87,8 +89,14 @@ class ExplorerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # synthesis was given, to run through abstractor and judge again offline (null: none)
     record: str | None = "explorer/explorations"
 
+    def composition_limit(self, labelled: bool) -> int:
+        """``composition_rounds``, its default resolved for a run with or without labels."""
+        if self.composition_rounds is not None:
+            return self.composition_rounds
+        return 1 if labelled else 3
+
     def __post_init__(self) -> None:
         for name in NON_NEGATIVE:
             value = getattr(self, name)
-            if not value >= 0:  # not ``< 0``: a NaN seconds value fails too
+            if value is not None and not value >= 0:  # not ``< 0``: a NaN seconds value fails too
                 raise ValueError(f"{name} must be >= 0, got {value}")

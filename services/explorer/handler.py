@@ -127,7 +127,7 @@ async def composed_rounds_for(
     variant of it whose request code made) with the turn before it, or else with tasks of
     the pool in its setting (``deps.atoms``), shuffled by ``seed``; None when none
     replays."""
-    limit = deps.config.composition_rounds
+    limit = deps.config.composition_limit(deps.labelled)
     parent = atom_of(task)
     if limit <= 0 or parent is None:
         return None
@@ -286,9 +286,8 @@ async def explore_signal(signal: Signal, deps: ExplorerDeps) -> Explored:
     if config.require_failure and not failed:
         return Explored(None, "nothing_failed", ExplorationStats())
     exploration_id = derived_id("exploration", signal.id)
-    synthesis = (
-        config.substitution_rounds + config.composition_rounds + config.state_variation_rounds
-    )
+    composition = config.composition_limit(deps.labelled)
+    synthesis = config.substitution_rounds + composition + config.state_variation_rounds
     if failed and synthesis > 0:
         made = await vary_for_signal(signal, failed, deps)
         if made.explorations or made.outcome == "recently_varied":

@@ -18,7 +18,10 @@ turns too) on the varied state with the real environment:
   of a price) or anything before it;
 - every call must run without an error, the last turn's calls must do something else than
   the parent's (another result or another change of state), and no request may write a
-  value that changed where it stood, nor one only a call of its turn returns.
+  value that changed where it stood, nor one only a call of its turn returns;
+- a variant whose turn is the parent's, its request and its calls, is none: the policy
+  would be asked the parent's turn again for the parent's calls (in run 41, 16 of 26
+  children were argument-free lookups asked again on another state).
 
 No LLM is asked: a variant costs a few replays of the turn.
 """
@@ -488,8 +491,9 @@ def variant_run(parent: Parent, variation: Variation) -> tuple[Run, list[Turn]] 
 
 
 # why a variation gives no variant: a call failed (another draw may pass), a call it must
-# keep changed, the turn does what the parent's did, a request cannot be kept true
-FAILED, KEPT, SAME, UNTRUE = "failed", "kept", "same", "untrue"
+# keep changed, the turn does what the parent's did, a request cannot be kept true, the
+# turn's request and calls are the parent's
+FAILED, KEPT, SAME, UNTRUE, REPEATED = "failed", "kept", "same", "untrue", "repeated"
 
 
 def rejection(parent: Parent, run: Run, turns: Sequence[Turn], variation: Variation) -> str:
@@ -501,6 +505,8 @@ def rejection(parent: Parent, run: Run, turns: Sequence[Turn], variation: Variat
         return KEPT
     if parent.run.effects(current) == run.effects(current):
         return SAME
+    if turns[-1] == parent.turns[-1]:
+        return REPEATED
     olds = [old for _, old, _ in variation.numbers]
     if any(writes_number(turn.request, old) for turn in turns for old in olds):
         return UNTRUE  # a request writes a changed number it could not rewrite

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,8 +24,13 @@ from coevolve.services.explorer.handler import (
     explore_request,
     explore_signal,
 )
+from coevolve.services.pool_store.handler import unlabelled_seed
 from coevolve.shared.envs import make_environment
-from coevolve.shared.envs.bfcl.tasks import load_turn_tasks, seed_pool
+from coevolve.shared.envs.bfcl.tasks import (
+    config_without_conversation,
+    load_turn_tasks,
+    seed_pool,
+)
 from coevolve.shared.failures import failed_calls, failed_in_turn, policy_turns, target_functions
 from coevolve.shared.llm import RoleClients, role_settings
 from coevolve.shared.messages import (
@@ -38,6 +44,7 @@ from coevolve.shared.messages import (
 from coevolve.shared.structured import RejectionCounter
 from tests.support.fake_llm import FakeOpenAI, completion
 
+D0_FILE = Path(__file__).parents[3] / "docs" / "results" / "d0-20261129.json"
 SUMMARY = {
     "summary": "The agent called the wrong function.",
     "failure_cause": "It did not look up the stock.",
@@ -115,12 +122,14 @@ def explore(
     rounds: int = 1,
     substitution_rounds: int = 0,
     explore_without_substitution: bool = False,
-    composition_rounds: int = 0,
+    composition_rounds: int | None = 0,
     varied_at: dict[str, int] | None = None,
     state_variation_rounds: int = 0,
     siblings: list[Task] | None = None,
     sibling_parents: int = 1,
     repair_children_from_seeds: bool | None = None,
+    labelled: bool = True,
+    atoms: list[Task] | None = None,
 ) -> Explored:
     endpoint.reply(*(completion(json.dumps(reply)) for reply in replies))
     section = {"default": {"base_url": endpoint.base_url, "model": "m", "temperature": 0.7}}
@@ -144,6 +153,8 @@ def explore(
         actions=RejectionCounter(),
         varied_at={} if varied_at is None else varied_at,
         siblings=None if siblings is None else partial(calling, siblings),
+        labelled=labelled,
+        atoms=None if atoms is None else partial(on_the_same_state, atoms),
     )
 
     async def go() -> Explored:
@@ -162,6 +173,12 @@ async def calling(pool: list[Task], task: Task, functions: list[str]) -> list[Ta
         for other in pool
         if other.id != task.id and any(c.name in functions for c in other.ground_truth[0])
     ]
+
+
+async def on_the_same_state(pool: list[Task], task: Task) -> list[Task]:
+    """What pool-store's ``AtomsFor`` answers, over ``pool``."""
+    start = config_without_conversation(task.env_config)
+    return [other for other in pool if config_without_conversation(other.env_config) == start]
 
 
 def signal_of(task: Task, trajectory: Trajectory) -> Signal:
@@ -278,6 +295,31 @@ def test_a_failed_later_turn_is_also_joined_with_the_turn_before_it(
     alone = explore(endpoint, signal, [], substitution_rounds=0, composition_rounds=1)
     assert alone.exploration is None and alone.composed is not None
     assert len(alone.composed.rounds) == 1
+
+
+def test_with_no_labels_a_failed_lookup_is_composed_with_more_discovered_tasks(
+    endpoint: FakeOpenAI,
+) -> None:
+    # a D0 lookup without arguments gives no substitution and no state variant with
+    # another request: by default, composition makes up to 3 turns of it with no labels
+    d0 = unlabelled_seed(D0_FILE)  # the pool's seed tasks of a run with no labels
+    task = next(t for t in d0 if t.ground_truth[0][0].name == "get_order_history")
+    signal = signal_of(task, failed_trajectory(task, [call("get_account_info")]))
+    made = {
+        labelled: explore(
+            endpoint, signal, [], composition_rounds=None, labelled=labelled, atoms=d0
+        )
+        for labelled in (True, False)
+    }
+    assert endpoint.requests == []
+    counts = {}
+    for labelled, explored in made.items():
+        assert explored.composed is not None
+        for joined in explored.composed.rounds:
+            names = [step.action.name for step in joined.steps]
+            assert "get_order_history" in names and len(names) >= 2
+        counts[labelled] = len(explored.composed.rounds)
+    assert counts == {True: 1, False: 3}
 
 
 def test_a_vary_request_runs_the_same_machinery_aimed_at_nothing(endpoint: FakeOpenAI) -> None:

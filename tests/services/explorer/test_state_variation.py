@@ -16,6 +16,7 @@ from coevolve.services.explorer.state_values import (
     NumberKnob,
     Variation,
     bounds_of,
+    drawn,
     drawn_ids,
     drawn_number,
     renamed_text,
@@ -23,6 +24,7 @@ from coevolve.services.explorer.state_values import (
 )
 from coevolve.services.explorer.state_variation import (
     FAILED,
+    REPEATED,
     StateVariant,
     parent_of,
     state_variants,
@@ -35,15 +37,12 @@ from coevolve.shared.envs.bfcl.tasks import FOCUS_CLASSES, suite_tasks
 from coevolve.shared.messages import Exploration, Task
 
 # train turns of the focused world: an order at the market price (a lookup, then an
-# order), a message quoting a price to ids the request states, a login and a message,
-# tire pressures, an account overview whose message states the balance
+# order), a message quoting a price to ids the request states, a login and a message
 TURNS = (
     "multi_turn_base_118#t2",
     "multi_turn_base_101#t1",
     "multi_turn_base_51#t3",
-    "multi_turn_base_72#t2",
     "multi_turn_base_143#t3",
-    "multi_turn_base_107#t4",
 )
 
 
@@ -187,6 +186,21 @@ def test_a_choice_by_a_quantity_keeps_the_quantities_it_chose_by() -> None:
 
 def test_a_turn_whose_calls_read_nothing_that_varies_gives_no_variant() -> None:
     assert variants_of(turn("multi_turn_base_51#t0")) == []  # lock every door
+
+
+@pytest.mark.parametrize(
+    "task_id", ["multi_turn_base_107#t4", "multi_turn_base_101#t2", "multi_turn_base_72#t2"]
+)
+def test_a_variant_asking_the_parents_turn_again_for_its_calls_is_dropped(task_id: str) -> None:
+    # an argument-free lookup (the account, the messages sent, the tires) on another state: the
+    # policy would see the parent's requests and be asked for the parent's calls
+    parent = parent_of(turn(task_id), make_env)
+    assert parent is not None
+    rng = random.Random(0)
+    variations = [drawn([knob], rng, parent.taken) for knob in parent.knobs()]
+    reasons = {variant_of(parent, v)[1] for v in variations if v is not None}
+    assert REPEATED in reasons
+    assert variants_of(turn(task_id), 3) == []
 
 
 def test_variants_are_deterministic_for_a_seed() -> None:
