@@ -22,10 +22,11 @@ import logging
 import os
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
+import msgspec
 
 from coevolve.shared.llm.client import (
     ChatMessages,
@@ -45,14 +46,13 @@ REFUSED_FORMAT_STATUS = frozenset({400, 422})
 Dialect = Literal["json_schema", "json_object"]
 
 
-@dataclass(frozen=True)
-class OpenAISettings:
-    base_url: str
-    model: str
-    api_key: str | None = None
+class Transport(msgspec.Struct, kw_only=True, frozen=True):
+    """How a client talks to an endpoint: its key, output format, timeouts, retries and
+    limits (a role's settings hold these too: ``roles.RoleSettings``)."""
+
     api_key_env: str | None = "OPENAI_API_KEY"
+    structured_output: Literal["auto", "json_schema", "json_object"] = "auto"
     connect_timeout_s: float = 5.0
-    timeout_s: float = 120.0
     max_retries: int = 8
     give_up_after_s: float = 300.0
     backoff_base_s: float = 0.5
@@ -60,11 +60,17 @@ class OpenAISettings:
     requests_per_s: float = 5.0
     burst: int = 5
     max_response_bytes: int = 4_000_000
-    structured_output: Literal["auto", "json_schema", "json_object"] = "auto"
+
+
+class OpenAISettings(Transport, kw_only=True, frozen=True):
+    base_url: str
+    model: str
+    api_key: str | None = None
+    timeout_s: float = 120.0
     # requests in flight at once from this client (a llama.cpp server runs one at a time;
     # more only queue there, and their timeouts run out while they wait)
     max_concurrency: int = 8
-    extra_body: dict[str, Any] = field(default_factory=dict)
+    extra_body: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def resolved_api_key(self) -> str | None:
         if self.api_key:

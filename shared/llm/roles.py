@@ -30,7 +30,7 @@ import msgspec
 import yaml
 
 from coevolve.shared.llm.client import ChatMessages, ChatOptions, LLMClient, LLMResponse
-from coevolve.shared.llm.openai_backend import OpenAIBackend, OpenAISettings
+from coevolve.shared.llm.openai_backend import OpenAIBackend, OpenAISettings, Transport
 from coevolve.shared.llm.server import (
     API_KEY_ENV,
     BASE_URL_ENV,
@@ -51,26 +51,15 @@ LOCAL_TIMEOUT_S = 600.0
 REMOTE_TIMEOUT_S = 120.0
 
 
-class RoleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    # endpoint: none means the local llama.cpp server
+class RoleSettings(Transport, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """A role's endpoint (none: the local llama.cpp server), sampling and transport."""
+
     base_url: str | None = None
     model: str | None = None
-    api_key_env: str | None = "OPENAI_API_KEY"
-    structured_output: Literal["auto", "json_schema", "json_object"] = "auto"
-    # sampling
     max_tokens: int = 256
     temperature: float = 0.7
-    # transport
     timeout_s: float | None = None  # default: 600 s on the local server, 120 s elsewhere
-    connect_timeout_s: float = 5.0
-    max_retries: int = 8
-    give_up_after_s: float = 300.0
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
-    requests_per_s: float = 5.0
-    burst: int = 5
     max_concurrency: int | None = None  # default: 1 on the local server, 8 elsewhere
-    max_response_bytes: int = 4_000_000
 
     @property
     def local(self) -> bool:
@@ -132,22 +121,13 @@ def openai_settings(settings: RoleSettings, **endpoint: Any) -> OpenAISettings:
     """The HTTP client's settings for a role; ``endpoint`` overrides (the local server's
     URL, key and model)."""
     local = settings.local
-    values: dict[str, Any] = {
-        "base_url": settings.base_url,
-        "model": settings.model,
-        "api_key_env": settings.api_key_env,
-        "structured_output": settings.structured_output,
-        "connect_timeout_s": settings.connect_timeout_s,
-        "timeout_s": settings.timeout_s or (LOCAL_TIMEOUT_S if local else REMOTE_TIMEOUT_S),
-        "max_retries": settings.max_retries,
-        "give_up_after_s": settings.give_up_after_s,
-        "backoff_base_s": settings.backoff_base_s,
-        "backoff_max_s": settings.backoff_max_s,
-        "requests_per_s": settings.requests_per_s,
-        "burst": settings.burst,
-        "max_concurrency": settings.max_concurrency or (1 if local else 8),
-        "max_response_bytes": settings.max_response_bytes,
-    }
+    values: dict[str, Any] = {name: getattr(settings, name) for name in Transport.__struct_fields__}
+    values.update(
+        base_url=settings.base_url,
+        model=settings.model,
+        timeout_s=settings.timeout_s or (LOCAL_TIMEOUT_S if local else REMOTE_TIMEOUT_S),
+        max_concurrency=settings.max_concurrency or (1 if local else 8),
+    )
     values.update(endpoint)
     return OpenAISettings(**values)
 
