@@ -29,7 +29,9 @@ class PacingSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # from the grace's end, 20 steps owed 18, and run 39 delivered 16 in 19)
     grace_steps: int = 2
     # policy versions that may pass between the rollout that raised a signal and the first
-    # rollout of a child accepted from it (reported by `coevolve report` and `status`)
+    # rollout of a child accepted from it (reported by `coevolve report` and `status`):
+    # pool-store feeds children newest signal first, and one more versions than this behind
+    # the newest policy is fresh no more (the sampler weighs it like any task not yet rolled)
     max_versions_to_first_draw: int = 2
     when_behind: WhenBehind = "learner_waits"
     # the longest one learner step waits for the loop: a stalled loop must not stop training

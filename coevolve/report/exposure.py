@@ -34,6 +34,7 @@ from coevolve.report.run_data import (
     read_steps,
 )
 from coevolve.shared.failures import call_text
+from coevolve.shared.pacing import PacingSettings
 
 if TYPE_CHECKING:
     from coevolve.shared.messages import Task, ToolCall
@@ -42,6 +43,7 @@ EXPOSURE_FILE = "exposure.json"
 SYNTHESIZED = "synthesized"
 # a run's configuration, where the experiment commands write it
 RUN_CONFIG = "coevolve.yaml"
+DEFAULT_CONTRACT = PacingSettings().max_versions_to_first_draw
 
 
 @dataclass(frozen=True)
@@ -57,11 +59,14 @@ class Exposure:
     # the tasks with a signal version, of them those never drawn
     with_signal_version: int
     never_drawn: int
+    # the never drawn ones past the contract: the versions each waited at least
+    overdue: tuple[int, ...] = ()
 
     @property
     def median_versions_to_first_draw(self) -> float | None:
         drawn = [v for v in self.versions_to_first_draw.values() if v is not None]
-        return float(statistics.median(drawn)) if drawn else None
+        waits = [*drawn, *self.overdue]
+        return float(statistics.median(waits)) if waits else None
 
 
 def synthesized_share(steps: Sequence[StepRecord]) -> float | None:
@@ -98,11 +103,19 @@ def synthesized_tasks(data: RunData) -> list[TaskRow]:
     return [task for task in data.tasks if task.origin == SYNTHESIZED]
 
 
-def exposure(data: RunData) -> Exposure:
-    """The figures, from ``data``'s steps, tasks and groups."""
+def last_version(data: RunData) -> int | None:
+    """The newest policy version the run's steps or groups name."""
+    versions = [step.version for step in data.steps] + [g.policy_version for g in data.groups]
+    return max(versions) if versions else None
+
+
+def exposure(data: RunData, contract: int = DEFAULT_CONTRACT) -> Exposure:
+    """The figures, from ``data``'s steps, tasks and groups; ``contract``: the versions
+    a child may wait for its first draw (``pacing.max_versions_to_first_draw``)."""
     trained = [step for step in data.steps if step.published]
     first, second = step_halves(trained)
     drawn_at = first_draws(data)
+    last = last_version(data)
     versions: dict[str, int | None] = {}
     for task in synthesized_tasks(data):
         drawn = drawn_at.get(task.task_id)
@@ -111,6 +124,14 @@ def exposure(data: RunData) -> Exposure:
         else:
             versions[task.task_id] = drawn - task.signal_version
     timed = [task for task in synthesized_tasks(data) if task.signal_version is not None]
+    overdue = tuple(
+        last - task.signal_version + 1
+        for task in timed
+        if task.task_id not in drawn_at
+        and last is not None
+        and task.signal_version is not None
+        and last - task.signal_version > contract
+    )
     return Exposure(
         learner_steps=len(trained),
         first_half=synthesized_share(first),
@@ -118,6 +139,7 @@ def exposure(data: RunData) -> Exposure:
         versions_to_first_draw=versions,
         with_signal_version=len(timed),
         never_drawn=sum(task.task_id not in drawn_at for task in timed),
+        overdue=overdue,
     )
 
 
@@ -227,11 +249,18 @@ def exposure_text(figures: Exposure) -> str:
     if not figures.with_signal_version:
         return f"{halves}\n\nNo accepted synthesized task names the policy version of its signal."
     median = figures.median_versions_to_first_draw
-    after = "" if median is None else f", a median of {median:g} versions after their signal"
+    overdue = len(figures.overdue)
+    counted = f" ({overdue} never drawn past the contract count as waiting longer)"
+    after = (
+        ""
+        if median is None
+        else f"; the median child waited {median:g} versions from its signal"
+        + (counted if overdue else "")
+    )
     drawn = figures.with_signal_version - figures.never_drawn
     return (
         f"{halves}\n\nOf {figures.with_signal_version} accepted children that name their "
-        f"signal's policy version, {drawn} were drawn{after}; {figures.never_drawn} never. "
+        f"signal's policy version, {drawn} were drawn, {figures.never_drawn} never{after}. "
         f"Per task in `{EXPOSURE_FILE}`."
     )
 

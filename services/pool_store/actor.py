@@ -70,7 +70,12 @@ class PoolStoreActor(Actor):
 
     async def setup(self) -> None:
         path = self.settings.path(self.config.db_file)
-        open_store = functools.partial(PoolStore, path, sampling=self.config.sampling)
+        open_store = functools.partial(
+            PoolStore,
+            path,
+            sampling=self.config.sampling,
+            fresh_versions=self.settings.pacing.max_versions_to_first_draw,
+        )
         self.store = await anyio.to_thread.run_sync(open_store)
         log.info("sampling tasks with the %s sampler", self.config.sampling.sampler)
         stats = await self._db(self.store.stats)

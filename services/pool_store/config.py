@@ -33,9 +33,11 @@ class PoolStoreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # shares, every task is weighed by the sampler alone (see sampling.SamplingConfig)
     mix: dict[str, float] = msgspec.field(default_factory=dict)
     feed_jobs: bool = True
-    # rollout jobs kept queued: a fresh child waits behind them for its first draw, and
-    # with 4 a queue took about two learner steps to drain on 2 cores (runs 32-33)
-    job_queue_depth: int = 2
+    # rollout jobs kept in the stream, the one rollout works on included: a fresh child
+    # waits behind the others for its first draw (with 4 a queue took about two learner
+    # steps to drain on 2 cores, runs 32-33). 1: rollout takes one job at a time, a group
+    # takes tens of seconds and the feed refills within feed_interval_s
+    job_queue_depth: int = 1
     group_size: int = 8
     feed_interval_s: float = 1.0
     # which tasks jobs and sample replies get: sampler (learnability | dynamic | uniform),

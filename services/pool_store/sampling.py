@@ -198,8 +198,9 @@ class SamplingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, f
     share_window: int = 200
     # every sampler, jobs fed only: synthesized tasks never fed as a job (fresh) take
     # up to this share of each feed's slots (at least one while any waits) before the
-    # sampler draws, oldest first: a child exists to repair its signal's failure now. A
-    # mix that gives synthesized tasks no weight leaves them out; 0 turns it off. At 0.5
+    # sampler draws, newest signal first: a child exists to repair its signal's failure
+    # now (pacing.max_versions_to_first_draw: how long it stays fresh). A mix that gives
+    # synthesized tasks no weight leaves them out; 0 turns it off. At 0.5
     # a 30-minute run's children waited a median 2.5 versions (run 35, docs/main-job.md)
     fresh_share: float = 0.75
 
@@ -446,14 +447,22 @@ class FreshTask:
     task_id: str
     environment: str
     origin: str
+    # the policy version the task answers: its signal's, else the newest one pool-store
+    # had results of when the task joined
+    version: int
 
 
 class FreshTasks:
     """Tasks new to the run that were never fed as a rollout job: synthesized tasks
     (children of signals, or of the same machinery unguided) and labelled turns the
-    experiment's labelled_control arm added during the run, by sample key, in the order
-    they joined the pool (oldest first). Kept in memory by the store and rebuilt when the
-    file opens (the active ones of them without recorded results)."""
+    experiment's labelled_control arm added during the run, by sample key. Kept in memory
+    by the store and rebuilt when the file opens (the active ones of them without
+    recorded results).
+
+    Feeds draw them newest policy version first, in the order they joined within one
+    version: children arrive in bursts faster than a learner step's few groups can take
+    them, and oldest first made every later burst wait behind the earlier ones (run 43:
+    a median 3 versions to a child's first draw, docs/main-job.md)."""
 
     def __init__(self) -> None:
         # insertion-ordered: a sample key orders only within its origin
@@ -463,8 +472,10 @@ class FreshTasks:
     def __len__(self) -> int:
         return len(self._by_key)
 
-    def add(self, task_id: str, sample_key: int, environment: str, origin: str) -> None:
-        self._by_key[sample_key] = FreshTask(task_id, environment, origin)
+    def add(
+        self, task_id: str, sample_key: int, environment: str, origin: str, version: int
+    ) -> None:
+        self._by_key[sample_key] = FreshTask(task_id, environment, origin, version)
         self._key_of[task_id] = sample_key
 
     def drop_tasks(self, task_ids: Sequence[str]) -> None:
@@ -479,18 +490,30 @@ class FreshTasks:
             if fresh is not None:
                 del self._key_of[fresh.task_id]
 
+    def expire(self, newest_version: int, window: int) -> list[str]:
+        """Drop (and return the ids of) the tasks more than ``window`` versions behind
+        ``newest_version``: the policy their signal showed is gone, so the sampler weighs
+        them like any task never rolled out."""
+        stale = [f.task_id for f in self._by_key.values() if newest_version - f.version > window]
+        self.drop_tasks(stale)
+        return stale
+
+    def _in_draw_order(self) -> list[tuple[int, FreshTask]]:
+        # sorted() is stable: within one version, the order they joined
+        return sorted(self._by_key.items(), key=lambda item: -item[1].version)
+
     def task_ids(self) -> list[str]:
-        """Oldest first."""
-        return [fresh.task_id for fresh in self._by_key.values()]
+        """In the order the next feeds draw them."""
+        return [fresh.task_id for _, fresh in self._in_draw_order()]
 
     def origin_of(self, key: int) -> str:
         return self._by_key[key].origin
 
-    def oldest(self, count: int, environment: str | None, origins: Collection[str]) -> list[int]:
-        """The keys of the ``count`` oldest (in ``environment``, of ``origins``)."""
+    def first(self, count: int, environment: str | None, origins: Collection[str]) -> list[int]:
+        """The keys of the ``count`` next to draw (in ``environment``, of ``origins``)."""
         keys = (
             key
-            for key, fresh in self._by_key.items()
+            for key, fresh in self._in_draw_order()
             if environment in (None, fresh.environment) and fresh.origin in origins
         )
         return list(itertools.islice(keys, max(0, count)))

@@ -214,7 +214,9 @@ class PoolStore:
     """The task pool in a DuckDB file. One instance per file; it is the only writer.
 
     ``sampling`` decides how ``sample_batch`` picks tasks and whether recorded results
-    retire tasks (default: the learnability sampler with its defaults).
+    retire tasks (default: the learnability sampler with its defaults). A fresh task stays
+    fresh while the newest policy version with results is at most ``fresh_versions`` past
+    the one it answers (None: until it is fed).
     """
 
     def __init__(
@@ -223,11 +225,15 @@ class PoolStore:
         *,
         read_only: bool = False,
         sampling: SamplingConfig | None = None,
+        fresh_versions: int | None = None,
     ) -> None:
         self.path = Path(path)
         self._file_key = self.path.resolve()
         self.read_only = read_only
         self.sampling = sampling if sampling is not None else SamplingConfig()
+        self.fresh_versions = fresh_versions
+        # the highest policy version among the recorded results
+        self._newest_version = 0
         self._lock = threading.RLock()
         self._closed = False
         self._counts = PoolCounts()
@@ -256,6 +262,7 @@ class PoolStore:
             self._counts = self._load_counts()
             self._load_recent_scores()
             self._load_job_shares()
+            self._newest_version = self._load_newest_version()
             self._load_fresh()
             self._experiences = self._load_experiences()
         except BaseException:
@@ -348,6 +355,12 @@ class PoolStore:
         ).fetchall()
         self._shares.record([int(key) for (key,) in rows])
 
+    def _load_newest_version(self) -> int:
+        rows = self._connection.execute(
+            "SELECT coalesce(max(policy_version), 0) FROM rollout_results"
+        ).fetchall()
+        return int(rows[0][0])
+
     def _load_fresh(self, task_ids: Sequence[str] | None = None) -> None:
         """Rebuild the fresh tasks (all, or those of ``task_ids``, not empty, that the caller
         has dropped): active synthesized tasks and labelled-control turns with no recorded
@@ -355,7 +368,9 @@ class PoolStore:
         id_filter, params = _ids_clause("t.id", task_ids)
         rows = self._connection.execute(
             f"""
-            SELECT t.id, t.sample_key, t.environment, t.origin FROM tasks AS t
+            SELECT t.id, t.sample_key, t.environment, t.origin,
+                   TRY_CAST(json_extract(t.lineage, '$.signal_version') AS INTEGER)
+            FROM tasks AS t
             WHERE (t.origin = ? OR (t.origin = 'seed' AND {_LABELLED_CONTROL}))
               AND t.status = 'active'
               AND NOT EXISTS (SELECT 1 FROM rollout_results AS r WHERE r.task_id = t.id)
@@ -364,13 +379,16 @@ class PoolStore:
             """,
             [_FRESH_ORIGIN, *params],
         ).fetchall()
-        for task_id, sample_key, environment, origin in rows:
-            self._fresh.add(str(task_id), int(sample_key), str(environment), str(origin))
+        for task_id, sample_key, environment, origin, version in rows:
+            answers = self._newest_version if version is None else int(version)
+            self._fresh.add(str(task_id), int(sample_key), str(environment), str(origin), answers)
 
     def _note_added(self, added: Sequence[tuple[Task, int]]) -> None:
         for task, sample_key in added:
             if _is_fresh(task):
-                self._fresh.add(task.id, sample_key, task.environment, task.origin)
+                version = task.lineage.signal_version
+                answers = self._newest_version if version is None else version
+                self._fresh.add(task.id, sample_key, task.environment, task.origin, answers)
 
     def __enter__(self) -> PoolStore:
         return self
@@ -656,7 +674,8 @@ class PoolStore:
         task matches.
 
         ``jobs``: the tasks become rollout jobs (the job feed). Fresh tasks (synthesized
-        or labelled-control, never fed as a job) then come first, oldest first, in up to
+        or labelled-control, never fed as a job, see ``FreshTasks``) then come first, newest
+        signal first, in up to
         ``fresh_share`` of the slots, whatever the sampler, and are fresh no more; the
         sampler draws the rest.
         Under the learnability sampler a task then is not drawn while it holds its capped
@@ -698,14 +717,17 @@ class PoolStore:
     def _fresh_picks(
         self, size: int, weights: dict[str, float], environment: str | None
     ) -> list[int]:
-        """The keys of the fresh tasks a job batch of ``size`` starts with, oldest first,
-        of the origins the weights give a share (none of an origin they leave out)."""
+        """The keys of the fresh tasks a job batch of ``size`` starts with, newest signal
+        first, of the origins the weights give a share (none of an origin they leave out);
+        those past ``fresh_versions`` are fresh no more."""
+        if self.fresh_versions is not None:
+            self._fresh.expire(self._newest_version, self.fresh_versions)
         slots = fresh_slots(self.sampling.fresh_share, size)
-        return self._fresh.oldest(slots, environment, weights.keys())
+        return self._fresh.first(slots, environment, weights.keys())
 
     def fresh_tasks(self) -> list[str]:
-        """Ids of the fresh tasks (synthesized or labelled-control) never fed as a job,
-        oldest first: those the next job feeds draw before the sampler does."""
+        """Ids of the fresh tasks (synthesized or labelled-control) never fed as a job, in
+        the order the next job feeds draw them before the sampler does."""
         with self._lock:
             return self._fresh.task_ids()
 
@@ -946,6 +968,8 @@ class PoolStore:
                 self._recent.put(task_id, scores)
             self._recent.drop(retired)
             self._fresh.drop_tasks([sample.task_id for sample in results.samples])
+            versions = [sample.policy_version for sample in results.samples]
+            self._newest_version = max([self._newest_version, *versions])
         return True
 
     @staticmethod

@@ -143,8 +143,15 @@ def test_exposure_figures_equal_the_hand_computed_ones(exposure_run: Path) -> No
         "task-12": 2,
         "task-13": None,
     }
-    assert figures.median_versions_to_first_draw == pytest.approx(2.5)
+    # task-11, never drawn: the run reached v7, 4 versions past its signal's v3 and so
+    # past the contract's 2; it waited at least 5, and counts so in the median of 3, 2, 5
+    assert figures.overdue == (5,)
+    assert figures.median_versions_to_first_draw == pytest.approx(3.0)
     assert (figures.with_signal_version, figures.never_drawn) == (3, 1)
+    # with a contract of 4 versions it might still have been drawn in time: left out
+    lenient = exposure(load_run(exposure_run), contract=4)
+    assert lenient.overdue == ()
+    assert lenient.median_versions_to_first_draw == pytest.approx(2.5)
 
 
 def test_the_report_writes_exposure_json_and_an_exposure_section(
@@ -154,7 +161,8 @@ def test_the_report_writes_exposure_json_and_an_exposure_section(
     report = render_run_report(exposure_run, out).read_text()
     assert report.index("## Exposure") < report.index("## Verdicts")
     assert "25% in the first half of the 3 learner steps, 50% in the second" in report
-    assert "a median of 2.5 versions after their signal; 1 never" in report
+    assert "2 were drawn, 1 never; the median child waited 3 versions from its signal" in report
+    assert "(1 never drawn past the contract count as waiting longer)" in report
 
     written = json.loads((out / EXPOSURE_FILE).read_text())
     assert list(written) == [
@@ -178,7 +186,7 @@ def test_the_report_writes_exposure_json_and_an_exposure_section(
         "distinct_parents": 2,
         "exposure_first_half": 0.25,
         "exposure_second_half": 0.5,
-        "median_versions_to_first_draw": 2.5,
+        "median_versions_to_first_draw": 3.0,
         "never_drawn": 1,
     }
     assert [t["task_id"] for t in tasks] == ["task-10", "task-11", "task-12", "task-13"]
@@ -212,11 +220,11 @@ def test_status_reads_the_pool_only_when_no_pool_store_holds_it(exposure_run: Pa
         "learner_steps": 3,
         "exposure_first_half": 0.25,
         "exposure_second_half": 0.5,
-        "median_versions_to_first_draw": 2.5,
+        "median_versions_to_first_draw": 3.0,
         "never_drawn": 1,
         "pool_unread": None,
     }
-    assert "median versions to first draw 2.5 (1 of 3 never drawn)" in status_line(figures, unread)
+    assert "median versions to first draw 3 (1 of 3 never drawn)" in status_line(figures, unread)
 
     with PoolStore(exposure_run / "pool.duckdb"):  # a pool-store holds the file
         figures, unread = status_exposure(exposure_run)
@@ -243,7 +251,7 @@ def test_status_json_carries_the_exposure(
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
     assert report["exposure"]["exposure_first_half"] == 0.25
-    assert report["exposure"]["median_versions_to_first_draw"] == 2.5
+    assert report["exposure"]["median_versions_to_first_draw"] == 3.0
 
     result = CliRunner().invoke(app, args[:-1], env={"NATS_URL": nats_server.url})
     assert result.exit_code == 0, result.stderr

@@ -25,10 +25,11 @@ HALF = [1.0, 0.0] * 4
 SEEDS = 40
 
 
-def record(store: PoolStore, task_id: str, scores: list[float]) -> None:
+def record(store: PoolStore, task_id: str, scores: list[float], version: int = 3) -> None:
     group = f"group-{task_id}-{len(store.score_history(task_id))}"
     samples = [
-        ScoreSample(task_id=task_id, policy_version=3, score=score, length=1) for score in scores
+        ScoreSample(task_id=task_id, policy_version=version, score=score, length=1)
+        for score in scores
     ]
     assert store.record_results(RolloutResults(group_id=group, samples=samples))
 
@@ -42,11 +43,16 @@ def learnable_seeds(store: PoolStore, make_task: TaskFactory) -> list[Task]:
     return seeds
 
 
-def accept_child(store: PoolStore, make_task: TaskFactory, signal: str = "signal-1") -> Task:
+def accept_child(
+    store: PoolStore, make_task: TaskFactory, signal: str = "signal-1", version: int = 3
+) -> Task:
     child = make_task(
         origin="synthesized",
         lineage=Lineage(
-            signal_id=signal, signal_kind="boundary", parent_task_id="task-0", signal_version=3
+            signal_id=signal,
+            signal_kind="boundary",
+            parent_task_id="task-0",
+            signal_version=version,
         ),
     )
     _, added = store.record_verdict(
@@ -121,7 +127,7 @@ def test_fresh_share_zero_gives_the_sampler_every_slot(
         assert store.fresh_tasks() == [child.id]
 
 
-def test_fresh_children_take_at_most_their_share_of_a_feed_oldest_first(
+def test_fresh_children_of_one_version_take_at_most_their_share_of_a_feed_in_join_order(
     seeded_store: PoolStore, make_task: TaskFactory
 ) -> None:
     children = [accept_child(seeded_store, make_task, f"signal-{n}") for n in range(4)]
@@ -131,6 +137,52 @@ def test_fresh_children_take_at_most_their_share_of_a_feed_oldest_first(
     # a feed of one slot still gives it to a waiting child
     assert [t.id for t in seeded_store.sample_batch(1, seed=1, jobs=True)] == [children[3].id]
     assert seeded_store.fresh_tasks() == []
+
+
+def test_a_newer_signals_children_are_fed_before_an_older_signals(
+    seeded_store: PoolStore, make_task: TaskFactory
+) -> None:
+    older = [accept_child(seeded_store, make_task, f"old-{n}", version=3) for n in range(2)]
+    newer = [accept_child(seeded_store, make_task, f"new-{n}", version=5) for n in range(2)]
+    expected = [newer[0].id, newer[1].id, older[0].id, older[1].id]
+    assert seeded_store.fresh_tasks() == expected
+    fed = [t.id for seed in range(4) for t in seeded_store.sample_batch(1, seed=seed, jobs=True)]
+    assert fed == expected
+
+
+def test_a_child_more_versions_behind_than_the_contract_is_fresh_no_more(
+    db_path: Path, make_task: TaskFactory
+) -> None:
+    with PoolStore(db_path, sampling=no_unseen_floor(), fresh_versions=2) as store:
+        seeds = learnable_seeds(store, make_task)  # results of version 3
+        on_time = accept_child(store, make_task, "signal-1", version=3)
+        late = accept_child(store, make_task, "signal-2", version=3)
+        record(store, seeds[0].id, HALF, version=5)  # two versions on: both still fresh
+        assert store.sample_batch(1, seed=0, jobs=True)[0].id == on_time.id
+        record(store, seeds[1].id, HALF, version=6)  # three: the window is past
+        batch = [t.id for t in store.sample_batch(4, seed=1, jobs=True)]
+        assert late.id not in batch
+        assert store.fresh_tasks() == []
+        # a task with no signal answers the newest version when it joined: fresh for two
+        unguided = make_task(origin="synthesized", lineage=Lineage(parent_task_id="task-1"))
+        store.add_tasks([unguided])
+        record(store, seeds[2].id, HALF, version=8)
+        assert store.sample_batch(1, seed=2, jobs=True)[0].id == unguided.id
+
+
+def test_after_a_reopen_fresh_children_keep_their_versions_and_the_newest_is_known(
+    db_path: Path, make_task: TaskFactory
+) -> None:
+    with PoolStore(db_path, sampling=no_unseen_floor(), fresh_versions=2) as store:
+        seeds = learnable_seeds(store, make_task)
+        record(store, seeds[0].id, HALF, version=7)
+        stale = accept_child(store, make_task, "signal-1", version=4)
+        recent = accept_child(store, make_task, "signal-2", version=6)
+    with PoolStore(db_path, sampling=no_unseen_floor(), fresh_versions=2) as store:
+        assert store.fresh_tasks() == [recent.id, stale.id]
+        fed = [t.id for t in store.sample_batch(4, seed=0, jobs=True)]
+        assert fed[0] == recent.id
+        assert stale.id not in fed  # 7 - 4 > 2
 
 
 def test_a_mix_without_synthesized_weight_leaves_children_waiting(
