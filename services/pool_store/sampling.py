@@ -490,13 +490,12 @@ class FreshTasks:
             if fresh is not None:
                 del self._key_of[fresh.task_id]
 
-    def expire(self, newest_version: int, window: int) -> list[str]:
-        """Drop (and return the ids of) the tasks more than ``window`` versions behind
-        ``newest_version``: the policy their signal showed is gone, so the sampler weighs
-        them like any task never rolled out."""
+    def expire(self, newest_version: int, window: int) -> None:
+        """Drop the tasks more than ``window`` versions behind ``newest_version``: the
+        policy their signal showed is gone, so the sampler weighs them like any task never
+        rolled out."""
         stale = [f.task_id for f in self._by_key.values() if newest_version - f.version > window]
         self.drop_tasks(stale)
-        return stale
 
     def _in_draw_order(self) -> list[tuple[int, FreshTask]]:
         # sorted() is stable: within one version, the order they joined

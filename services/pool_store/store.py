@@ -380,15 +380,18 @@ class PoolStore:
             [_FRESH_ORIGIN, *params],
         ).fetchall()
         for task_id, sample_key, environment, origin, version in rows:
-            answers = self._newest_version if version is None else int(version)
+            answers = self._answered_version(None if version is None else int(version))
             self._fresh.add(str(task_id), int(sample_key), str(environment), str(origin), answers)
 
     def _note_added(self, added: Sequence[tuple[Task, int]]) -> None:
         for task, sample_key in added:
             if _is_fresh(task):
-                version = task.lineage.signal_version
-                answers = self._newest_version if version is None else version
+                answers = self._answered_version(task.lineage.signal_version)
                 self._fresh.add(task.id, sample_key, task.environment, task.origin, answers)
+
+    def _answered_version(self, signal_version: int | None) -> int:
+        """The policy version a fresh task answers: its signal's, else the newest now."""
+        return self._newest_version if signal_version is None else signal_version
 
     def __enter__(self) -> PoolStore:
         return self
