@@ -69,6 +69,7 @@ from coevolve.experiment.machine import provenance
 from coevolve.exploration import publish_requests
 from coevolve.harness import EXTERNAL_ENDPOINTS, UpRun, files_exist
 from coevolve.processes import CpuLedger
+from coevolve.report.exposure import exposure, status_record
 from coevolve.report.run_data import load_run, policy_files
 from coevolve.report.run_report import summarize_run
 from coevolve.services.learner.warm_start import demonstration_origin
@@ -793,7 +794,9 @@ def run_arm(job: ArmRun) -> dict[str, Any]:
         result["marks"].append(mark)
     # the end mark is the run's last policy (run_arm_until_end)
     result["scored_version"] = record["mark_versions"][-1][2]
-    result["summary"] = asdict(summarize_run(load_run(directory / "run")))
+    data = load_run(directory / "run")
+    result["summary"] = asdict(summarize_run(data))
+    result["exposure"] = status_record(exposure(data), data.pool_error)
     write_json(result_path(job.results, job.arm, job.seed), result)
     return result
 

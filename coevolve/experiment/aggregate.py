@@ -50,6 +50,10 @@ COMPARISONS = (
     # self-navigating with synthesis off in both
     ("navigate_on", "navigate_off"),
 )
+# the exposure figures of a result (RESULT["exposure"], as `coevolve status --json`)
+EXPOSURE_SHARES = ("exposure_first_half", "exposure_second_half")
+# the share of the control's gain a method reaches: (method - none) / (control - none)
+CONTROL_SHARE = ("coevolve", "labelled_control", "none")
 # (name, index in a task's [success, partial credit, log-likelihood] record)
 MEASURES = (("success", 0), ("partial credit", 1), ("log-likelihood", 2))
 WARM_MARK = "0"
@@ -493,9 +497,21 @@ def data_loop_rows(results: list[dict[str, Any]]) -> list[list[str]]:
                 _mean_text([s["accepted"] for s in summaries]),
                 f"{accepted / candidates:.3f}" if candidates else "none yet",
                 _mean_text(growth),
+                *(_exposure_text(mine, key, 2) for key in EXPOSURE_SHARES),
+                _exposure_text(mine, "median_versions_to_first_draw", 1),
             ]
         )
     return rows
+
+
+def _exposure_text(results: list[dict[str, Any]], key: str, digits: int) -> str:
+    """The mean over seeds of one exposure figure (``-``: none recorded)."""
+    values = [
+        float(value)
+        for result in results
+        if (value := (result.get("exposure") or {}).get(key)) is not None
+    ]
+    return _mean_text(values, digits)
 
 
 def compute_rows(results: list[dict[str, Any]]) -> list[list[str]]:
@@ -738,7 +754,44 @@ def _differences_section(
             ],
             rows,
         ),
+        *_control_share_lines(differences),
     ]
+
+
+def control_share(
+    differences: dict[str, dict[str, PairedDifference]],
+) -> tuple[float, float, float] | None:
+    """At the end mark of one measure: (method - none, control - none, their ratio), or
+    None without both differences or where the control gained nothing."""
+    method, control, base = CONTROL_SHARE
+    gained = differences.get(f"{method} - {base}", {}).get(END_MARK)
+    best = differences.get(f"{control} - {base}", {}).get(END_MARK)
+    if gained is None or best is None or best.turns.mean <= 0:
+        return None
+    return gained.turns.mean, best.turns.mean, gained.turns.mean / best.turns.mean
+
+
+def _control_share_lines(
+    differences: dict[str, dict[str, dict[str, PairedDifference]]],
+) -> list[str]:
+    """One line per measure: the share of the control's gain over none that the method
+    reaches at the end mark (means over turns, each turn averaged over seeds first)."""
+    method, control, base = CONTROL_SHARE
+    lines = []
+    for name, by_comparison in differences.items():
+        if f"{control} - {base}" not in by_comparison:
+            continue
+        share = control_share(by_comparison)
+        text = (
+            f"{share[2]:.2f} ({share[0]:+.3f} of {share[1]:+.3f})"
+            if share
+            else f"none ({control} did not gain over {base}, or {method} did not run)"
+        )
+        lines.append(
+            f"- Share of the control's gain in {name}, ({method} - {base}) / "
+            f"({control} - {base}) at the end: {text}."
+        )
+    return ["", *lines] if lines else []
 
 
 def _excludes_zero_text(difference: PairedDifference) -> str:
@@ -839,6 +892,22 @@ def _gains_section(scores: list[MarkScore], results: list[dict[str, Any]]) -> li
 
 def _data_loop_section(results: list[dict[str, Any]]) -> list[str]:
     """Per arm: signals, candidates, accepted tasks and the pool's growth."""
-    header = ["arm", "seeds", "signals", "candidates", "accepted", "acceptance rate", "pool growth"]
+    header = [
+        "arm",
+        "seeds",
+        "signals",
+        "candidates",
+        "accepted",
+        "acceptance rate",
+        "pool growth",
+        "exposure, 1st half",
+        "exposure, 2nd half",
+        "versions to first draw (median)",
+    ]
     figure = "![data loop](data_loop.png)"
-    return _figure_section("Data loop per arm", figure, results, header, data_loop_rows)
+    note = (
+        "Exposure: the share of the trained groups with a gradient that are on synthesized "
+        "tasks, in each half of the learner steps; versions to first draw: from a child's "
+        "signal to its first rollout (`coevolve report`, docs/data-loop.md)."
+    )
+    return _figure_section("Data loop per arm", figure, results, header, data_loop_rows, note)

@@ -639,6 +639,43 @@ def test_the_mechanism_columns_show_only_when_a_mechanism_spent_time(results_dir
     assert "LLM s per step" not in text and "experiences drawn" not in text
 
 
+def test_the_report_gives_the_share_of_the_controls_gain_and_each_arms_exposure(
+    tmp_path: Path,
+) -> None:
+    results = tmp_path / "results"
+    exposed = {
+        "exposure_first_half": 0.5,
+        "exposure_second_half": 0.25,
+        "median_versions_to_first_draw": 2,
+    }
+    for seed in (0, 1, 2):
+        write_result(results, "none", seed, {"t1": 0.25, "t2": 0.25})
+        write_result(results, "coevolve", seed, {"t1": 0.5, "t2": 0.5}, exposure=exposed)
+        write_result(results, "labelled_control", seed, {"t1": 0.75, "t2": 0.75})
+
+    text = render_experiment_report(results).read_text()
+
+    # coevolve gains 0.25 over none where the control gains 0.5: half its gain
+    assert "(coevolve - none) / (labelled_control - none) at the end: 0.50 (+0.250 of +0.500)" in (
+        text
+    )
+    rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
+    assert rows["| coevolve"].endswith("| 0.50 ± 0.00 | 0.25 ± 0.00 | 2.0 ± 0.0 |")
+    assert rows["| labelled_control"].endswith("| - | - | - |")  # no exposure recorded
+
+
+def test_no_share_of_the_controls_gain_where_the_control_gained_nothing(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    for seed in (0, 1, 2):
+        write_result(results, "none", seed, {"t1": 0.5})
+        write_result(results, "coevolve", seed, {"t1": 0.75})
+        write_result(results, "labelled_control", seed, {"t1": 0.25})
+
+    text = render_experiment_report(results).read_text()
+
+    assert "at the end: none (labelled_control did not gain over none" in text
+
+
 NO_LABELS = "labels: none\nd0: {file: docs/results/d0-20261129.json}\n"
 
 
@@ -722,6 +759,9 @@ def test_an_arm_scores_the_runs_last_policy_and_records_where_it_ran(
     assert result["dtype"] in ("float32", "bfloat16")
     expected = {"setting": "labelled", "arm": "none", "seed": 0, "steps": None}
     assert expected.items() <= result.items() and result["warm_start_sha256"] == WARM
+    # the stand-in run trained nothing: its exposure is recorded as none
+    assert result["exposure"]["learner_steps"] == 0
+    assert result["exposure"]["exposure_second_half"] is None
 
     scored.clear()
     steps = ExperimentSpec(("none",), (0,), minutes=3.0, steps=1)  # v2: after its one step
