@@ -557,9 +557,20 @@ def mechanism_rows(results: list[dict[str, Any]], roles: Sequence[str]) -> list[
             for role in roles
         ]
         drawn = [float(s.get("experiences", 0)) for s in summaries]
-        experiences = [_mean_text(drawn)] if "distiller" in roles else []
+        experiences = [_mean_text(drawn), _dropped_text(summaries)] if "distiller" in roles else []
         rows.append([arm, str(len(mine)), _mean_text(uniform, 3), *per_step, *experiences])
     return rows
+
+
+def _dropped_text(summaries: list[dict[str, Any]]) -> str:
+    """The advice the distiller did not keep, over all seeds: the total, then by reason."""
+    dropped: Counter[str] = Counter()
+    for summary in summaries:
+        dropped.update(summary.get("experiences_dropped") or {})
+    if not dropped:
+        return "0"
+    reasons = ", ".join(f"{reason} {count}" for reason, count in dropped.most_common())
+    return f"{dropped.total()} ({reasons})"
 
 
 def gain_rows(scores: list[MarkScore], results: list[dict[str, Any]]) -> list[list[str]]:
@@ -845,7 +856,7 @@ def _mechanisms_section(results: list[dict[str, Any]]) -> list[str]:
         "seeds",
         "uniform-group share",
         *(f"{role} LLM s per step" for role in roles),
-        *(["experiences drawn"] if "distiller" in roles else []),
+        *(["experiences drawn", "dropped, all seeds (why)"] if "distiller" in roles else []),
     ]
     return [
         "",
@@ -856,7 +867,8 @@ def _mechanisms_section(results: list[dict[str, Any]]) -> list[str]:
         "Uniform groups: every trajectory scored the same, so GRPO has no gradient."
         + (
             " Role-LLM seconds per learner step: the attributor labelling steps (step "
-            "credit), the distiller drawing experiences (self-navigating)."
+            "credit), the distiller drawing experiences (self-navigating); it drops advice "
+            "that is incomplete or names a function or argument the environment lacks."
             if roles
             else ""
         ),

@@ -615,6 +615,7 @@ def test_the_report_gives_each_arm_its_uniform_share_and_role_llm_seconds_per_st
         write_result(results, "coevolve", seed, {"t1": 0.5})
     for seed, (uniform, label_s, distil_s) in enumerate([(0.25, 100.0, 20.0), (0.75, 300.0, 0.0)]):
         summary_fields: dict[str, Any] = {"uniform_share": uniform, "experiences": 2 + seed}
+        summary_fields["experiences_dropped"] = {"unknown_function": 1 + seed, "incomplete": 1}
         summary_fields["role_llm_seconds"] = {"attributor": label_s, "distiller": distil_s}
         write_result(results, "both", seed, {"t1": 0.5})
         path = result_path(results, "both", seed)
@@ -628,8 +629,10 @@ def test_the_report_gives_each_arm_its_uniform_share_and_role_llm_seconds_per_st
     assert "| both | 2 | 0.500 ± " in text
     row = next(line for line in text.splitlines() if line.startswith("| both | 2 | 0.500"))
     assert f"{(10.0 + 300 / 11) / 2:.1f} ± " in row and "| 2.5 ± " in row
+    # what the distiller dropped, summed over the seeds, by reason
+    assert row.endswith("| 5 (unknown_function 3, incomplete 2) |")
     # results written before these fields read as no mechanism cost
-    assert "| coevolve | 2 | - | 0.0 ± 0.0 | 0.0 ± 0.0 | 0.0 ± 0.0 |" in text
+    assert "| coevolve | 2 | - | 0.0 ± 0.0 | 0.0 ± 0.0 | 0.0 ± 0.0 | 0 |" in text
 
 
 def test_the_mechanism_columns_show_only_when_a_mechanism_spent_time(results_dir: Path) -> None:
