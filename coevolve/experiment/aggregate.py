@@ -904,18 +904,8 @@ def _gains_section(scores: list[MarkScore], results: list[dict[str, Any]]) -> li
 
 def _data_loop_section(results: list[dict[str, Any]]) -> list[str]:
     """Per arm: signals, candidates, accepted tasks and the pool's growth."""
-    header = [
-        "arm",
-        "seeds",
-        "signals",
-        "candidates",
-        "accepted",
-        "acceptance rate",
-        "pool growth",
-        "exposure, 1st half",
-        "exposure, 2nd half",
-        "versions to first draw (median)",
-    ]
+    header = ["arm", "seeds", "signals", "candidates", "accepted", "acceptance rate", "pool growth"]
+    header += ["exposure, 1st half", "exposure, 2nd half", "versions to first draw (median)"]
     figure = "![data loop](data_loop.png)"
     note = (
         "Exposure: the share of the trained groups with a gradient that are on synthesized "
