@@ -6,9 +6,10 @@ A small role model's answer can be valid JSON and still be unusable: cut off mid
 (``send_message(symbol='NAPD')``: send_message has no argument ``symbol``). Put into a
 prompt, such advice teaches the policy the mistake. What is checked:
 
-- complete: every bracket, double quote, backtick and opening single quote is closed, and
+- complete: every bracket, double quote, backtick and opening single quote is closed,
   the text does not end on a character or word that needs more after it (``:``, ``,``,
-  ``(``, ``...``, "and", "then");
+  ``(``, ``...``, "and", "then"), and a condition ("When asked to ...", "If ...") is
+  followed by what to do;
 - names: ``name(...)`` must be one of the environment's functions and each ``key=`` in its
   parentheses one of that function's arguments; any other snake_case word (how function
   and argument names are written) must name a function or an argument. Quoted text is a
@@ -38,6 +39,9 @@ _KEYWORD = re.compile(r"(?<![\w.=!<>])([A-Za-z_]\w*)\s*=(?!=)")
 # snake_case, not part of a path, a dotted name or a file name (report_1.txt)
 _SNAKE = re.compile(r"(?<![\w./\\-])([A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+)(?![\w/\\-]|\.\w)")
 _LAST_WORD = re.compile(r"([A-Za-z]+)$")
+# a sentence that opens with a condition; what to do follows a comma, colon or "then"
+_CONDITION = re.compile(r"^\s*(when|whenever|if|before|after|once)\b", re.IGNORECASE)
+_MAIN_CLAUSE = re.compile(r"[,:;]|\bthen\b|\.\s+\S", re.IGNORECASE)
 
 
 def advice_problem(text: str, tools: Sequence[Mapping[str, Any]]) -> Rejection | None:
@@ -63,6 +67,8 @@ def advice_problem(text: str, tools: Sequence[Mapping[str, Any]]) -> Rejection |
     for name in _SNAKE.findall(unquoted):
         if name not in arguments and name not in every_argument:
             return Rejection("unknown_name", f"{name} is no function or argument here: {text!r}")
+    if condition_only(unquoted):
+        return Rejection("incomplete", f"a condition with nothing to do: {text!r}")
     return None
 
 
@@ -116,6 +122,28 @@ def dangling_end(text: str) -> bool:
         return True
     last = _LAST_WORD.search(end)
     return last is not None and last.group(1).lower() in DANGLING_WORDS
+
+
+def condition_only(unquoted: str) -> bool:
+    """Whether ``unquoted`` (quoted text blanked) is a condition alone: it opens with
+    "When", "If" and the like, and no comma, colon or "then" outside brackets leads on to
+    what to do ("When asked to call remove_stock_from_watchlist(symbol='AAPL')")."""
+    if not _CONDITION.match(unquoted):
+        return False
+    return _MAIN_CLAUSE.search(outside_brackets(unquoted)) is None
+
+
+def outside_brackets(text: str) -> str:
+    """``text`` without what its brackets enclose (the arguments of a call)."""
+    kept, depth = [], 0
+    for char in text:
+        if char in CLOSERS:
+            depth += 1
+        elif char in CLOSERS.values():
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            kept.append(char)
+    return "".join(kept)
 
 
 def closing_paren(text: str, opening: int) -> int:

@@ -49,6 +49,9 @@ def tools() -> list[dict[str, Any]]:
         ("When asked for a price, call get_stock_info and", "incomplete"),
         ("When asked for a price, call fetch_quote(symbol='NAPD') first.", "unknown_function"),
         ("When asked for a price, call fetch_quote first.", "unknown_name"),
+        # a condition with nothing to do (kept by a run at 59825e0)
+        ("When asked to call remove_stock_from_watchlist(symbol='AAPL')", "incomplete"),
+        ("If the user asks get_stock_info(symbol='NAPD') for [price, volume]", "incomplete"),
     ],
 )
 def test_cut_off_or_unknown_advice_is_dropped_with_its_reason(
@@ -66,6 +69,8 @@ def test_cut_off_or_unknown_advice_is_dropped_with_its_reason(
         # a quoted value and a file name are values, not names
         "When asked to send a file, call send_message(receiver_id='USR002', message='a_b').",
         "When asked to share report_final.txt, call send_message with its name (not the path).",
+        "If the price is asked for then call get_stock_info(symbol='NAPD').",
+        "Call get_stock_info(symbol='NAPD') when asked for a price.",
     ],
 )
 def test_complete_advice_naming_the_environments_functions_is_kept(
