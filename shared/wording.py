@@ -55,13 +55,13 @@ OPPOSITE_ACTIONS: tuple[tuple[frozenset[str], frozenset[str]], ...] = tuple(
 # brackets): ``f()``, ``cd(folder='x')``; not "file(s)" nor "Nvidia (NVDA)"
 _CALL = re.compile(r"\b[A-Za-z_]\w*\((?:\s*|[^()]*[=:{\[\"'][^()]*)\)")
 _JSON_OBJECT = re.compile(r"\{\s*[\"']\w+[\"']\s*:")
-# log lines: the abstractor's own prompt echoed ("arguments: x = 1 returned: {"), an HTTP
-# request line; none of BFCL's 731 base turns has either
 # an argument's identifier assigned a value ("base_currency = 'USD'"), and a phrase said
 # three times over (a model's degenerate loop); none of BFCL's 731 base turns has either
 _ASSIGNMENT = re.compile(r"\b[A-Za-z]+(?:_[A-Za-z]+)+\s*=")
 _REPEATED = re.compile(r"\b(\w+(?:\W+\w+){1,5})(?:\W+\1\b){2,}", re.IGNORECASE)
-# the prompt's "arguments:" line, also as "arguments(user id)" (run 28, accepted)
+# log lines: the abstractor's own prompt echoed ("arguments: x = 1 returned: {"), also as
+# "arguments(user id)" (run 28, accepted), and an HTTP request line; none of BFCL's 731
+# base turns has either
 _LOG_LINE = re.compile(r"\b(?:arguments|returned)\s*[:(]|\b(?:GET|POST|PUT|PATCH|DELETE)\s+\S*/")
 _WORD = re.compile(r"[a-z]+")
 # a request that speaks of the call, the assistant or the request itself ("What does this
