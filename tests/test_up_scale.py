@@ -13,15 +13,16 @@ from coevolve.shared.runtime.subjects import DEFAULT_SERVICES, ENABLED_BY_DEFAUL
 
 def test_the_defaults_start_one_of_each_default_service_and_no_other() -> None:
     enabled = enabled_optional_services(Settings())
-    assert enabled == set(ENABLED_BY_DEFAULT) == {"distiller"}
+    assert enabled == set(ENABLED_BY_DEFAULT) == set()
     replicas = parse_scale([], enabled)
     assert {name for name, count in replicas.items() if count == 1} == set(DEFAULT_SERVICES)
     assert replicas["evaluator"] == 0
 
 
-def test_an_optional_service_turned_off_does_not_start() -> None:
-    settings = Settings(services={"distiller": {"enabled": False}})
-    assert parse_scale([], enabled_optional_services(settings))["distiller"] == 0
+def test_an_optional_service_starts_only_when_its_section_turns_it_on() -> None:
+    assert parse_scale([], enabled_optional_services(Settings()))["distiller"] == 0
+    settings = Settings(services={"distiller": {"enabled": True}})
+    assert parse_scale([], enabled_optional_services(settings))["distiller"] == 1
 
 
 def test_an_enabled_optional_service_starts() -> None:

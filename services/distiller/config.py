@@ -17,9 +17,9 @@ KEPT = "kept"
 class DistillerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
     # `coevolve up` starts the distiller only when this is true: with it, pool-store puts
     # experiences into rollout jobs and rollout navigates part of each group
-    # (rollout.navigation); on since it gained on held-out turns in less wall time than
-    # the run without it, 2 seeds of 2 (docs/learning-results.md)
-    enabled: bool = True
+    # (rollout.navigation); off since, with synthesis off in both arms, navigating gained
+    # nothing measurable on held-out turns over 3 seeds (docs/learning-results.md)
+    enabled: bool = False
     # a group's best and worst attempts must differ by this much reward to teach anything
     min_reward_gap: float = 0.2
     # groups waiting for the role LLM; a new one pushes out the oldest (the LLM is slower

@@ -171,7 +171,7 @@ ROLES: tuple[Role, ...] = (
     ),
     Role(
         "distiller",
-        "distils experiences from rollout groups for navigated rollouts (on by default)",
+        "distils experiences from rollout groups for navigated rollouts (off by default)",
         publishes=(EXPERIENCES,),
         listens=(ROLLOUT_GROUPS,),
         requests=(POOL_RPC,),

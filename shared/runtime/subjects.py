@@ -179,7 +179,7 @@ SERVICES: tuple[str, ...] = ("pool_store", "rollout", "learner", *BACKGROUND_SER
 # started by `coevolve up` only when their section enables them (services.<name>.enabled)
 OPTIONAL_SERVICES: tuple[str, ...] = ("evaluator", "distiller")
 # the optional services whose section enables them by default
-ENABLED_BY_DEFAULT: tuple[str, ...] = ("distiller",)
+ENABLED_BY_DEFAULT: tuple[str, ...] = ()
 # what `coevolve up` starts on the defaults
 DEFAULT_SERVICES: tuple[str, ...] = tuple(
     s for s in SERVICES if s not in OPTIONAL_SERVICES or s in ENABLED_BY_DEFAULT
