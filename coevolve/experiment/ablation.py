@@ -869,6 +869,24 @@ def run_arm_until_end(job: ArmRun) -> dict[str, Any]:
     }
 
 
+def check_same_experiment(spec: ExperimentSpec, results: Path) -> None:
+    """Refuse to add runs to ``results`` when it holds another experiment (other minutes,
+    steps, held-out sample or setting: a resume without its ``--config`` would mix labelled
+    arms into a no-label experiment); then record ``spec`` there."""
+    spec_file = results / "experiment.json"
+    current = {**asdict(spec), "setting": spec.setting()}
+    if spec_file.exists():
+        old = read_json(spec_file)
+        for key in ("minutes", "steps", "eval_tasks", "setting"):
+            # files written before the setting was recorded lack it
+            if key in old and old[key] != current[key]:
+                raise ResultsMismatchError(
+                    f"{results} holds an experiment with {key} = {old[key]}, "
+                    f"not {current[key]}" + (" (its --config?)" if key == "setting" else "")
+                )
+    write_json(spec_file, current)
+
+
 def run_experiment(
     spec: ExperimentSpec,
     out: Path,
@@ -883,15 +901,7 @@ def run_experiment(
     # absolute: the run directory in every command line is what finds leftover processes
     out, results = out.resolve(), results.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    spec_file = results / "experiment.json"
-    if spec_file.exists():
-        old = read_json(spec_file)
-        for key in ("minutes", "steps", "eval_tasks"):
-            if old.get(key) != getattr(spec, key):
-                raise ResultsMismatchError(
-                    f"{results} holds an experiment with {key} = {old.get(key)}"
-                )
-    write_json(spec_file, asdict(spec))
+    check_same_experiment(spec, results)
     todo = pending(spec, results, max_runs)
     if not todo:
         log("[experiment] every arm x seed is finished")

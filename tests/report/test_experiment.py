@@ -339,6 +339,19 @@ def test_a_finished_experiment_starts_nothing(tmp_path: Path) -> None:
         run_experiment(ExperimentSpec(("none",), (0,), minutes=5.0), tmp_path, results, tmp_path)
 
 
+def test_a_resume_without_the_no_label_config_is_refused(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    config = tmp_path / "config.yaml"
+    config.write_text("labels: none\n")
+    no_labels = ExperimentSpec(("none",), (0,), minutes=10.0, base_config=str(config))
+    write_result(results, "none", 0, {"t1": 1.0})
+    assert run_experiment(no_labels, tmp_path, results, tmp_path, log=lambda _: None) == []
+
+    labelled = ExperimentSpec(("none",), (0,), minutes=10.0)
+    with pytest.raises(ResultsMismatchError, match="setting = no_labels, not labelled"):
+        run_experiment(labelled, tmp_path, results, tmp_path, log=lambda _: None)
+
+
 def test_an_arm_whose_run_is_over_resumes_at_its_evaluation(
     tmp_path: Path, pool_only_run: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
