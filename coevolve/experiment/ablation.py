@@ -308,6 +308,13 @@ class Pacer:
         self.sent += due
         return due
 
+    def not_sent(self, count: int) -> None:
+        """Take back the last ``count`` requests :meth:`requests_due` gave: they could not
+        be sent, so they are due again at the next tick."""
+        for _ in range(min(count, len(self._in_flight))):
+            self._in_flight.pop()
+        self.sent -= count
+
 
 @dataclass
 class LabelledFeed:
@@ -619,9 +626,10 @@ async def control_arm(
                 if pacer is not None:
                     due = pacer.requests_due(now)
                     if due:
-                        tasks = await unguided_parents(bus, due, rng.randrange(1 << 30), labelled)
-                        await publish_requests(bus, tasks, rounds=1, vary=True)
-                        live.requests_sent += len(tasks)
+                        seed_now = rng.randrange(1 << 30)
+                        live.requests_sent += await send_unguided(
+                            bus, pacer, due, seed_now, labelled, say
+                        )
                 if labelled_feed is not None:
                     joined = await add_labelled_turns(bus, labelled_feed, run, live, say)
                     live.added_minutes += [round(now, 3)] * joined
@@ -632,6 +640,22 @@ async def control_arm(
         with anyio.move_on_after(5, shield=True):
             await bus.close(timeout=3.0)
     return live
+
+
+async def send_unguided(
+    bus: Bus, pacer: Pacer, due: int, seed: int, labelled: bool, log: Callable[[str], None]
+) -> int:
+    """The random arm's ``due`` exploration requests, each varying a pool task drawn at
+    random; returns how many were sent. While pool-store does not answer (the run is
+    still starting, or it restarts) none is, and they stay due for the next tick."""
+    try:
+        tasks = await unguided_parents(bus, due, seed, labelled)
+    except (TimeoutError, PoolError, NatsError) as exc:
+        pacer.not_sent(due)
+        log(f"unguided requests not sent, tried again at the next tick: {exc!r}")
+        return 0
+    await publish_requests(bus, tasks, rounds=1, vary=True)
+    return len(tasks)
 
 
 async def unguided_parents(bus: Bus, count: int, seed: int, labelled: bool) -> list[Task]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from nats.errors import NoRespondersError
 from typer.testing import CliRunner
 
 from coevolve.cli import app
@@ -33,6 +34,7 @@ from coevolve.experiment.ablation import (
     result_path,
     run_arm,
     run_experiment,
+    send_unguided,
 )
 from coevolve.experiment.aggregate import (
     MEASURES,
@@ -47,6 +49,9 @@ from coevolve.experiment.aggregate import (
 )
 from coevolve.harness import UpRun
 from coevolve.report.stats import mean_interval, paired_bootstrap_interval
+from coevolve.shared.config import BusSettings
+from coevolve.shared.runtime.bus import Bus
+from coevolve.shared.runtime.nats_server import NatsServer
 from tests.support.harness import IDLE_UP, standin_up
 
 T_975_1DF = 12.706204736
@@ -474,6 +479,34 @@ def test_pacer_matches_the_reference_curve_with_a_lead() -> None:
     assert pacer.requests_due(9.0) == 0  # in flight until 9.5
     assert pacer.requests_due(9.6) == 1  # expired unanswered: ask again
     assert pacer.sent == 4
+
+
+def test_requests_not_sent_are_due_again() -> None:
+    pacer = Pacer([1.0, 1.5], lead_minutes=2.0, max_in_flight=2)
+    assert pacer.requests_due(0.0) == 2
+    pacer.not_sent(2)
+    assert pacer.sent == 0
+    assert pacer.requests_due(0.1) == 2
+
+
+@pytest.mark.anyio
+async def test_the_random_arm_waits_for_a_pool_store_that_does_not_answer_yet(
+    nats_server: NatsServer,
+) -> None:
+    """At a run's start pool-store may not answer yet: the requests stay due, the arm runs on."""
+    pacer = Pacer([0.5], lead_minutes=2.0)
+    due = pacer.requests_due(0.0)
+    lines: list[str] = []
+    settings = BusSettings(url=nats_server.url, request_timeout_s=1.0)
+    bus = await Bus.connect(settings, name="test")
+    try:
+        sent = await send_unguided(bus, pacer, due, seed=0, labelled=False, log=lines.append)
+    finally:
+        await bus.close()
+    assert (due, sent, pacer.sent) == (1, 0, 0)
+    no_answer = repr(NoRespondersError())
+    assert lines == [f"unguided requests not sent, tried again at the next tick: {no_answer}"]
+    assert pacer.requests_due(0.1) == 1
 
 
 def test_an_arm_that_ended_by_minutes_before_its_steps_is_not_pooled(tmp_path: Path) -> None:
