@@ -804,10 +804,13 @@ def _accepted_text(accepted: dict[str, Any]) -> str:
     count = accepted["accepted_with_parent"]
     if not count:
         return "Accepted tasks with a parent: none."
+    made = ", ".join(f"{n} {kind}" for kind, n in accepted["made_by"].items())
     return (
         f"Accepted tasks with a parent: {count}; {accepted['shares_failed_function']} of the "
         f"{accepted['failure_known']} whose parent's failure is recorded call a function the "
-        f"policy got wrong there; {accepted['two_or_more_calls']} make two or more calls. "
+        f"policy got wrong there; {accepted['two_or_more_calls']} make two or more calls; "
+        f"{accepted['same_functions_as_parent']} call just their parent turn's functions. "
+        f"Made by: {made}. "
         f"Each beside its parent turn, with an empty label to fill in: [{ACCEPTED_FILE}]"
         f"({ACCEPTED_FILE})."
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from coevolve.report.accepted import ACCEPTED_FILE, accepted_rows
 from coevolve.report.run_report import render_run_report
@@ -19,13 +20,16 @@ FAILED = m.FailedCall(
 )
 
 
-def synthesized(number: int, calls: list[m.ToolCall], accepted: bool = True) -> m.Verdict:
+def synthesized(
+    number: int, calls: list[m.ToolCall], accepted: bool = True, **made: Any
+) -> m.Verdict:
     lineage = m.Lineage(
         signal_kind="boundary",
         parent_task_id="task-0",
         depth=1,
         failed_calls=[FAILED],
         target_functions=["mv"],
+        **made,
     )
     task = m.Task(
         id=f"child-{number}",
@@ -50,14 +54,16 @@ def test_accepted_rows_pair_each_task_with_its_parent_and_what_it_failed(tmp_pat
     ls = m.ToolCall(name="ls", arguments={})
     with PoolStore(run / "pool.duckdb") as store:
         store.add_tasks([make_task(0, created_at=0.0)])
-        store.record_verdict(synthesized(1, [ls, mv]))
+        store.record_verdict(synthesized(1, [ls, mv], composed_from=["task-9", "task-0"]))
         store.record_verdict(synthesized(2, [ls]))
         store.record_verdict(synthesized(3, [mv], accepted=False))
+        store.record_verdict(synthesized(4, [mv], replaced=["report_0.txt", "notes.txt"]))
 
     rows = accepted_rows(run)
 
-    assert [r["task_id"] for r in rows] == ["child-1", "child-2"]  # the refused one is not
-    first, second = rows
+    # the refused one is not a row
+    assert [r["task_id"] for r in rows] == ["child-1", "child-2", "child-4"]
+    first, second, _ = rows
     assert first["parent_request"] == "Move report_0.txt into the archive folder."
     assert first["parent_calls"] == ['mv(source="report_0.txt")']
     assert first["policy_failed"] == [
@@ -68,11 +74,14 @@ def test_accepted_rows_pair_each_task_with_its_parent_and_what_it_failed(tmp_pat
     assert first["shares_failed_function"] is True and first["two_or_more_calls"] is True
     assert second["shares_failed_function"] is False and second["two_or_more_calls"] is False
     assert first["label"] is None and first["reason"] is None
+    assert [r["made_by"] for r in rows] == ["composed", "abstractor", "substituted"]
+    assert [r["same_functions_as_parent"] for r in rows] == [False, False, True]
 
     report = render_run_report(run, tmp_path / "report").read_text()
     assert (
-        "Accepted tasks with a parent: 2; 1 of the 2 whose parent's failure is recorded call "
-        "a function the policy got wrong there; 1 make two or more calls." in report
+        "Accepted tasks with a parent: 3; 2 of the 3 whose parent's failure is recorded call "
+        "a function the policy got wrong there; 1 make two or more calls; 1 call just their "
+        "parent turn's functions. Made by: 1 composed, 1 abstractor, 1 substituted." in report
     )
     written = json.loads((tmp_path / "report" / ACCEPTED_FILE).read_text())
-    assert written["accepted"] == rows and written["summary"]["accepted_with_parent"] == 2
+    assert written["accepted"] == rows and written["summary"]["accepted_with_parent"] == 3
