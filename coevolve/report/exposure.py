@@ -3,8 +3,9 @@
 Two measures, from the run directory (``RunData``):
 
 - the share of the trained groups with a gradient (the target agent's, rewards not all
-  equal, in steps that updated the weights) that are on synthesized tasks, in the first
-  and in the second half of the learner steps (``learner/steps.jsonl``);
+  equal, in steps that updated the weights) that are on synthesized tasks, or on the
+  labelled turns an experiment's ``labelled_control`` arm adds in their place, in the
+  first and in the second half of the learner steps (``learner/steps.jsonl``);
 - per accepted child of a signal whose lineage names the policy version that raised the
   signal: how many versions passed before it was first drawn (the lowest policy version
   among its recorded results, minus ``signal_version``), their median, and how many were
@@ -61,6 +62,8 @@ class Exposure:
     never_drawn: int
     # the never drawn ones past the contract: the versions each waited at least
     overdue: tuple[int, ...] = ()
+    # labelled turns an experiment's labelled_control arm added, counted in the shares
+    control_turns: int = 0
 
     @property
     def median_versions_to_first_draw(self) -> float | None:
@@ -69,9 +72,12 @@ class Exposure:
         return float(statistics.median(waits)) if waits else None
 
 
-def synthesized_share(steps: Sequence[StepRecord]) -> float | None:
+def synthesized_share(
+    steps: Sequence[StepRecord], control_turns: frozenset[str] = frozenset()
+) -> float | None:
     """Of the target agent's trained groups with a gradient in ``steps``, the share on
-    synthesized tasks (None: no such group)."""
+    synthesized tasks or on ``control_turns`` (the ids of a labelled_control run's added
+    turns) (None: no such group)."""
     groups = [
         group
         for step in steps
@@ -81,7 +87,8 @@ def synthesized_share(steps: Sequence[StepRecord]) -> float | None:
     ]
     if not groups:
         return None
-    return sum(group.origin == SYNTHESIZED for group in groups) / len(groups)
+    added = sum(g.origin == SYNTHESIZED or g.task_id in control_turns for g in groups)
+    return added / len(groups)
 
 
 def step_halves(steps: Sequence[StepRecord]) -> tuple[list[StepRecord], list[StepRecord]]:
@@ -124,6 +131,7 @@ def exposure(data: RunData, contract: int = DEFAULT_CONTRACT) -> Exposure:
         else:
             versions[task.task_id] = drawn - task.signal_version
     timed = [task for task in synthesized_tasks(data) if task.signal_version is not None]
+    control_turns = frozenset(task.task_id for task in data.tasks if task.labelled_control)
     overdue = tuple(
         last - task.signal_version + 1
         for task in timed
@@ -134,12 +142,13 @@ def exposure(data: RunData, contract: int = DEFAULT_CONTRACT) -> Exposure:
     )
     return Exposure(
         learner_steps=len(trained),
-        first_half=synthesized_share(first),
-        second_half=synthesized_share(second),
+        first_half=synthesized_share(first, control_turns),
+        second_half=synthesized_share(second, control_turns),
         versions_to_first_draw=versions,
         with_signal_version=len(timed),
         never_drawn=sum(task.task_id not in drawn_at for task in timed),
         overdue=overdue,
+        control_turns=len(control_turns),
     )
 
 
@@ -148,11 +157,13 @@ def exposure(data: RunData, contract: int = DEFAULT_CONTRACT) -> Exposure:
 
 def run_setting(run_dir: Path, data: RunData) -> str:
     """``labelled`` or ``no_labels``: the ``labels`` of the run's configuration file when
-    it has one, else whether the pool holds seed tasks (labelled ones)."""
+    it has one, else whether the pool holds seed tasks (labelled ones) other than the
+    turns a labelled_control arm added to a run with no labels."""
     labels = _configured_labels(run_dir / RUN_CONFIG)
     if labels is not None:
         return "no_labels" if labels == "none" else "labelled"
-    return "labelled" if any(task.origin == "seed" for task in data.tasks) else "no_labels"
+    seeded = any(task.origin == "seed" and not task.labelled_control for task in data.tasks)
+    return "labelled" if seeded else "no_labels"
 
 
 def _configured_labels(path: Path) -> str | None:
@@ -242,7 +253,7 @@ def exposure_text(figures: Exposure) -> str:
     else:
         halves = (
             f"Of the trained groups with a gradient (the target's, in steps that updated the "
-            f"weights), on synthesized tasks: {_share(figures.first_half)} in the first half "
+            f"weights), on {_added(figures)}: {_share(figures.first_half)} in the first half "
             f"of the {figures.learner_steps} learner steps, {_share(figures.second_half)} in "
             "the second."
         )
@@ -265,10 +276,17 @@ def exposure_text(figures: Exposure) -> str:
     )
 
 
+def _added(figures: Exposure) -> str:
+    if figures.control_turns:
+        return f"synthesized tasks or the {figures.control_turns} labelled turns added"
+    return "synthesized tasks"
+
+
 def status_line(figures: Exposure, pool_unread: str | None) -> str:
     """One line for ``coevolve status``; ``pool_unread``: why the pool was not read."""
+    what = "synthesized and labelled-control" if figures.control_turns else "synthesized"
     line = (
-        f"exposure: synthesized share of trained groups with a gradient "
+        f"exposure: {what} share of trained groups with a gradient "
         f"{_share(figures.first_half)} (first half of {figures.learner_steps} steps), "
         f"{_share(figures.second_half)} (second half)"
     )

@@ -154,6 +154,36 @@ def test_exposure_figures_equal_the_hand_computed_ones(exposure_run: Path) -> No
     assert lenient.median_versions_to_first_draw == pytest.approx(2.5)
 
 
+def test_a_labelled_control_runs_added_turns_count_as_its_exposure(tmp_path: Path) -> None:
+    """A no-label run of the labelled_control arm: D0's task-0 from the start, and the
+    labelled turn task-20 the controller added (origin seed, ``lineage.labelled_control``):
+    groups on it count as the synthesized ones do in the other arms."""
+    run = tmp_path / "run"
+    control = make_task(20, origin="seed", lineage=Lineage(labelled_control=True))
+    with PoolStore(run / "pool.duckdb") as store:
+        store.add_tasks([make_task(0, origin="explored", created_at=0.0), control])
+    on_turn = {**group("seed"), "task_id": "task-20"}
+    on_d0 = {**group("explored"), "task_id": "task-0"}
+    (run / "learner").mkdir()
+    (run / "learner" / "steps.jsonl").write_text(
+        step(1, True, [on_d0, on_d0]) + step(2, True, [on_turn, on_d0])
+    )
+
+    figures = exposure(load_run(run))
+
+    assert (figures.first_half, figures.second_half) == (0.0, 0.5)
+    assert figures.control_turns == 1
+    assert "on synthesized tasks or the 1 labelled turns added: 0% in the first half" in (
+        render_run_report(run, tmp_path / "report").read_text()
+    )
+    written = json.loads((tmp_path / "report" / EXPOSURE_FILE).read_text())
+    assert written["setting"] == "no_labels"  # its seed task is the control's turn
+    assert written["exposure_second_half"] == 0.5
+    assert status_line(figures, None).startswith(
+        "exposure: synthesized and labelled-control share of trained groups with a gradient 0%"
+    )
+
+
 def test_the_report_writes_exposure_json_and_an_exposure_section(
     exposure_run: Path, tmp_path: Path
 ) -> None:
