@@ -909,7 +909,8 @@ def _data_loop_section(results: list[dict[str, Any]]) -> list[str]:
     figure = "![data loop](data_loop.png)"
     note = (
         "Exposure: the share of the trained groups with a gradient that are on synthesized "
-        "tasks, in each half of the learner steps; versions to first draw: from a child's "
-        "signal to its first rollout (`coevolve report`, docs/data-loop.md)."
+        "tasks (labelled_control: on the labelled turns it added), in each half of the "
+        "learner steps; versions to first draw: from a child's signal to its first rollout "
+        "(`coevolve report`, docs/data-loop.md)."
     )
     return _figure_section("Data loop per arm", figure, results, header, data_loop_rows, note)
