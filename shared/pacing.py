@@ -10,6 +10,7 @@ its next step while the loop is behind (``when_behind``).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import msgspec
@@ -35,6 +36,8 @@ class PacingSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_versions_to_first_draw: int = 2
     when_behind: WhenBehind = "learner_waits"
     # the longest one learner step waits for the loop: a stalled loop must not stop training
+    # (a wait that runs out forgives the debt, and no step waits again until the loop
+    # delivers another task: ``PaceLedger``)
     max_wait_s: float = 300.0
     # how often the waiting learner asks pool-store again
     poll_s: float = 5.0
@@ -61,3 +64,35 @@ class PacingSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def shortfall(self, steps_done: int, delivered: int) -> int:
         """Tasks the loop is behind by (0: on pace)."""
         return max(0, self.owed(steps_done) - delivered)
+
+
+@dataclass
+class PaceLedger:
+    """The learner's account with the data loop under ``settings``.
+
+    A wait that runs out with the loop still behind (``stall``) forgives the debt, and no
+    step waits again until the loop delivers another task; from then the debt counts anew.
+    A loop with nothing left to vary then costs one ``max_wait_s``, not one per step: with
+    no labels, once D0's joins and swaps were used up, each step waited the whole 300 s.
+    """
+
+    settings: PacingSettings
+    forgiven: int = 0
+    stalled_at: int | None = None  # accepted tasks when the last wait ran out
+
+    def owed(self, steps_done: int) -> int:
+        return max(0, self.settings.owed(steps_done) - self.forgiven)
+
+    def shortfall(self, steps_done: int, delivered: int) -> int:
+        """Tasks the loop is behind by (0: on pace, or stalled and nothing new since)."""
+        if self.stalled_at is not None:
+            if delivered <= self.stalled_at:
+                return 0
+            # delivering again: square from the stall, the new tasks ahead
+            self.forgiven = self.settings.owed(steps_done) - self.stalled_at
+            self.stalled_at = None
+        return max(0, self.owed(steps_done) - delivered)
+
+    def stall(self, delivered: int) -> None:
+        """A wait ran out with ``delivered`` accepted tasks and the loop still behind."""
+        self.stalled_at = delivered

@@ -66,6 +66,7 @@ from coevolve.shared.messages import (
     RolloutGroup,
     Task,
 )
+from coevolve.shared.pacing import PaceLedger
 from coevolve.shared.runtime.actor import Actor, Consumer, Delivery, ServiceFailed
 from coevolve.shared.runtime.subjects import LEARNER_GROUPS_CONSUMER
 
@@ -104,6 +105,7 @@ class LearnerActor(Actor):
         self.ranks: Ranks | None = None
         self._rank_failure: str | None = None
         self._expert_cache: ExpertCache | None = None
+        self._pace = PaceLedger(settings.pacing)
 
     # ------------------------------------------------------------------ start-up
 
@@ -439,9 +441,9 @@ class LearnerActor(Actor):
 
     async def _keep_pace(self) -> None:
         """Hold the next step while the data loop is behind the pacing contract (at most
-        ``pacing.max_wait_s``): on shared cores the loop then gets them. Each wait goes to
-        ``RUN_DIR/learner/pacing.jsonl``."""
-        pacing = self.settings.pacing
+        ``pacing.max_wait_s``, then not again until it delivers: ``PaceLedger``): on shared
+        cores the loop then gets them. Each wait goes to ``RUN_DIR/learner/pacing.jsonl``."""
+        pacing, ledger = self.settings.pacing, self._pace
         learner = self.learner
         if not pacing.waits or learner is None:
             return
@@ -449,8 +451,9 @@ class LearnerActor(Actor):
 
         pool = PoolClient(self.bus)
         steps_done = learner.step_count
+        owed = ledger.owed(steps_done)
         started = anyio.current_time()
-        delivered = 0
+        delivered = short = 0
         with anyio.move_on_after(pacing.max_wait_s):
             while True:
                 try:
@@ -458,16 +461,25 @@ class LearnerActor(Actor):
                 except Exception as exc:  # pool-store away: training goes on
                     log.warning("pacing: pool-store did not answer: %r", exc)
                     return
-                short = pacing.shortfall(steps_done, delivered)
+                short = ledger.shortfall(steps_done, delivered)
+                owed = ledger.owed(steps_done)
                 if not short:
                     break
                 self.report_progress(
                     WAITING_FOR_DATA_PHASE,
                     delivered,
-                    pacing.owed(steps_done),
+                    owed,
                     detail=f"the data loop is {short} accepted tasks behind",
                 )
                 await anyio.sleep(pacing.poll_s)
+        if short:
+            ledger.stall(delivered)
+            log.warning(
+                "pacing: the data loop is still %d accepted tasks behind after %.0f s; "
+                "steps go on without waiting until it delivers another",
+                short,
+                pacing.max_wait_s,
+            )
         waited = anyio.current_time() - started
         if waited >= pacing.poll_s:
             record_wait(
@@ -475,7 +487,8 @@ class LearnerActor(Actor):
                 step=steps_done + 1,
                 waited_s=waited,
                 delivered=delivered,
-                owed=pacing.owed(steps_done),
+                owed=owed,
+                ran_out=bool(short),
             )
         self.clear_progress()
 

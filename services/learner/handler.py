@@ -109,13 +109,17 @@ def step_record(
     }
 
 
-def record_wait(path: Path, *, step: int, waited_s: float, delivered: int, owed: int) -> None:
-    """Append one wait of the learner for the data loop (``PACING_FILE``)."""
+def record_wait(
+    path: Path, *, step: int, waited_s: float, delivered: int, owed: int, ran_out: bool
+) -> None:
+    """Append one wait of the learner for the data loop (``PACING_FILE``); ``ran_out``: it
+    lasted ``pacing.max_wait_s`` with the loop still behind."""
     record = {
         "step": step,
         "waited_s": round(waited_s, 1),
         "delivered": delivered,
         "owed": owed,
+        "ran_out": ran_out,
         "at": time.time(),
     }
     append_step_record(path, record)

@@ -26,7 +26,7 @@ from coevolve.shared.messages import (
     decode,
     new_id,
 )
-from coevolve.shared.pacing import PacingSettings
+from coevolve.shared.pacing import PaceLedger, PacingSettings
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import (
     POLICY_UPDATES,
@@ -79,6 +79,46 @@ async def test_learner_waits_for_the_data_loop_then_steps(loop_settings: Setting
     ]
     assert (wait["step"], wait["delivered"], wait["owed"]) == (2, 1, 1)
     assert wait["waited_s"] >= 3.0
+
+
+async def test_a_wait_that_runs_out_is_not_repeated_until_the_loop_delivers(
+    loop_settings: Settings,
+) -> None:
+    loop_settings.pacing = PacingSettings(
+        tasks_per_step=1.0, grace_steps=0, poll_s=0.5, max_wait_s=3.0
+    )
+    loop_settings.services["pool_store"]["feed_jobs"] = False
+    actors = [PoolStoreActor(loop_settings), LearnerActor(loop_settings)]
+    bus = await Bus.connect(loop_settings.bus, "test")
+    await bus.ensure_streams()
+    updates = await bus.nc.subscribe(POLICY_UPDATES)
+    group, _ = await sampled_group(loop_settings, bus, seed_tasks()[0])
+    async with running(actors):
+        assert decode((await updates.next_msg(timeout=240)).data, PolicyVersion).version == 0
+        # step 1 owes nothing; steps 2 and 3 owe 1 and 2, and no task is ever delivered
+        for version in (1, 2, 3):
+            await bus.publish(ROLLOUT_GROUPS, msgspec.structs.replace(group, id=new_id()))
+            received = decode((await updates.next_msg(timeout=240)).data, PolicyVersion)
+            assert received.version == version
+    await bus.close()
+    waits = [
+        json.loads(line) for line in (loop_settings.run_dir / PACING_FILE).read_text().splitlines()
+    ]
+    # step 2 waited the whole 3 s; step 3 did not wait: nothing was delivered since
+    assert [(w["step"], w["ran_out"], w["owed"]) for w in waits] == [(2, True, 1)]
+    assert waits[0]["waited_s"] >= 3.0
+
+
+def test_a_stalled_loop_is_forgiven_its_debt_once_it_delivers_again() -> None:
+    ledger = PaceLedger(PacingSettings(tasks_per_step=1.0, grace_steps=0))
+    assert ledger.shortfall(steps_done=5, delivered=3) == 2
+    ledger.stall(delivered=3)
+    # stalled: no step waits while nothing new comes, however many steps pass
+    assert [ledger.shortfall(steps, delivered=3) for steps in (5, 6, 9)] == [0, 0, 0]
+    # a fourth task at step 9: square from the stall, that task one step ahead
+    assert ledger.shortfall(steps_done=9, delivered=4) == 0
+    assert ledger.owed(9) == 3 and ledger.owed(10) == 4
+    assert ledger.shortfall(steps_done=11, delivered=4) == 1
 
 
 def test_owed_tasks_follow_the_configured_pace() -> None:
