@@ -12,6 +12,7 @@ import json
 import anyio
 import msgspec
 import pytest
+from nats.aio.subscription import Subscription
 
 from coevolve.services.learner.actor import LearnerActor
 from coevolve.services.learner.handler import PACING_FILE
@@ -27,6 +28,7 @@ from coevolve.shared.messages import (
     new_id,
 )
 from coevolve.shared.pacing import PaceLedger, PacingSettings
+from coevolve.shared.runtime.actor import Actor
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import (
     POLICY_UPDATES,
@@ -39,15 +41,23 @@ from tests.support.rollout import sampled_group
 pytestmark = pytest.mark.anyio
 
 
-async def test_learner_waits_for_the_data_loop_then_steps(loop_settings: Settings) -> None:
-    loop_settings.pacing = PacingSettings(
-        tasks_per_step=1.0, grace_steps=0, poll_s=0.5, max_wait_s=300.0
+async def paced_learner(
+    settings: Settings, max_wait_s: float
+) -> tuple[list[Actor], Bus, Subscription]:
+    """Pool-store and a learner that owes one accepted task a step, with no grace; the bus
+    and a subscription to policy updates."""
+    settings.pacing = PacingSettings(
+        tasks_per_step=1.0, grace_steps=0, poll_s=0.5, max_wait_s=max_wait_s
     )
-    loop_settings.services["pool_store"]["feed_jobs"] = False
-    actors = [PoolStoreActor(loop_settings), LearnerActor(loop_settings)]
-    bus = await Bus.connect(loop_settings.bus, "test")
+    settings.services["pool_store"]["feed_jobs"] = False
+    actors = [PoolStoreActor(settings), LearnerActor(settings)]
+    bus = await Bus.connect(settings.bus, "test")
     await bus.ensure_streams()
-    updates = await bus.nc.subscribe(POLICY_UPDATES)
+    return actors, bus, await bus.nc.subscribe(POLICY_UPDATES)
+
+
+async def test_learner_waits_for_the_data_loop_then_steps(loop_settings: Settings) -> None:
+    actors, bus, updates = await paced_learner(loop_settings, max_wait_s=300.0)
     beats = await heartbeats_of(bus, "learner")
     task = seed_tasks()[0]
     group, _ = await sampled_group(loop_settings, bus, task)
@@ -84,14 +94,7 @@ async def test_learner_waits_for_the_data_loop_then_steps(loop_settings: Setting
 async def test_a_wait_that_runs_out_is_not_repeated_until_the_loop_delivers(
     loop_settings: Settings,
 ) -> None:
-    loop_settings.pacing = PacingSettings(
-        tasks_per_step=1.0, grace_steps=0, poll_s=0.5, max_wait_s=3.0
-    )
-    loop_settings.services["pool_store"]["feed_jobs"] = False
-    actors = [PoolStoreActor(loop_settings), LearnerActor(loop_settings)]
-    bus = await Bus.connect(loop_settings.bus, "test")
-    await bus.ensure_streams()
-    updates = await bus.nc.subscribe(POLICY_UPDATES)
+    actors, bus, updates = await paced_learner(loop_settings, max_wait_s=3.0)
     group, _ = await sampled_group(loop_settings, bus, seed_tasks()[0])
     async with running(actors):
         assert decode((await updates.next_msg(timeout=240)).data, PolicyVersion).version == 0
