@@ -771,22 +771,31 @@ def _differences_section(
 
 def control_share(
     differences: dict[str, dict[str, PairedDifference]],
-) -> tuple[float, float, float] | None:
-    """At the end mark of one measure: (method - none, control - none, their ratio), or
-    None without both differences or where the control gained nothing."""
+) -> tuple[float, float, float, list[int]] | None:
+    """At the end mark of one measure: (method - none, control - none, their ratio, the
+    seeds), each difference the mean of its seeds' own differences over the seeds where
+    all three arms ran; None without such a seed or where the control gained nothing."""
     method, control, base = CONTROL_SHARE
     gained = differences.get(f"{method} - {base}", {}).get(END_MARK)
     best = differences.get(f"{control} - {base}", {}).get(END_MARK)
-    if gained is None or best is None or best.turns.mean <= 0:
+    if gained is None or best is None:
         return None
-    return gained.turns.mean, best.turns.mean, gained.turns.mean / best.turns.mean
+    # on different seeds the two differences would mix seed-to-seed variation into the ratio
+    seeds = sorted(gained.per_seed.keys() & best.per_seed.keys())
+    if not seeds:
+        return None
+    method_gain = sum(gained.per_seed[seed] for seed in seeds) / len(seeds)
+    control_gain = sum(best.per_seed[seed] for seed in seeds) / len(seeds)
+    if control_gain <= 0:
+        return None
+    return method_gain, control_gain, method_gain / control_gain, seeds
 
 
 def _control_share_lines(
     differences: dict[str, dict[str, dict[str, PairedDifference]]],
 ) -> list[str]:
     """One line per measure: the share of the control's gain over none that the method
-    reaches at the end mark (means over turns, each turn averaged over seeds first)."""
+    reaches at the end mark, on the seeds where all three arms ran."""
     method, control, base = CONTROL_SHARE
     lines = []
     for name, by_comparison in differences.items():
@@ -794,9 +803,11 @@ def _control_share_lines(
             continue
         share = control_share(by_comparison)
         text = (
-            f"{share[2]:.2f} ({share[0]:+.3f} of {share[1]:+.3f})"
+            f"{share[2]:.2f} ({share[0]:+.3f} of {share[1]:+.3f}; "
+            f"seeds {', '.join(f's{seed}' for seed in share[3])})"
             if share
-            else f"none ({control} did not gain over {base}, or {method} did not run)"
+            else f"none (no seed on which {method}, {control} and {base} all ran, or "
+            f"{control} did not gain there)"
         )
         lines.append(
             f"- Share of the control's gain in {name}, ({method} - {base}) / "

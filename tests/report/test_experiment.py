@@ -705,8 +705,9 @@ def test_the_report_gives_the_share_of_the_controls_gain_and_each_arms_exposure(
     text = render_experiment_report(results).read_text()
 
     # coevolve gains 0.25 over none where the control gains 0.5: half its gain
-    assert "(coevolve - none) / (labelled_control - none) at the end: 0.50 (+0.250 of +0.500)" in (
-        text
+    assert (
+        "(coevolve - none) / (labelled_control - none) at the end: 0.50 (+0.250 of +0.500; "
+        "seeds s0, s1, s2)" in text
     )
     rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
     assert rows["| coevolve"].endswith("| 0.50 ± 0.00 | 0.25 ± 0.00 | 2.0 ± 0.0 |")
@@ -722,7 +723,26 @@ def test_no_share_of_the_controls_gain_where_the_control_gained_nothing(tmp_path
 
     text = render_experiment_report(results).read_text()
 
-    assert "at the end: none (labelled_control did not gain over none" in text
+    assert "or labelled_control did not gain there)" in text
+
+
+def test_the_control_share_takes_only_the_seeds_where_all_three_arms_ran(
+    tmp_path: Path,
+) -> None:
+    """coevolve and none ran seeds 0 and 1, the control seed 0 only: the share divides
+    seed 0's gains, not seed 1's gain mixed in above seed 0's control."""
+    results = tmp_path / "results"
+    for seed, (coevolve, control) in enumerate(((0.25, 0.5), (0.75, None))):
+        write_result(results, "none", seed, {"t1": 0.0, "t2": 0.0})
+        write_result(results, "coevolve", seed, {"t1": coevolve, "t2": coevolve})
+        if control is not None:
+            write_result(results, "labelled_control", seed, {"t1": control, "t2": control})
+    text = render_experiment_report(results).read_text()
+
+    assert (
+        "- Share of the control's gain in success, (coevolve - none) / "
+        "(labelled_control - none) at the end: 0.50 (+0.250 of +0.500; seeds s0)." in text
+    )
 
 
 NO_LABELS = "labels: none\nd0: {file: docs/results/d0-20261129.json}\n"
