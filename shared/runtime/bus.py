@@ -178,6 +178,19 @@ async def declare_streams(settings: BusSettings) -> None:
         await bus.close()
 
 
+def cancel_until_done(task: asyncio.Future[Any], every_s: float = 0.05) -> None:
+    """Cancel ``task`` again every ``every_s`` until it ends, without awaiting it.
+
+    One cancel is not enough for nats-py's first connect: Python 3.11's ``wait_for``
+    returns a connect error that raced the cancel, and nats-py's server loop retries on
+    that error forever, so an abandoned connect would outlive its caller's event loop.
+    """
+    if task.done():
+        return
+    task.cancel()
+    asyncio.get_running_loop().call_later(every_s, cancel_until_done, task, every_s)
+
+
 class Bus:
     def __init__(self, nc: NATS, settings: BusSettings, user: str | None = None) -> None:
         self.nc = nc
@@ -227,21 +240,26 @@ class Bus:
                 )
             )
             refusal = asyncio.ensure_future(refused.wait())
-            await asyncio.wait(
-                {connecting, refusal},
-                timeout=max(0.1, deadline - loop.time()),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            refusal.cancel()
+            try:
+                await asyncio.wait(
+                    {connecting, refusal},
+                    timeout=max(0.1, deadline - loop.time()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            except BaseException:
+                cancel_until_done(connecting)
+                raise
+            finally:
+                refusal.cancel()
             if refused.is_set():
-                connecting.cancel()
+                cancel_until_done(connecting)
                 raise BusError(
                     f"NATS at {settings.url} refused the credentials of {authenticated!r} "
                     "(authorization violation)"
                 )
             try:
                 if not connecting.done():
-                    connecting.cancel()
+                    cancel_until_done(connecting)
                     raise TimeoutError
                 return cls(connecting.result(), settings, authenticated)
             except (OSError, nats.errors.Error, TimeoutError) as exc:
