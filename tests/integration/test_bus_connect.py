@@ -45,6 +45,12 @@ async def test_every_abandoned_connect_to_an_unreachable_server_ends() -> None:
     assert not still_running, f"{len(still_running)} of {ATTEMPTS} connects outlived cancel"
 
 
+async def _still_running_after(before: set[asyncio.Task[object]]) -> list[asyncio.Task[object]]:
+    """Tasks started since ``before`` that still run half a second later."""
+    await asyncio.sleep(0.5)
+    return [task for task in asyncio.all_tasks() - before if not task.done()]
+
+
 async def _connect_cancelled_after(delay_s: float, connected: list[Bus]) -> None:
     with anyio.move_on_after(delay_s):
         connected.append(await Bus.connect(BusSettings(url=UNREACHABLE), name="test"))
@@ -57,8 +63,7 @@ async def test_a_connect_cancelled_by_its_caller_leaves_no_connect_behind() -> N
         for i in range(20):
             tg.start_soon(_connect_cancelled_after, i * 0.05, connected)
     assert not connected
-    await asyncio.sleep(0.5)
-    leftover = [task for task in asyncio.all_tasks() - before if not task.done()]
+    leftover = await _still_running_after(before)
     assert not leftover, f"{len(leftover)} connects outlived their caller"
 
 
@@ -66,6 +71,5 @@ async def test_a_connect_that_runs_out_of_time_leaves_no_connect_behind() -> Non
     before = asyncio.all_tasks()
     with pytest.raises(BusError, match="cannot reach NATS"):
         await Bus.connect(BusSettings(url=UNREACHABLE, connect_timeout_s=1.0), name="test")
-    await asyncio.sleep(0.5)
-    leftover = [task for task in asyncio.all_tasks() - before if not task.done()]
+    leftover = await _still_running_after(before)
     assert not leftover, leftover
