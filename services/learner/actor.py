@@ -364,6 +364,7 @@ class LearnerActor(Actor):
             step=learner.step_count,
             base_model=learner.policy.name,
             kind=self.config.finetune,
+            keep=self.config.bus_versions,
         )
 
     async def _announce_failure_agent(self) -> None:
@@ -395,6 +396,7 @@ class LearnerActor(Actor):
             base_model=learner.policy.name,
             kind=self.config.finetune,
             agent="failure",
+            keep=self.config.bus_versions,
         )
 
     def _save_checkpoint(self) -> None:

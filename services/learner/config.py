@@ -182,8 +182,14 @@ class LearnerServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     # give each large allocation its own mapping, freed at once (``memory.map_large_blocks``):
     # a step's peak about 2 GB lower in float32, its time 5-42% longer; off by default
     map_large_blocks: bool = False
+    # the bus keeps each agent's newest this many versions (each a full copy of the
+    # weights; rollout and the evaluator fetch only the newest), 0 all of them.
+    # RUN_DIR/policies keeps every version whatever this says
+    bus_versions: int = 8
 
     def __post_init__(self) -> None:
+        if self.bus_versions < 0:
+            raise ValueError("learner.bus_versions must be >= 0 (0 keeps every version)")
         if self.world_size < 1:
             raise ValueError("learner.world_size must be at least 1")
         if self.world_size > 1 and self.grpo.preference.failure_agent:

@@ -306,6 +306,29 @@ async def test_rollout_reads_the_weights_the_learner_wrote(settings: Settings) -
         await learner.close()
 
 
+async def test_the_learner_may_prune_old_weights_and_rollout_may_not(
+    settings: Settings, nats_server: NatsServer
+) -> None:
+    from coevolve.shared.policy_sync import policy_bucket, prune_policies
+
+    learner = await Bus.connect(settings.bus, "learner", user="learner")
+    rollout = await Bus.connect(quick(settings), "rollout", user="rollout")
+    try:
+        await learner.ensure_streams()
+        for version in (1, 2, 3):
+            await publish_policy(
+                learner, b"w" * 1000, version=version, step=version, base_model="m", kind="lora"
+            )
+        assert await prune_policies(await policy_bucket(rollout), "target", newest=3, keep=1) == []
+        pruned = await prune_policies(await policy_bucket(learner), "target", newest=3, keep=1)
+        assert sorted(pruned) == ["policy-v00000001", "policy-v00000002"]
+        names = [info.name for info in await (await policy_bucket(rollout)).list(True)]
+        assert names == ["policy-v00000003"]
+    finally:
+        await rollout.close()
+        await learner.close()
+
+
 async def test_a_connection_without_valid_credentials_is_refused(
     nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
