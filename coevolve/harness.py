@@ -27,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -151,6 +152,20 @@ def spawn_group(
         )
 
 
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM end this process as Ctrl-C does, so a run's ``with`` block still stops
+    it: ``up`` leads a session of its own, and by default SIGTERM ends the caller at once,
+    leaving the run behind. Only where nothing else handles SIGTERM, in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
 @dataclass(frozen=True)
 class Stopped:
     """How a run ended and was stopped."""
@@ -217,6 +232,7 @@ class UpRun:
                 lockstep_iterations=LOCKSTEP_ITERATIONS if lockstep else None,
                 quiet=quiet,
             )
+        interrupt_on_sigterm()
         process = spawn_group(argv, environment, log_path)
         return cls(run_dir, log_path, process, shared_models=shared)
 

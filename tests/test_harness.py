@@ -339,3 +339,27 @@ def test_survivors_of_the_process_tree_are_killed() -> None:
     finally:
         child.kill()
         child.wait(10)
+
+
+# a caller of the harness (as `coevolve experiment ablation` is): starts a run in its own
+# session, says the run's pid, and waits on it
+CALLER = """
+import pathlib, sys
+from tests.support.harness import standin_up
+tmp = pathlib.Path(sys.argv[1])
+with standin_up(tmp / "run", tmp / "up.log") as run:
+    print(run.process.pid, flush=True)
+    run.expect(run.wait(seconds=120, poll_s=0.05), "time")
+"""
+
+
+def test_sigterm_to_the_caller_stops_its_run(tmp_path: Path) -> None:
+    caller, run_pid = start_child(CALLER, str(tmp_path))
+    try:
+        caller.send_signal(signal.SIGTERM)
+        assert caller.wait(timeout=60) != 0  # interrupted, not done
+    finally:
+        if caller.poll() is None:
+            os.killpg(caller.pid, signal.SIGKILL)
+    # the run leads a session of its own: only its caller's stop reaches it
+    wait_until_sync(lambda: gone(int(run_pid)), 30, "the run to be stopped with its caller")
