@@ -12,14 +12,7 @@ from coevolve.services.learner.actor import LearnerActor
 from coevolve.services.rollout.actor import RolloutActor
 from coevolve.shared.config import Settings
 from coevolve.shared.policy import export_weights, load_policy, weights_digest
-from coevolve.shared.policy_sync import (
-    PolicySyncError,
-    fetch_policy,
-    latest_policy,
-    object_name,
-    policy_bucket,
-    publish_policy,
-)
+from coevolve.shared.policy_sync import latest_policy, publish_policy
 from coevolve.shared.runtime.bus import Bus
 from coevolve.shared.runtime.subjects import POLICY_BUCKET, POLICY_UPDATES, stream_for
 
@@ -99,6 +92,8 @@ async def test_rollout_refuses_weights_whose_digest_differs(
 
 
 async def test_the_bus_keeps_only_each_agents_newest_versions(loop_settings: Settings) -> None:
+    from coevolve.shared.policy_sync import PolicySyncError, fetch_policy, policy_bucket
+
     bus = await connected(loop_settings)
     blobs = {v: bytes([v]) * 200_000 for v in range(1, 6)}
     for version, blob in blobs.items():
@@ -110,7 +105,7 @@ async def test_the_bus_keeps_only_each_agents_newest_versions(loop_settings: Set
     )
     bucket = await policy_bucket(bus)
     names = sorted(info.name for info in await bucket.list(ignore_deletes=True))
-    assert names == [object_name(1, "failure"), object_name(4), object_name(5)]
+    assert names == ["failure-v00000001", "policy-v00000004", "policy-v00000005"]
     # the deleted versions' chunks are purged: the stream holds about two copies, not five
     stored = (await bus.js.stream_info(f"OBJ_{POLICY_BUCKET}")).state.bytes
     assert 2 * 200_000 <= stored < 3 * 200_000
@@ -118,13 +113,15 @@ async def test_the_bus_keeps_only_each_agents_newest_versions(loop_settings: Set
     newest = await latest_policy(bus)
     assert newest is not None and await fetch_policy(bus, newest) == blobs[5]
     assert await fetch_policy(bus, failure) == b"f" * 1000
-    gone = msgspec.structs.replace(newest, version=1, object_name=object_name(1))
+    gone = msgspec.structs.replace(newest, version=1, object_name="policy-v00000001")
     with pytest.raises(PolicySyncError, match="no longer in the bus"):
         await fetch_policy(bus, gone)
     await bus.close()
 
 
 async def test_keep_zero_keeps_every_version(loop_settings: Settings) -> None:
+    from coevolve.shared.policy_sync import policy_bucket
+
     bus = await connected(loop_settings)
     for version in range(1, 4):
         await publish_policy(bus, b"w", version=version, step=version, base_model="m", kind="lora")

@@ -7,8 +7,10 @@ without the design changing fails this matrix.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -187,57 +189,71 @@ def quick(settings: Settings) -> BusSettings:
     )
 
 
+@contextlib.asynccontextmanager
+async def learner_and_rollout(
+    settings: Settings, fail_fast: bool = True
+) -> AsyncIterator[tuple[Bus, Bus]]:
+    """The learner and a rollout worker connected as their own users (``fail_fast``: the
+    worker's refused requests fail fast, see :func:`quick`)."""
+    learner = await Bus.connect(settings.bus, "learner", user="learner")
+    rollout_bus = quick(settings) if fail_fast else settings.bus
+    rollout = await Bus.connect(rollout_bus, "rollout", user="rollout")
+    try:
+        yield learner, rollout
+    finally:
+        await rollout.close()
+        await learner.close()
+
+
 async def test_rollout_can_neither_publish_a_policy_version_nor_a_verdict(
     settings: Settings, nats_server: NatsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     admin = await Bus.connect(settings.bus, "test")  # the tests' own user
-    learner = await Bus.connect(settings.bus, "learner", user="learner")
-    rollout = await Bus.connect(quick(settings), "rollout", user="rollout")
     try:
-        await admin.ensure_streams()  # every stream exists: only permissions can refuse
-        good = await publish_policy(
-            learner, b"learned", version=1, step=1, base_model="m", kind="lora"
-        )
-        with caplog.at_level(logging.ERROR, logger="coevolve.shared.runtime.bus"):
-            with pytest.raises(nats.errors.TimeoutError):  # a refused publish: no reply
-                await publish_policy(
-                    rollout, b"forged", version=9, step=9, base_model="m", kind="lora"
+        async with learner_and_rollout(settings) as (learner, rollout):
+            await admin.ensure_streams()  # every stream exists: only permissions can refuse
+            good = await publish_policy(
+                learner, b"learned", version=1, step=1, base_model="m", kind="lora"
+            )
+            with caplog.at_level(logging.ERROR, logger="coevolve.shared.runtime.bus"):
+                with pytest.raises(nats.errors.TimeoutError):  # a refused publish: no reply
+                    await publish_policy(
+                        rollout, b"forged", version=9, step=9, base_model="m", kind="lora"
+                    )
+                with pytest.raises(nats.errors.TimeoutError):
+                    await rollout.publish(POLICY_UPDATES, good)
+                task = Task(
+                    id="forged", environment="bfcl", user_turns=["hi"], origin="synthesized"
                 )
-            with pytest.raises(nats.errors.TimeoutError):
-                await rollout.publish(POLICY_UPDATES, good)
-            task = Task(id="forged", environment="bfcl", user_turns=["hi"], origin="synthesized")
-            verdict = Verdict(candidate_id="c1", accepted=True, reasons=[], task=task)
-            with pytest.raises(nats.errors.TimeoutError):
-                await rollout.publish(VERDICTS, verdict)
-        # the rollout worker's log says what was refused ...
-        refused = [r.getMessage() for r in caplog.records if "nats refused" in r.getMessage()]
-        assert any('"$o.coevolve-policy.' in line for line in refused), (
-            refused
-        )  # nats-py lowercases
-        assert any(f'"{VERDICTS}"' in line for line in refused), refused
-        # ... so does the server's, with the user
-        assert server_log_lines(
-            nats_server, f'"$G/user:rollout" - Publish Violation - Subject "{VERDICTS}"'
-        )
-        assert server_log_lines(
-            nats_server, 'user:rollout" - Publish Violation - Subject "$O.coevolve-policy.'
-        )
-        # and the announced policy is still the learner's
-        announced = await latest_policy(learner)
-        assert announced is not None and announced.sha256 == good.sha256
-        verdicts = await admin.js.stream_info(stream_for(VERDICTS).name)
-        assert verdicts.state.messages == 0
+                verdict = Verdict(candidate_id="c1", accepted=True, reasons=[], task=task)
+                with pytest.raises(nats.errors.TimeoutError):
+                    await rollout.publish(VERDICTS, verdict)
+            # the rollout worker's log says what was refused ...
+            refused = [r.getMessage() for r in caplog.records if "nats refused" in r.getMessage()]
+            assert any('"$o.coevolve-policy.' in line for line in refused), (
+                refused
+            )  # nats-py lowercases
+            assert any(f'"{VERDICTS}"' in line for line in refused), refused
+            # ... so does the server's, with the user
+            assert server_log_lines(
+                nats_server, f'"$G/user:rollout" - Publish Violation - Subject "{VERDICTS}"'
+            )
+            assert server_log_lines(
+                nats_server, 'user:rollout" - Publish Violation - Subject "$O.coevolve-policy.'
+            )
+            # and the announced policy is still the learner's
+            announced = await latest_policy(learner)
+            assert announced is not None and announced.sha256 == good.sha256
+            verdicts = await admin.js.stream_info(stream_for(VERDICTS).name)
+            assert verdicts.state.messages == 0
     finally:
-        for bus in (rollout, learner, admin):
-            await bus.close()
+        await admin.close()
 
 
 async def test_a_service_cannot_read_another_services_durable_nor_delete_a_stream(
     settings: Settings,
 ) -> None:
-    rollout = await Bus.connect(quick(settings), "rollout", user="rollout")
-    learner = await Bus.connect(settings.bus, "learner", user="learner")
-    try:
+    async with learner_and_rollout(settings) as (learner, rollout):
         await rollout.ensure_streams()  # declares the learner's durable on the interest stream
         group = RolloutGroup(
             id="g1", task_id="t1", origin="seed", policy_version=0, trajectories=[], job_id="j1"
@@ -256,9 +272,6 @@ async def test_a_service_cannot_read_another_services_durable_nor_delete_a_strea
         (msg,) = await own.fetch(1, timeout=5)
         assert decode(msg.data, RolloutGroup).id == "g1"
         await msg.ack_sync()
-    finally:
-        await rollout.close()
-        await learner.close()
 
 
 async def test_each_service_sets_itself_up_without_a_single_refusal(
@@ -291,9 +304,7 @@ async def test_each_service_sets_itself_up_without_a_single_refusal(
 async def test_rollout_reads_the_weights_the_learner_wrote(settings: Settings) -> None:
     from coevolve.shared.policy_sync import fetch_policy
 
-    learner = await Bus.connect(settings.bus, "learner", user="learner")
-    rollout = await Bus.connect(settings.bus, "rollout", user="rollout")
-    try:
+    async with learner_and_rollout(settings, fail_fast=False) as (learner, rollout):
         await learner.ensure_streams()
         update = await publish_policy(
             learner, b"w" * 300_000, version=1, step=1, base_model="m", kind="lora"
@@ -301,9 +312,6 @@ async def test_rollout_reads_the_weights_the_learner_wrote(settings: Settings) -
         announced = await latest_policy(rollout)
         assert isinstance(announced, PolicyVersion) and announced.version == 1
         assert await fetch_policy(rollout, update) == b"w" * 300_000
-    finally:
-        await rollout.close()
-        await learner.close()
 
 
 async def test_the_learner_may_prune_old_weights_and_rollout_may_not(
@@ -311,9 +319,7 @@ async def test_the_learner_may_prune_old_weights_and_rollout_may_not(
 ) -> None:
     from coevolve.shared.policy_sync import policy_bucket, prune_policies
 
-    learner = await Bus.connect(settings.bus, "learner", user="learner")
-    rollout = await Bus.connect(quick(settings), "rollout", user="rollout")
-    try:
+    async with learner_and_rollout(settings) as (learner, rollout):
         await learner.ensure_streams()
         for version in (1, 2, 3):
             await publish_policy(
@@ -324,9 +330,6 @@ async def test_the_learner_may_prune_old_weights_and_rollout_may_not(
         assert sorted(pruned) == ["policy-v00000001", "policy-v00000002"]
         names = [info.name for info in await (await policy_bucket(rollout)).list(True)]
         assert names == ["policy-v00000003"]
-    finally:
-        await rollout.close()
-        await learner.close()
 
 
 async def test_a_connection_without_valid_credentials_is_refused(
